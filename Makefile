@@ -1,0 +1,37 @@
+# Quick start: `make demo` (sets up .venv, runs the main job) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: venv demo test bench lint format schema clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: venv
+	$(VENV)/bin/trajwh demo
+
+test: venv
+	$(PY) -m pytest -q
+
+bench: venv
+	$(PY) bench/run.py
+
+lint: venv
+	$(VENV)/bin/ruff check .
+
+format: venv
+	$(VENV)/bin/ruff format .
+
+schema: venv
+	$(VENV)/bin/trajwh schema --out docs/native-format.schema.json
+
+clean:
+	rm -rf warehouse demo-corpus .pytest_cache

@@ -1,0 +1,106 @@
+"""The adapter contract and registry: one adapter per harness format.
+
+An adapter answers three questions, at three costs:
+
+- ``sniff(path, head)``: is this file mine? Called once per file on its first bytes.
+- ``check_record(obj)``: is this parsed JSON record plausibly mine? Called at ingest on every
+  record; cheap. A record that fails is quarantined with the reason, before it reaches ``raw``.
+- ``parse(obj, ctx)``: the full conversion to canonical episodes and steps. Called by the
+  normalizer; may raise ``InputFormatError`` (the record is then quarantined at the
+  ``normalize`` stage, and the rest of the batch goes on).
+
+``framing`` says how records are cut from a file: ``jsonl`` (one record per line) or
+``document`` (the whole file is one record). Bumping ``version`` makes ``trajwh build``
+regenerate the normalized rows of every batch that holds this format (the replay property).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from schemas.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class RecordContext:
+    """Where a record came from, for messages and for key fallbacks."""
+
+    record_id: str
+    source: str
+    file_path: str
+    line_no: int | None
+
+
+@dataclass
+class ParsedEpisode:
+    """One episode as an adapter produced it: episode columns and step rows, no ids yet.
+
+    ``episode`` holds the canonical episode columns (see ``schemas.tables.EpisodeRow``) that the
+    format has, including the trajectory-key inputs; ``steps`` hold step columns without
+    ``step_id`` and lineage, in order. The normalizer adds ids and lineage.
+    """
+
+    episode: dict[str, Any]
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Adapter(ABC):
+    name: ClassVar[str]
+    version: ClassVar[str]
+    framing: ClassVar[Literal["jsonl", "document"]]
+    description: ClassVar[str] = ""
+
+    @abstractmethod
+    def sniff(self, path: str, head: bytes) -> bool: ...
+
+    @abstractmethod
+    def check_record(self, obj: Any) -> str | None:
+        """None if ``obj`` is plausibly a record of this format, else why not."""
+
+    @abstractmethod
+    def parse(self, obj: Any, ctx: RecordContext) -> list[ParsedEpisode]: ...
+
+    @property
+    def tag(self) -> str:
+        return f"{self.name}@{self.version}"
+
+
+_REGISTRY: dict[str, Adapter] = {}
+
+
+def register(adapter: Adapter) -> Adapter:
+    """Add an adapter; later adapters are sniffed after earlier ones."""
+    _REGISTRY[adapter.name] = adapter
+    return adapter
+
+
+def adapters() -> list[Adapter]:
+    _load_builtin()
+    return list(_REGISTRY.values())
+
+
+def get_adapter(name: str) -> Adapter:
+    _load_builtin()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ConfigError(f"unknown format {name!r}", valid=", ".join(sorted(_REGISTRY))) from None
+
+
+def known_formats() -> str:
+    return ", ".join(f"{a.name} ({a.description})" if a.description else a.name for a in adapters())
+
+
+def detect(path: str, head: bytes) -> Adapter | None:
+    """The first registered adapter that recognizes the file, or None."""
+    for adapter in adapters():
+        if adapter.sniff(path, head):
+            return adapter
+    return None
+
+
+def _load_builtin() -> None:
+    if not _REGISTRY:
+        from ingest.adapters import native  # noqa: F401  (registers itself)

@@ -1,0 +1,203 @@
+"""Normalize: raw records -> canonical ``episodes`` and ``steps`` (+ lineage edges), per batch.
+
+Each committed ingest batch is normalized on its own and replaced as a unit, so the work is
+incremental (a batch whose rows already carry the current adapter and schema versions is
+skipped) and replayable (bumping an adapter's version, or ``full=True``, regenerates the rows
+from ``raw`` and the new rows record the new version). Output files of a batch are swapped in
+one catalog commit: readers see the old rows or the new ones, never a mix.
+
+A record whose adapter rejects it, or whose episode is already in the warehouse under the
+same trajectory key from another record, goes to ``quarantine`` with stage ``normalize``; the
+rest of the batch goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ingest.adapters.base import ParsedEpisode, RecordContext, get_adapter
+from ingest.raw_store import INGEST_TRANSFORM, quarantine_row
+from lineage.catalog import Warehouse, WriteSession, json_text, now_utc
+from lineage.storage import WrittenFile
+from schemas import ids
+from schemas.arrow import arrow_schema
+from schemas.errors import ConfigError, InputFormatError
+from schemas.tables import SCHEMA_VERSION, EpisodeRow, LineageEdgeRow, QuarantineRow, StepRow
+
+NORMALIZE_VERSION = "1.0.0"
+FLUSH_STEPS = 20_000
+_RAW_COLUMNS = ["record_id", "source", "license", "file_path", "line_no", "byte_offset", "format", "payload"]
+_DERIVED_TABLES = ("episodes", "steps", "lineage_edges")
+
+
+@dataclass
+class NormalizeSummary:
+    run_id: str
+    batches_done: int = 0
+    batches_skipped: int = 0
+    records: int = 0
+    episodes: int = 0
+    steps: int = 0
+    quarantined: int = 0
+    quarantine_reasons: dict[str, int] = field(default_factory=dict)
+
+
+def batch_transform_version(formats: list[str]) -> str:
+    """What the normalized rows of a batch depend on: adapters, schema, normalizer."""
+    parts = []
+    for name in sorted(formats):
+        try:
+            parts.append(get_adapter(name).tag)
+        except ConfigError:
+            parts.append(f"{name}@missing")
+    return ",".join(parts) + f";schema={SCHEMA_VERSION};normalize={NORMALIZE_VERSION}"
+
+
+class _BatchNormalizer:
+    def __init__(self, session: WriteSession, batch_id: str, run_id: str, keys: dict[str, str],
+                 summary: NormalizeSummary):
+        self.session, self.batch_id, self.run_id = session, batch_id, run_id
+        self.keys, self.summary = keys, summary
+        self.episodes: list[dict[str, Any]] = []
+        self.steps: list[dict[str, Any]] = []
+        self.edges: list[dict[str, Any]] = []
+        self.quarantine: list[dict[str, Any]] = []
+        self.files: list[WrittenFile] = []
+        self.wrote_episodes = False
+
+    def run(self, raw_files: list[Path], progress: Callable[[int], None] | None) -> None:
+        for path in raw_files:
+            pf = pq.ParquetFile(path)
+            for rb in pf.iter_batches(batch_size=256, columns=_RAW_COLUMNS):
+                for rec in rb.to_pylist():
+                    self.record(rec)
+                    if len(self.steps) >= FLUSH_STEPS:
+                        self.flush()
+                if progress:
+                    progress(rb.num_rows)
+        self.flush(final=True)
+
+    def record(self, rec: dict[str, Any]) -> None:
+        self.summary.records += 1
+        ctx = RecordContext(rec["record_id"], rec["source"], rec["file_path"], rec["line_no"])
+        try:
+            adapter = get_adapter(rec["format"])
+            parsed = adapter.parse(orjson.loads(rec["payload"]), ctx)
+        except (InputFormatError, ConfigError, orjson.JSONDecodeError) as exc:
+            self.reject(rec, "invalid_record", str(exc))
+            return
+        accepted = []
+        for index, pe in enumerate(parsed):
+            key, used, missing = ids.trajectory_key(pe.episode, raw_origin=f"{rec['record_id']}:{index}")
+            owner = self.keys.get(key)
+            if owner is not None and owner != rec["record_id"]:
+                self.reject(rec, "duplicate_episode",
+                            f"episode {index} of this record has trajectory key {key}, already built from "
+                            f"raw record {owner}; kept the first")
+                continue
+            self.keys[key] = rec["record_id"]
+            accepted.append((index, pe, key, used, missing))
+        for index, pe, key, used, missing in accepted:
+            self.emit(rec, adapter.name, adapter.version, index, pe, key, used, missing)
+
+    def emit(self, rec: dict[str, Any], adapter: str, version: str, index: int, pe: ParsedEpisode,
+             key: str, used: list[str], missing: list[str]) -> None:
+        lineage = {"_record_id": rec["record_id"], "_batch_id": self.batch_id, "_run_id": self.run_id,
+                   "_transform": f"adapter:{adapter}", "_transform_version": version}
+        episode = {**pe.episode, "trajectory_key": key, "key_fields": used, "key_fields_missing": missing,
+                   "source": rec["source"], "license": rec["license"], "format": rec["format"],
+                   "n_steps": len(pe.steps), "_record_index": index, "_schema_version": SCHEMA_VERSION, **lineage}
+        self.episodes.append(episode)
+        self.edges.append(_edge(key, "episodes", rec["record_id"], "raw_records", lineage))
+        for step in pe.steps:
+            sid = ids.step_id(key, step["step_index"])
+            self.steps.append({**step, "step_id": sid, "trajectory_key": key, **lineage})
+            self.edges.append(_edge(sid, "steps", key, "episodes", lineage))
+        self.summary.episodes += 1
+        self.summary.steps += len(pe.steps)
+
+    def reject(self, rec: dict[str, Any], code: str, reason: str) -> None:
+        self.quarantine.append(quarantine_row(
+            batch_id=self.batch_id, run_id=self.run_id, stage="normalize", source=rec["source"],
+            file_path=rec["file_path"], line_no=rec["line_no"], offset=rec["byte_offset"], fmt=rec["format"],
+            reason_code=code, reason=reason, payload=rec["payload"], record_id=rec["record_id"]))
+        self.summary.quarantined += 1
+        self.summary.quarantine_reasons[code] = self.summary.quarantine_reasons.get(code, 0) + 1
+
+    def flush(self, final: bool = False) -> None:
+        write = self.session.write
+        if self.episodes or (final and not self.wrote_episodes):
+            # at least one (possibly empty) episodes file per batch marks the batch as built
+            self.files.append(write("episodes", pa.Table.from_pylist(self.episodes, schema=arrow_schema(EpisodeRow))))
+            self.wrote_episodes = True
+        if self.steps:
+            self.files.append(write("steps", pa.Table.from_pylist(self.steps, schema=arrow_schema(StepRow))))
+        if self.edges:
+            self.files.append(write("lineage_edges", pa.Table.from_pylist(self.edges, schema=arrow_schema(LineageEdgeRow))))
+        if final and self.quarantine:
+            self.files.append(write("quarantine", pa.Table.from_pylist(self.quarantine, schema=arrow_schema(QuarantineRow))))
+            self.quarantine = []
+        self.episodes, self.steps, self.edges = [], [], []
+
+
+def _edge(child: str, child_table: str, parent: str, parent_table: str, lineage: dict[str, str]) -> dict[str, str]:
+    return {"child_id": child, "child_table": child_table, "parent_id": parent, "parent_table": parent_table,
+            "transform": lineage["_transform"], "transform_version": lineage["_transform_version"],
+            "run_id": lineage["_run_id"]}
+
+
+def _batch_outputs(wh: Warehouse, batch_id: str) -> list[Path]:
+    """The files a previous normalization of this batch wrote (replaced on rebuild)."""
+    rows = wh.query(
+        "SELECT path FROM table_files WHERE batch_id = ? AND (list_contains(?, table_name) OR "
+        "(table_name = 'quarantine' AND coalesce(transform_version, '') <> ?))",
+        [batch_id, list(_DERIVED_TABLES), INGEST_TRANSFORM],
+    )
+    return [wh.root / p for p in rows.column(0).to_pylist()]
+
+
+def normalize_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, lock_timeout: float = 60.0,
+                        progress: Callable[[int], None] | None = None,
+                        on_plan: Callable[[int], None] | None = None) -> NormalizeSummary:
+    """Build ``episodes`` and ``steps`` for every batch that needs it (all batches if ``full``)."""
+    summary = NormalizeSummary(run_id)
+    started = now_utc()
+    with wh.write_session("build", timeout=lock_timeout) as session:
+        batches = wh.query("SELECT batch_id, formats, n_new FROM batches WHERE status = 'committed' "
+                           "ORDER BY committed_at, batch_id").to_pylist()
+        built = {r["batch_id"]: r["version"] for r in wh.query(
+            "SELECT batch_id, any_value(transform_version) AS version FROM table_files "
+            "WHERE table_name = 'episodes' GROUP BY batch_id").to_pylist()}
+        todo = []
+        for b in batches:
+            version = batch_transform_version(orjson.loads(b["formats"]))
+            if b["n_new"] == 0 or (not full and built.get(b["batch_id"]) == version):
+                summary.batches_skipped += 1
+            else:
+                todo.append((b["batch_id"], version))
+        rebuilding = {bid for bid, _ in todo}
+        keys = {r["trajectory_key"]: r["_record_id"] for r in wh.query(
+            "SELECT trajectory_key, _record_id, _batch_id FROM episodes").to_pylist()
+            if r["_batch_id"] not in rebuilding}
+        if on_plan:
+            on_plan(sum(b["n_new"] for b in batches if b["batch_id"] in rebuilding))
+        for batch_id, version in todo:
+            worker = _BatchNormalizer(session, batch_id, run_id, keys, summary)
+            worker.run(wh.files("raw_records", batch_id=batch_id), progress)
+            session.commit(worker.files, removed=_batch_outputs(wh, batch_id), batch_id=batch_id,
+                           run_id=run_id, transform_version=version)
+            summary.batches_done += 1
+        session.upsert_rows("runs", [{
+            "run_id": run_id, "job": "build", "started_at": started, "finished_at": now_utc(),
+            "status": "succeeded", "params": json_text({"full": full}),
+            "counts": json_text({k: v for k, v in summary.__dict__.items() if k != "run_id"}),
+            "code_version": f"normalize@{NORMALIZE_VERSION}", "error": None,
+        }])
+    return summary

@@ -1,0 +1,345 @@
+"""The warehouse: a directory of Parquet datasets plus a DuckDB catalog (ARCHITECTURE.md s. 2).
+
+Layout::
+
+    <root>/catalog.duckdb              views over every table + metadata tables
+    <root>/<layer>/<table>/part-*.parquet   immutable, content-named data files
+    <root>/_schemas/<table>.parquet    zero-row file per table (so an empty table has a view)
+    <root>/.lock                       writers' lock (flock)
+
+A data file belongs to a table only once the manifest table ``table_files`` lists it. A writer
+holds the warehouse lock for its whole operation, writes its files, then commits the manifest
+rows, its metadata rows (batches, runs, ...) and the refreshed views in one DuckDB
+transaction. A crash before that commit leaves only unlisted files, which the next writer
+removes: no partial batch is ever visible. The DuckDB connection itself is held only for
+reads and the final commit, so ``trajwh sql`` keeps working during a long ingest.
+
+Views use paths relative to the root and every connection sets ``file_search_path`` to the
+root, so a warehouse folder can be moved or copied as a whole.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lineage.storage import TMP_PREFIX, WrittenFile, ensure_dir, write_bytes_atomic, write_parquet
+from schemas.arrow import (
+    CATALOG_TABLES,
+    PARQUET_TABLES,
+    RESTRICTED_LAYERS,
+    TABLE_LAYERS,
+    arrow_schema,
+    empty_table,
+)
+from schemas.errors import CatalogError, ConfigError, WarehouseBusyError
+from schemas.tables import SCHEMA_VERSION
+
+DEFAULT_WAREHOUSE = "./warehouse"
+ENV_WAREHOUSE = "TRAJWH_WAREHOUSE"
+CATALOG_FILE = "catalog.duckdb"
+
+_MANIFEST_DDL = """
+CREATE TABLE IF NOT EXISTS table_files (
+    table_name VARCHAR NOT NULL,
+    path VARCHAR NOT NULL PRIMARY KEY,
+    sha256 VARCHAR NOT NULL,
+    rows BIGINT NOT NULL,
+    bytes BIGINT NOT NULL,
+    batch_id VARCHAR,
+    run_id VARCHAR,
+    transform_version VARCHAR,
+    added_at TIMESTAMPTZ NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
+"""
+
+
+def resolve_warehouse(path: str | os.PathLike[str] | None = None) -> Path:
+    """``--warehouse DIR``, else ``$TRAJWH_WAREHOUSE``, else ``./warehouse``."""
+    chosen = path or os.environ.get(ENV_WAREHOUSE) or DEFAULT_WAREHOUSE
+    return Path(chosen).expanduser().resolve()
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)
+
+
+class Warehouse:
+    """Handle on one warehouse directory. Cheap to create; opens nothing until asked."""
+
+    def __init__(self, root: str | os.PathLike[str] | None = None):
+        self.root = resolve_warehouse(root)
+        self.catalog_path = self.root / CATALOG_FILE
+
+    # --- layout --------------------------------------------------------------------------
+
+    def table_dir(self, table: str) -> Path:
+        if table not in TABLE_LAYERS:
+            raise ConfigError(f"unknown table {table!r}", valid=", ".join(sorted(TABLE_LAYERS)))
+        return self.root / TABLE_LAYERS[table] / table
+
+    def is_restricted(self, table: str) -> bool:
+        return TABLE_LAYERS[table] in RESTRICTED_LAYERS
+
+    def exists(self) -> bool:
+        return self.catalog_path.exists()
+
+    def require(self) -> None:
+        if not self.exists():
+            raise CatalogError(
+                f"no warehouse at {self.root}",
+                valid="a folder made by `trajwh ingest` (choose it with --warehouse DIR or $TRAJWH_WAREHOUSE)",
+            )
+
+    # --- connections ---------------------------------------------------------------------
+
+    def connect(self, *, read_only: bool = True, timeout: float = 30.0) -> duckdb.DuckDBPyConnection:
+        """A DuckDB connection to the catalog; retries while another process commits."""
+        if read_only:
+            self.require()
+        deadline = time.monotonic() + timeout
+        delay = 0.05
+        while True:
+            try:
+                con = duckdb.connect(str(self.catalog_path), read_only=read_only)
+                break
+            except duckdb.IOException as exc:
+                if "lock" not in str(exc).lower() or time.monotonic() > deadline:
+                    raise CatalogError(f"cannot open catalog {self.catalog_path}: {exc}") from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+        con.execute(f"SET file_search_path = '{_sql_str(str(self.root))}'").fetchall()
+        if read_only:
+            self._check_version(con)
+        return con
+
+    def _check_version(self, con: duckdb.DuckDBPyConnection) -> None:
+        rows = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
+        found = rows[0][0] if rows else None
+        if found is None or found.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+            raise CatalogError(
+                f"catalog {self.catalog_path} has schema version {found}",
+                valid=f"a catalog of schema version {SCHEMA_VERSION.split('.')[0]}.x",
+            )
+
+    def query(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
+        """Run read-only SQL against the catalog; returns an Arrow table."""
+        con = self.connect(read_only=True)
+        try:
+            return con.sql(sql, params=list(params or [])).to_arrow_table()
+        finally:
+            con.close()
+
+    def files(self, table: str, *, batch_id: str | None = None) -> list[Path]:
+        sql = "SELECT path FROM table_files WHERE table_name = ?"
+        params: list[Any] = [table]
+        if batch_id is not None:
+            sql += " AND batch_id = ?"
+            params.append(batch_id)
+        return [self.root / r["path"] for r in self.query(sql + " ORDER BY added_at, path", params).to_pylist()]
+
+    # --- writing -------------------------------------------------------------------------
+
+    @contextmanager
+    def write_session(self, op: str, *, timeout: float = 60.0) -> Iterator[WriteSession]:
+        """Hold the warehouse's write lock for one operation (ingest, build, ...)."""
+        ensure_dir(self.root, restricted=True)
+        lock_path = self.root / ".lock"
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            _acquire(fd, lock_path, op, timeout)
+            session = WriteSession(self, op)
+            session.init_catalog()
+            session.collect_garbage()
+            yield session
+        finally:
+            os.close(fd)  # releases the flock
+
+
+def _acquire(fd: int, lock_path: Path, op: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "unknown"
+                raise WarehouseBusyError(
+                    f"warehouse {lock_path.parent} is busy: another writer holds its lock ({holder}); "
+                    f"waited {timeout:.0f} s",
+                    valid="wait for it to finish, or pass a longer --wait",
+                ) from None
+            time.sleep(0.2)
+    info = f"pid {os.getpid()} on {socket.gethostname()}, {op} since {now_utc().isoformat(timespec='seconds')}"
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, info.encode(), 0)
+
+
+def _sql_str(value: str) -> str:
+    return value.replace("'", "''")
+
+
+class WriteSession:
+    """What a writer may do while it holds the lock: write files, then commit them."""
+
+    def __init__(self, warehouse: Warehouse, op: str):
+        self.wh = warehouse
+        self.op = op
+
+    def init_catalog(self) -> None:
+        """Create folders, metadata tables and views if missing (idempotent)."""
+        wh = self.wh
+        schemas_dir = wh.root / "_schemas"
+        ensure_dir(schemas_dir, restricted=False)
+        for table in PARQUET_TABLES:
+            ensure_dir(wh.table_dir(table), restricted=wh.is_restricted(table))
+            empty = schemas_dir / f"{table}.parquet"
+            sink = pa.BufferOutputStream()
+            pq.write_table(empty_table(table), sink)
+            data = sink.getvalue().to_pybytes()
+            if not empty.exists() or empty.read_bytes() != data:
+                write_bytes_atomic(data, empty, restricted=False)
+        fresh = not wh.catalog_path.exists()
+        con = wh.connect(read_only=False)
+        try:
+            con.execute("BEGIN")
+            con.execute(_MANIFEST_DDL)
+            for table, model in CATALOG_TABLES.items():
+                con.register("_empty", arrow_schema(model).empty_table())
+                con.execute(f"CREATE TABLE IF NOT EXISTS {table} AS SELECT * FROM _empty")
+                con.unregister("_empty")
+            row = con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchall()
+            if not row:
+                con.execute("INSERT INTO meta VALUES ('schema_version', ?), ('created_at', ?)",
+                            [SCHEMA_VERSION, now_utc().isoformat()])
+            if fresh or not row:
+                _refresh_views(con, PARQUET_TABLES)
+            con.execute("COMMIT")
+            wh._check_version(con)
+        finally:
+            con.close()
+        if fresh:
+            os.chmod(wh.catalog_path, 0o600)
+
+    def collect_garbage(self) -> list[Path]:
+        """Remove data files no manifest lists (left by a crashed writer) and temp files."""
+        listed = {row["path"] for row in self.wh.query("SELECT path FROM table_files").to_pylist()}
+        removed = []
+        for table in PARQUET_TABLES:
+            folder = self.wh.table_dir(table)
+            for path in folder.iterdir():
+                rel = str(path.relative_to(self.wh.root))
+                if path.name.startswith(TMP_PREFIX) or (path.suffix == ".parquet" and rel not in listed):
+                    path.unlink(missing_ok=True)
+                    removed.append(path)
+        return removed
+
+    def write(self, table: str, data: pa.Table) -> WrittenFile:
+        """Write one file of ``table`` (not yet visible: pass it to ``commit``)."""
+        expected = arrow_schema(PARQUET_TABLES[table])
+        if not data.schema.equals(expected, check_metadata=False):
+            data = data.cast(expected)
+        data = data.replace_schema_metadata(expected.metadata)
+        return write_parquet(table, data, self.wh.table_dir(table), restricted=self.wh.is_restricted(table))
+
+    def commit(
+        self,
+        added: Sequence[WrittenFile] = (),
+        *,
+        removed: Sequence[Path] = (),
+        rows: dict[str, list[dict[str, Any]]] | None = None,
+        batch_id: str | None = None,
+        run_id: str | None = None,
+        transform_version: str | None = None,
+    ) -> None:
+        """Make ``added`` visible, ``removed`` invisible and insert metadata ``rows``, atomically."""
+        root = self.wh.root
+        touched = {f.table for f in added}
+        con = self.wh.connect(read_only=False)
+        try:
+            con.execute("BEGIN")
+            if removed:
+                rels = [str(p.relative_to(root)) for p in removed]
+                found = con.execute(
+                    "SELECT DISTINCT table_name FROM table_files WHERE list_contains(?, path)", [rels]
+                ).fetchall()
+                touched |= {t for (t,) in found}
+                con.execute("DELETE FROM table_files WHERE list_contains(?, path)", [rels])
+            stamp = now_utc()
+            for f in added:
+                con.execute(
+                    "INSERT OR IGNORE INTO table_files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [f.table, str(f.path.relative_to(root)), f.sha256, f.rows, f.size, batch_id,
+                     run_id, transform_version, stamp],
+                )
+            for table, table_rows in (rows or {}).items():
+                if not table_rows:
+                    continue
+                _replace_rows(con, table, table_rows)
+            _refresh_views(con, touched)
+            con.execute("COMMIT")
+        except BaseException:
+            try:
+                con.execute("ROLLBACK")
+            except duckdb.Error:
+                pass
+            raise
+        finally:
+            con.close()
+        keep = {str(f.path) for f in added}
+        for p in removed:
+            if str(p) not in keep:
+                p.unlink(missing_ok=True)
+
+    def upsert_rows(self, table: str, rows: list[dict[str, Any]]) -> None:
+        """Replace metadata rows by ``key`` (used for run records that change state)."""
+        con = self.wh.connect(read_only=False)
+        try:
+            con.execute("BEGIN")
+            _replace_rows(con, table, rows)
+            con.execute("COMMIT")
+        finally:
+            con.close()
+
+
+#: metadata tables whose rows are replaced by key rather than appended
+_ROW_KEYS = {"runs": "run_id", "batches": "batch_id"}
+
+
+def _replace_rows(con: duckdb.DuckDBPyConnection, table: str, rows: list[dict[str, Any]]) -> None:
+    schema = arrow_schema(CATALOG_TABLES[table])
+    con.register("_rows", pa.Table.from_pylist(rows, schema=schema))
+    key = _ROW_KEYS.get(table)
+    if key:
+        con.execute(f"DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM _rows)")
+    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _rows")
+    con.unregister("_rows")
+
+
+def _refresh_views(con: duckdb.DuckDBPyConnection, tables: Any) -> None:
+    for table in sorted(tables):
+        paths = [r[0] for r in con.execute(
+            "SELECT path FROM table_files WHERE table_name = ? ORDER BY added_at, path", [table]
+        ).fetchall()]
+        if not paths:
+            paths = [f"_schemas/{table}.parquet"]
+        listing = ", ".join(f"'{_sql_str(p)}'" for p in paths)
+        con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet([{listing}], union_by_name = true)")
+
+
+def json_text(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)

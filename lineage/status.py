@@ -1,0 +1,37 @@
+"""``trajwh status``: what the warehouse holds, per layer and table, and how it got there."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lineage.catalog import Warehouse
+from schemas.arrow import CATALOG_TABLES, PARQUET_TABLES, TABLE_LAYERS
+
+
+def warehouse_status(wh: Warehouse) -> dict[str, Any]:
+    tables = []
+    files = {r["table_name"]: r for r in wh.query(
+        "SELECT table_name, count(*) AS files, sum(bytes) AS bytes FROM table_files GROUP BY 1").to_pylist()}
+    for table in PARQUET_TABLES:
+        rows = wh.query(f"SELECT count(*) AS n FROM {table}").column(0)[0].as_py()
+        f = files.get(table, {})
+        tables.append({"layer": TABLE_LAYERS[table], "table": table, "rows": rows,
+                       "files": f.get("files", 0), "bytes": f.get("bytes") or 0})
+    for table in CATALOG_TABLES:
+        rows = wh.query(f"SELECT count(*) FROM {table}").column(0)[0].as_py()
+        tables.append({"layer": "catalog", "table": table, "rows": rows, "files": 0, "bytes": 0})
+    return {
+        "warehouse": str(wh.root),
+        "tables": tables,
+        "batches": wh.query("SELECT batch_id, source, committed_at, n_files, n_new, n_duplicate, n_quarantined, "
+                            "bytes_read FROM batches ORDER BY committed_at DESC LIMIT 5").to_pylist(),
+        "runs": wh.query("SELECT run_id, job, status, started_at, finished_at FROM runs "
+                         "ORDER BY started_at DESC LIMIT 5").to_pylist(),
+        "quarantine": wh.query("SELECT stage, reason_code, count(*) AS n FROM quarantine "
+                               "GROUP BY ALL ORDER BY n DESC").to_pylist(),
+        "totals": wh.query("""SELECT (SELECT count(*) FROM episodes) AS episodes,
+                                     (SELECT count(*) FROM steps) AS steps,
+                                     (SELECT count(DISTINCT task_id) FROM episodes) AS tasks,
+                                     (SELECT coalesce(sum(byte_length), 0) FROM raw_records) AS raw_bytes,
+                                     (SELECT count(*) FROM quarantine) AS quarantined""").to_pylist()[0],
+    }

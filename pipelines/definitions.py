@@ -1,0 +1,74 @@
+"""Dagster ``Definitions``: assets, checks, jobs, the landing sensor and the daily schedule.
+
+``dagster dev -m pipelines.definitions`` (or ``trajwh ui``) serves them.
+"""
+
+# no `from __future__ import annotations`: Dagster reads these annotations at runtime
+
+import os
+from pathlib import Path
+
+import dagster as dg
+
+from pipelines.assets import normalized, raw_records
+from pipelines.checks import ALL_CHECKS
+from pipelines.resources import WarehouseResource
+
+ASSETS = [raw_records, normalized]
+#: the derived layers (everything but the ingest itself): what `trajwh build` materializes
+BUILD_SELECTION = dg.AssetSelection.all() - dg.AssetSelection.assets(raw_records)
+
+build_job = dg.define_asset_job("build", selection=BUILD_SELECTION,
+                                description="Rebuild the derived layers from raw.")
+ingest_landing_job = dg.define_asset_job("ingest_landing", selection=dg.AssetSelection.all(),
+                                         description="Ingest the landing folder, then build.")
+daily_build = dg.ScheduleDefinition(job=build_job, cron_schedule="0 3 * * *", name="daily_build")
+
+
+def _landing_fingerprint(landing: Path) -> str:
+    entries = []
+    if landing.is_dir():
+        for p in sorted(landing.rglob("*")):
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(landing).parts):
+                st = p.stat()
+                entries.append(f"{p}:{st.st_size}:{st.st_mtime_ns}")
+    return str(hash("\n".join(entries))) if entries else ""
+
+
+@dg.sensor(job=ingest_landing_job, minimum_interval_seconds=30,
+           description="Ingests new or changed files in <warehouse>/landing.")
+def landing_sensor(context: dg.SensorEvaluationContext, warehouse: WarehouseResource):
+    landing = warehouse.get().root / "landing"
+    fingerprint = _landing_fingerprint(landing)
+    if not fingerprint or fingerprint == context.cursor:
+        return dg.SkipReason(f"no new files in {landing}")
+    context.update_cursor(fingerprint)
+    return dg.RunRequest(run_key=fingerprint)
+
+
+defs = dg.Definitions(
+    assets=ASSETS,
+    asset_checks=ALL_CHECKS,
+    jobs=[build_job, ingest_landing_job],
+    schedules=[daily_build],
+    sensors=[landing_sensor],
+    resources={"warehouse": WarehouseResource(path=os.environ.get("TRAJWH_WAREHOUSE", ""))},
+)
+
+
+def build(warehouse: str, *, full: bool = False, include_ingest: bool = False,
+          ingest_config: dict | None = None, instance: dg.DagsterInstance | None = None,
+          log_level: str = "WARNING") -> dg.ExecuteInProcessResult:
+    """Materialize the graph in-process (``trajwh build`` and the tests use this)."""
+    selection = dg.AssetSelection.all() if include_ingest else BUILD_SELECTION
+    ops: dict = {"normalized": {"config": {"full": full}}}
+    if include_ingest:
+        ops["raw_records"] = {"config": ingest_config or {}}
+    return dg.materialize(
+        [*ASSETS, *ALL_CHECKS],
+        selection=selection,
+        resources={"warehouse": WarehouseResource(path=str(warehouse))},
+        run_config={"ops": ops, "loggers": {"console": {"config": {"log_level": log_level}}}},
+        instance=instance,
+        raise_on_error=True,
+    )

@@ -1,0 +1,226 @@
+"""Row models of the warehouse tables (ARCHITECTURE.md section 1).
+
+Each model is the single source of truth for its table: the Arrow schema (``schemas.arrow``)
+and the DuckDB DDL of the metadata tables are derived from it. Lineage columns start with
+``_`` (STYLE.md). Fields typed ``JsonText`` hold JSON documents as text.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = "1.0.0"
+
+
+class _JsonMarker:
+    """Marks a ``str`` field whose text is a JSON document (kept as text in Arrow)."""
+
+
+JsonText = Annotated[str, _JsonMarker()]
+
+
+class _Row(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class TestResultRow(_Row):
+    __test__ = False
+    name: str
+    status: str
+
+
+class ToolCallRow(_Row):
+    id: str | None = None
+    name: str
+    arguments: JsonText | None = None
+
+
+def _lineage(name: str):
+    """A lineage column: pydantic keeps ``_``-names private, so the field is aliased."""
+    return Field(alias=name)
+
+
+LINEAGE_COLUMNS = ("_record_id", "_batch_id", "_run_id", "_transform", "_transform_version")
+
+
+# --- raw zone --------------------------------------------------------------------------------
+
+
+class RawRecord(_Row):
+    """One source record exactly as received. ``record_id`` = sha256(source, NUL, bytes)."""
+
+    record_id: str
+    source: str
+    license: str | None = None
+    batch_id: str
+    file_path: str
+    compression: str | None = None
+    line_no: int | None = None
+    byte_offset: int
+    byte_length: int
+    format: str
+    ingested_at: datetime
+    payload: bytes
+
+
+class QuarantineRow(_Row):
+    """A record or file that could not be used, with the reason and where it was."""
+
+    quarantine_id: str
+    batch_id: str
+    stage: str  # ingest | normalize
+    source: str
+    file_path: str
+    line_no: int | None = None
+    byte_offset: int | None = None
+    record_id: str | None = None
+    format: str | None = None
+    reason_code: str
+    reason: str
+    payload: bytes | None = None
+    payload_size: int
+    payload_sha256: str
+    payload_truncated: bool
+    quarantined_at: datetime
+    lin_run_id: str | None = Field(None, alias="_run_id")
+
+
+class BatchRow(_Row):
+    batch_id: str
+    source: str
+    license: str | None = None
+    status: str  # committed
+    started_at: datetime
+    committed_at: datetime | None = None
+    paths: JsonText
+    n_files: int
+    n_records: int
+    n_new: int
+    n_duplicate: int
+    n_quarantined: int
+    bytes_read: int
+    formats: JsonText
+    host: str
+    pid: int
+
+
+class IngestedFileRow(_Row):
+    batch_id: str
+    file_path: str
+    file_size: int
+    file_sha256: str
+    compression: str | None = None
+    format: str | None = None
+    n_records: int
+    n_new: int
+    n_duplicate: int
+    n_quarantined: int
+
+
+class RunRow(_Row):
+    run_id: str
+    job: str
+    started_at: datetime
+    finished_at: datetime | None = None
+    status: str  # running | succeeded | failed
+    params: JsonText
+    counts: JsonText
+    code_version: str
+    error: str | None = None
+
+
+# --- normalized zone -------------------------------------------------------------------------
+
+
+class EpisodeRow(_Row):
+    trajectory_key: str
+    key_fields: list[str]
+    key_fields_missing: list[str]
+    source_episode_id: str | None = None
+    source: str
+    license: str | None = None
+    format: str
+    task_id: str | None = None
+    task_digest: str | None = None
+    task_text: str | None = None
+    repository: str | None = None
+    base_commit: str | None = None
+    instance_id: str | None = None
+    issue_created_at: datetime | None = None
+    fix_merged_at: datetime | None = None
+    initial_state_digest: str | None = None
+    env_image_digest: str | None = None
+    tool_schema_digest: str | None = None
+    policy_name: str | None = None
+    policy_checkpoint: str | None = None
+    policy_version: str | None = None
+    harness_name: str | None = None
+    harness_version: str | None = None
+    harness_commit: str | None = None
+    verifier_name: str | None = None
+    verifier_commit: str | None = None
+    sampling: JsonText | None = None
+    sampling_digest: str | None = None
+    attempt: int | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    resolved: bool | None = None
+    exit_status: str | None = None
+    termination_reason: str | None = None
+    reward: float | None = None
+    verifier_status: str | None = None
+    test_results: list[TestResultRow] | None = None
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    cost_usd: float | None = None
+    n_steps: int
+    metadata: JsonText | None = None
+    lin_record_id: str = _lineage("_record_id")
+    lin_record_index: int = _lineage("_record_index")
+    lin_batch_id: str = _lineage("_batch_id")
+    lin_run_id: str = _lineage("_run_id")
+    lin_transform: str = _lineage("_transform")
+    lin_transform_version: str = _lineage("_transform_version")
+    lin_schema_version: str = _lineage("_schema_version")
+
+
+class StepRow(_Row):
+    step_id: str
+    trajectory_key: str
+    step_index: int
+    role: str
+    author: str
+    text: str | None = None
+    tool_calls: list[ToolCallRow] | None = None
+    tool_call_id: str | None = None
+    observation: str | None = None
+    exit_code: int | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    test_results: list[TestResultRow] | None = None
+    metadata: JsonText | None = None
+    lin_record_id: str = _lineage("_record_id")
+    lin_batch_id: str = _lineage("_batch_id")
+    lin_run_id: str = _lineage("_run_id")
+    lin_transform: str = _lineage("_transform")
+    lin_transform_version: str = _lineage("_transform_version")
+
+
+# --- side tables -----------------------------------------------------------------------------
+
+
+class LineageEdgeRow(_Row):
+    """``child`` was made from ``parent`` by ``transform`` at ``transform_version`` in ``run_id``."""
+
+    child_id: str
+    child_table: str
+    parent_id: str
+    parent_table: str
+    transform: str
+    transform_version: str
+    run_id: str

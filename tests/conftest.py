@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CASES = Path(__file__).resolve().parent / "cases"
+SHARED_CORPUS = ROOT.parent / "shared" / "corpus"
+
+sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture
+def cases() -> Path:
+    return CASES
+
+
+@pytest.fixture
+def wh(tmp_path: Path):
+    from lineage.catalog import Warehouse
+
+    return Warehouse(tmp_path / "wh")
+
+
+@pytest.fixture(scope="session")
+def small_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 150-episode synthetic corpus (4 shards, one gzipped), shared by the session."""
+    from synth.generator import SynthConfig, generate_corpus
+
+    out = tmp_path_factory.mktemp("synth")
+    generate_corpus(SynthConfig(episodes=150, seed=7, shard_size=40), out)
+    return out
+
+
+@pytest.fixture
+def cli_env(tmp_path: Path) -> dict[str, str]:
+    """Environment for running `trajwh` as a subprocess against a fresh warehouse."""
+    env = {**os.environ, "TRAJWH_WAREHOUSE": str(tmp_path / "wh")}
+    env.pop("COLUMNS", None)
+    return env
+
+
+def trajwh_cmd() -> list[str]:
+    exe = Path(sys.executable).with_name("trajwh")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "pipelines.cli"]

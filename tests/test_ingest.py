@@ -1,0 +1,117 @@
+"""Ingest: idempotent, streaming, and every kind of bad input quarantined with its place."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from ingest.normalize import normalize_warehouse
+from ingest.raw_store import IngestOptions, ingest_paths
+from schemas.errors import ConfigError
+
+
+def q(wh, sql):
+    return wh.query(sql).to_pylist()
+
+
+def test_reingesting_the_same_files_adds_nothing(wh, cases):
+    files = [cases / "two_episodes.jsonl", cases / "gzipped.jsonl.gz", cases / "crlf_blank_lines.jsonl"]
+    first = ingest_paths(wh, files, IngestOptions(source="cases"))
+    assert (first.n_new, first.n_duplicate, first.n_quarantined) == (6, 0, 0)
+    again = ingest_paths(wh, files, IngestOptions(source="cases"))
+    assert (again.n_new, again.n_duplicate) == (0, 6)
+    assert q(wh, "SELECT count(*) AS n, count(DISTINCT record_id) AS d FROM raw_records") == [{"n": 6, "d": 6}]
+    # the same bytes from another source are another record (record_id includes the source)
+    other = ingest_paths(wh, [cases / "two_episodes.jsonl"], IngestOptions(source="mirror"))
+    assert other.n_new == 2
+
+
+def test_raw_records_keep_exact_bytes_and_place(wh, cases):
+    path = cases / "crlf_blank_lines.jsonl"
+    ingest_paths(wh, [path], IngestOptions(source="cases"))
+    data = path.read_bytes()
+    rows = q(wh, "SELECT line_no, byte_offset, byte_length, payload, compression FROM raw_records ORDER BY line_no")
+    assert [r["line_no"] for r in rows] == [2, 4]
+    for r in rows:
+        assert data[r["byte_offset"]:r["byte_offset"] + r["byte_length"]] == r["payload"]
+        assert r["compression"] is None
+    gz = ingest_paths(wh, [cases / "gzipped.jsonl.gz"], IngestOptions(source="cases"))
+    assert gz.files[0].compression == "gzip" and gz.n_new == 2
+
+
+@pytest.mark.parametrize("name, new, quarantined, reason, lines", [
+    ("malformed_and_truncated.jsonl", 2, 2, "malformed_json", [2, 4]),
+    ("invalid_utf8.jsonl", 1, 1, "invalid_utf8", [2]),
+    ("not_a_record.jsonl", 1, 2, "not_a_record", [2, 3]),
+    ("not_a_trajectory.txt", 0, 1, "unknown_format", [None]),
+])
+def test_bad_records_are_quarantined_with_place_and_reason(wh, cases, name, new, quarantined, reason, lines):
+    s = ingest_paths(wh, [cases / "two_episodes.jsonl", cases / name], IngestOptions(source="cases"))
+    assert s.n_new == 2 + new
+    assert s.n_quarantined == quarantined
+    rows = q(wh, "SELECT file_path, line_no, reason_code, reason, payload_size, stage FROM quarantine ORDER BY line_no")
+    assert [r["line_no"] for r in rows] == lines
+    assert {r["reason_code"] for r in rows} == {reason}
+    assert all(r["file_path"].endswith(name) and r["stage"] == "ingest" and r["reason"] for r in rows)
+    if reason == "unknown_format":
+        assert "known formats: native" in rows[0]["reason"]
+    # quarantining again is idempotent too
+    ingest_paths(wh, [cases / name], IngestOptions(source="cases"))
+    assert len(q(wh, "SELECT * FROM quarantine")) == quarantined
+
+
+def test_a_50_mb_field_is_quarantined_and_the_rest_lands(wh, cases, tmp_path):
+    good = (cases / "two_episodes.jsonl").read_bytes()
+    big = tmp_path / "big.jsonl"
+    with open(big, "wb") as f:
+        f.write(good.splitlines()[0] + b"\n")
+        f.write(b'{"format":"trajwh.native","steps":[],"blob":"' + b"A" * (50 << 20) + b'"}\n')
+        f.write(good.splitlines()[1] + b"\n")
+    s = ingest_paths(wh, [big], IngestOptions(source="cases"))
+    assert (s.n_new, s.n_quarantined) == (2, 1)
+    row = q(wh, "SELECT line_no, reason_code, payload_size, payload_truncated, octet_length(payload) AS kept "
+                "FROM quarantine")[0]
+    assert row["line_no"] == 2 and row["reason_code"] == "record_too_large"
+    assert row["payload_size"] > 50 << 20 and row["payload_truncated"] and row["kept"] == 1 << 20
+
+
+def test_schema_invalid_records_are_quarantined_at_normalize(wh, cases):
+    ingest_paths(wh, [cases / "schema_invalid.jsonl"], IngestOptions(source="cases"))
+    s = normalize_warehouse(wh, run_id="t")
+    assert (s.records, s.episodes, s.quarantined) == (3, 1, 2)
+    rows = q(wh, "SELECT line_no, reason FROM quarantine WHERE stage = 'normalize' ORDER BY line_no")
+    assert rows[0]["line_no"] == 1 and "steps.2.role" in rows[0]["reason"]
+    assert rows[1]["line_no"] == 2 and "index" in rows[1]["reason"]
+
+
+def test_bad_options_are_rejected_before_anything_is_written(wh, cases):
+    with pytest.raises(ConfigError, match="SPDX"):
+        ingest_paths(wh, [cases], IngestOptions(license="not a license!"))
+    with pytest.raises(ConfigError, match="unknown format"):
+        ingest_paths(wh, [cases], IngestOptions(format="nope"))
+    with pytest.raises(ConfigError, match="does not exist"):
+        ingest_paths(wh, [cases / "missing.jsonl"])
+    assert not wh.exists()
+
+
+def test_restricted_layers_are_owner_only(wh, cases):
+    ingest_paths(wh, [cases / "two_episodes.jsonl"], IngestOptions(source="cases"))
+    normalize_warehouse(wh, run_id="t")
+    for table in ("raw_records", "episodes", "steps"):
+        files = wh.files(table)
+        assert files
+        for f in files:
+            assert stat.S_IMODE(os.stat(f).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(wh.table_dir(table)).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(wh.catalog_path).st_mode) == 0o600
+
+
+def test_synthetic_corpus_ingests_completely(wh, small_corpus):
+    s = ingest_paths(wh, [small_corpus], IngestOptions(source="synthetic", flush_bytes=1 << 20))
+    assert (s.n_new, s.n_quarantined) == (150, 0)
+    assert len(wh.files("raw_records")) > 1  # streamed out in several files
+    assert {f.compression for f in s.files} == {None, "gzip"}
+    n = normalize_warehouse(wh, run_id="t")
+    assert n.episodes == 150 and n.quarantined == 0

@@ -1,0 +1,66 @@
+"""Record framing: offsets, CRLF, blank lines, oversize records, truncated gzip."""
+
+from __future__ import annotations
+
+import gzip
+import io
+
+import pytest
+
+from ingest.reader import TruncatedInput, find_input_files, iter_lines, open_input
+
+
+def lines(data: bytes, max_bytes: int = 1000, keep: int = 10):
+    return list(iter_lines(io.BytesIO(data), max_bytes, keep))
+
+
+def test_offsets_and_line_numbers_point_at_the_record():
+    data = b'{"a":1}\n\n{"b":22}\r\n{"c":3}'
+    recs = lines(data)
+    assert [(r.line_no, r.data) for r in recs] == [(1, b'{"a":1}'), (3, b'{"b":22}'), (4, b'{"c":3}')]
+    for r in recs:
+        assert data[r.offset:r.offset + len(r.data)] == r.data
+
+
+def test_records_spanning_chunks(monkeypatch):
+    monkeypatch.setattr("ingest.reader.CHUNK", 7)
+    data = b"".join(b'{"n":%d,"pad":"%s"}\n' % (i, b"x" * i) for i in range(20))
+    recs = lines(data)
+    assert len(recs) == 20
+    for r in recs:
+        assert data[r.offset:r.offset + r.size] == r.data
+
+
+def test_oversize_record_keeps_prefix_length_and_hash():
+    import hashlib
+
+    big = b"y" * 5000
+    recs = lines(b'{"ok":1}\n' + big + b"\n" + b'{"ok":2}\n', max_bytes=1000, keep=10)
+    assert [r.oversize for r in recs] == [False, True, False]
+    assert recs[1].size == 5000 and recs[1].data == b"y" * 10
+    assert recs[1].sha256 == hashlib.sha256(big).hexdigest()
+
+
+def test_truncated_gzip_raises_after_the_good_records(tmp_path):
+    payload = b"".join(b'{"n":%d}\n' % i for i in range(5000))
+    path = tmp_path / "t.jsonl.gz"
+    path.write_bytes(gzip.compress(payload)[:-200])
+    stream, comp, _raw = open_input(path)
+    assert comp == "gzip"
+    seen = []
+    with pytest.raises(TruncatedInput):
+        for r in iter_lines(stream, 1000, 10):
+            seen.append(r)
+    assert len(seen) > 100
+
+
+def test_find_input_files_skips_hidden_and_rejects_missing(tmp_path):
+    (tmp_path / "a.jsonl").write_text("{}")
+    (tmp_path / ".truth").mkdir()
+    (tmp_path / ".truth" / "labels.jsonl").write_text("{}")
+    (tmp_path / ".hidden.jsonl").write_text("{}")
+    assert [p.name for p in find_input_files([tmp_path])] == ["a.jsonl"]
+    from schemas.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="does not exist"):
+        find_input_files([tmp_path / "nope"])
