@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import base64
+import csv
 import sys
 from typing import Any
 
 import orjson
 import pyarrow as pa
-import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from schemas.errors import ConfigError
@@ -51,15 +51,26 @@ def write_result(data: pa.Table, fmt: str, out: str | None) -> None:
             sys.stdout.flush()
         return
     data = _text_safe(data)
-    nested = [f.name for f in data.schema if pa.types.is_nested(f.type)]
-    for name in nested:  # CSV cells hold JSON text for lists and structs
-        i = data.schema.get_field_index(name)
-        values = [None if v is None else orjson.dumps(v, default=_default).decode() for v in data.column(i).to_pylist()]
-        data = data.set_column(i, name, pa.array(values, pa.string()))
-    if out:
-        pacsv.write_csv(data, out)
-    else:
-        sink = pa.BufferOutputStream()
-        pacsv.write_csv(data, sink)
-        sys.stdout.buffer.write(sink.getvalue().to_pybytes())
-        sys.stdout.flush()
+    handle = open(out, "w", newline="", encoding="utf-8") if out else sys.stdout
+    try:
+        writer = csv.writer(handle, lineterminator="\n")  # quotes only where needed
+        writer.writerow(data.column_names)
+        for batch in data.to_batches(max_chunksize=4096):
+            for row in batch.to_pylist():
+                writer.writerow([_cell(v) for v in row.values()])
+    finally:
+        if out:
+            handle.close()
+        else:
+            handle.flush()
+
+
+def _cell(value: Any) -> Any:
+    """CSV cells hold JSON text for lists and structs, ISO text for times, '' for null."""
+    if value is None:
+        return ""
+    if isinstance(value, list | dict):
+        return orjson.dumps(value, default=_default).decode()
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return value

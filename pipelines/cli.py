@@ -59,17 +59,20 @@ def main() -> None:
 @click.option("--format", "format_", default=None, help="Force a format instead of detecting it.")
 @click.option("--max-record-mb", default=32.0, show_default=True, help="Records larger than this are quarantined.")
 @click.option("--wait", default=60.0, show_default=True, help="Seconds to wait for another writer to finish.")
+@click.option("--flush-mb", default=64.0, show_default=True,
+              help="Raw bytes buffered before a Parquet file is written (bounds memory).")
 @warehouse_option
 @handle_errors
 def ingest(paths: tuple[str, ...], source: str, license_: str | None, format_: str | None,
-           max_record_mb: float, wait: float, warehouse: str | None) -> None:
+           max_record_mb: float, wait: float, flush_mb: float, warehouse: str | None) -> None:
     """Ingest trajectory files or folders (JSONL or JSON, gzip read transparently) into raw."""
     from ingest.raw_store import IngestOptions, ingest_paths
     from ingest.reader import find_input_files
 
     wh = Warehouse(warehouse)
     opts = IngestOptions(source=source, license=license_, format=format_,
-                         max_record_bytes=int(max_record_mb * (1 << 20)), lock_timeout=wait)
+                         max_record_bytes=int(max_record_mb * (1 << 20)), lock_timeout=wait,
+                         flush_bytes=max(1, int(flush_mb * (1 << 20))))
     opts.validate()
     total = sum(p.stat().st_size for p in find_input_files(paths))
     t0 = time.monotonic()

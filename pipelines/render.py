@@ -23,8 +23,9 @@ from rich.progress import (
 )
 from rich.table import Table
 
-console = Console()
-err_console = Console(stderr=True)
+# piped output is not wrapped at 80 columns (lines stay greppable)
+console = Console(soft_wrap=not sys.stdout.isatty(), width=None if sys.stdout.isatty() else 160)
+err_console = Console(stderr=True, soft_wrap=not sys.stderr.isatty())
 
 
 def human_bytes(n: float | int | Decimal | None) -> str:

@@ -303,24 +303,24 @@ def plan_episode(rng: random.Random, task: Task, style: str, cause: str, truth: 
 
 
 def render_steps(rng: random.Random, actions: list[Action], style: str, task: Task, start: datetime,
-                 paraphrase: bool = False) -> tuple[list[dict[str, Any]], dict[int, int]]:
-    """Native steps for a plan; also maps action index -> index of the step that shows it."""
+                 paraphrase: bool = False) -> tuple[list[dict[str, Any]], dict[int, tuple[int, int]]]:
+    """Native steps for a plan; also maps action index -> (model step, observation step)."""
     steps: list[dict[str, Any]] = [
         {"role": "system", "author": "harness", "text": SYSTEM_PROMPTS[style]},
         {"role": "user", "author": "harness", "text": f"<issue>\n{task.text}\n</issue>\nRepository: {task.repo.name} at {task.base_commit[:10]}. Resolve the issue."},
     ]
-    where: dict[int, int] = {}
+    where: dict[int, tuple[int, int]] = {}
     t = start
     for ai, a in enumerate(actions):
         thought = (f"Okay. {a.thought} I think this is the right next step." if paraphrase else a.thought)
         if a.author == "harness":
-            where[ai] = len(steps)
+            where[ai] = (len(steps), len(steps))
             steps.append({"role": "user", "author": "harness", "text": a.observation})
             continue
         call_id = f"call_{hexstr(rng, 12)}"
         if a.kind == "giveup":
             steps.append({"role": "assistant", "author": "model", "text": thought})
-            where[ai] = len(steps) - 1
+            where[ai] = (len(steps) - 1, len(steps) - 1)
             continue
         model: dict[str, Any] = {"role": "assistant", "author": "model"}
         if style == "function":
@@ -336,7 +336,7 @@ def render_steps(rng: random.Random, actions: list[Action], style: str, task: Ta
                      tokens_in=1500 + 300 * len(steps), tokens_out=tokens_out)
         t = model["ended_at"]
         steps.append(model)
-        where[ai] = len(steps) - 1 if a.kind == "other" and a.obj == "diagnosis" else len(steps)
+        where[ai] = (len(steps) - 1, len(steps))
         env = {"role": "tool", "author": "environment", "observation": a.observation, "exit_code": a.exit_code,
                "tool_call_id": call_id, "started_at": t, "ended_at": t + timedelta(seconds=rng.uniform(0.1, 30))}
         if a.tests is not None:

@@ -73,6 +73,9 @@ class SynthSummary:
     near_dups: int = 0
 
 
+ALL_CAUSES = ["resolved"] + [c for c, _ in FAILURE_CAUSES]
+
+
 def _outcome(cause: str, style: str, task: Task) -> dict[str, Any]:
     f2p, p2p = task.fail_to_pass, task.pass_to_pass
     if cause == "resolved":
@@ -141,11 +144,13 @@ class _Generator:
                           secrets=list(secrets), leak_steps=list(leaks), segments=list(segments))
             paraphrase = True
         else:
-            cause = _pick_cause(rng, task, skill)
+            # the first episodes walk through every cause, so even a tiny corpus has each one
+            cause = ALL_CAUSES[n] if n < len(ALL_CAUSES) else _pick_cause(rng, task, skill)
             truth = Truth(episode_id, task.task_id, task.repo.url, cause)
             secret_kinds = rng.sample(SECRET_KINDS, rng.randint(1, 3)) if rng.random() < 0.25 else []
             actions = plan_episode(rng, task, style, cause, truth, secret_kinds,
-                                   leak=rng.random() < 0.04, big_obs=rng.random() < 0.02)
+                                   leak=rng.random() < 0.04 or n % 41 == 7,
+                                   big_obs=rng.random() < 0.02 or n % 97 == 5)
             paraphrase = False
             if policy == "teacher-omega":
                 planted = (list(truth.secrets), list(truth.leak_steps), list(truth.segments))
@@ -155,7 +160,7 @@ class _Generator:
         steps, where = render_steps(rng, actions, style, task, start, paraphrase)
         if rng.random() < 0.05 and len(steps) > 4:  # a human steps in
             steps.insert(3, {"role": "user", "author": "human", "text": "Please keep the public API unchanged."})
-            where = {k: (v + 1 if v >= 3 else v) for k, v in where.items()}
+            where = {k: tuple(v + 1 if v >= 3 else v for v in pair) for k, pair in where.items()}
             for i, s in enumerate(steps):
                 s["index"] = i
         _relocate_truth(truth, where)
@@ -184,11 +189,15 @@ class _Generator:
         return episode, truth
 
 
-def _relocate_truth(truth: Truth, where: dict[int, int]) -> None:
-    """Action indexes in the truth -> step indexes in the rendered episode."""
-    truth.leak_steps = [where[i] for i in truth.leak_steps]
-    truth.secrets = [{**s, "step": where[s["action"]]} for s in truth.secrets]
-    truth.segments = [{**s, "start_step": where[s["start"]], "end_step": where[s["end"]]} for s in truth.segments]
+def _relocate_truth(truth: Truth, where: dict[int, tuple[int, int]]) -> None:
+    """Action indexes in the truth -> step indexes in the rendered episode.
+
+    A secret in a tool call is in the model's step, one in an observation in the next step; a
+    segment starts at the model's first action and ends at the observation that verifies it.
+    """
+    truth.leak_steps = [where[i][1] for i in truth.leak_steps]
+    truth.secrets = [{**s, "step": where[s["action"]][0 if s["field"] == "tool_call" else 1]} for s in truth.secrets]
+    truth.segments = [{**s, "start_step": where[s["start"]][0], "end_step": where[s["end"]][1]} for s in truth.segments]
 
 
 def generate_corpus(cfg: SynthConfig, out: str | Path, progress: Callable[[int], None] | None = None) -> SynthSummary:

@@ -1,0 +1,107 @@
+"""The `trajwh` command end to end, as a user runs it (subprocesses on a fresh warehouse)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import ROOT, trajwh_cmd
+
+
+def run(env, *args, ok=True):
+    r = subprocess.run([*trajwh_cmd(), *args], env=env, capture_output=True, text=True, timeout=300)
+    if ok:
+        assert r.returncode == 0, f"{args}: {r.stdout}\n{r.stderr}"
+    return r
+
+
+@pytest.fixture
+def built(cli_env, small_corpus, cases):
+    run(cli_env, "ingest", str(small_corpus), "--source", "synthetic", "--license", "CC-BY-4.0")
+    run(cli_env, "ingest", str(cases), "--source", "cases")
+    run(cli_env, "build")
+    return cli_env
+
+
+def test_ingest_reports_new_then_already_present(cli_env, cases):
+    first = run(cli_env, "ingest", str(cases / "two_episodes.jsonl"))
+    assert "2 new, 0 already present" in first.stdout
+    again = run(cli_env, "ingest", str(cases / "two_episodes.jsonl"))
+    assert "0 new, 2 already present" in again.stdout
+
+
+def test_ingest_exits_nonzero_only_when_nothing_could_be_ingested(cli_env, cases):
+    partial = run(cli_env, "ingest", str(cases / "malformed_and_truncated.jsonl"))
+    assert "2 new" in partial.stdout and "malformed_json (2)" in partial.stdout
+    nothing = run(cli_env, "ingest", str(cases / "not_a_trajectory.txt"), ok=False)
+    assert nothing.returncode == 1
+    assert "nothing ingested" in nothing.stderr and "unknown_format" in nothing.stderr
+    missing = run(cli_env, "ingest", str(cases / "nope.jsonl"), ok=False)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_build_status_and_trace(built):
+    status = run(built, "status", "--json")
+    st = json.loads(status.stdout)
+    rows = {t["table"]: t["rows"] for t in st["tables"]}
+    # 150 synthetic + cases: 2+2+2+2+1+3+1 valid episodes, 2 of them schema-invalid
+    assert rows["episodes"] == 150 + 11 and rows["raw_records"] == 150 + 13
+    reasons = {(q["stage"], q["reason_code"]): q["n"] for q in st["quarantine"]}
+    assert reasons[("normalize", "invalid_record")] == 2
+    assert reasons[("ingest", "unknown_format")] == 2  # README.md and not_a_trajectory.txt
+    human = run(built, "status")
+    assert "raw_records" in human.stdout and "quarantine by reason" in human.stdout
+
+    sid = run(built, "sql", "SELECT step_id FROM steps WHERE step_index = 3 ORDER BY step_id LIMIT 1",
+              "--format", "csv").stdout.splitlines()[1]
+    t = run(built, "trace", sid[:12])
+    assert sid in t.stdout and "raw record" in t.stdout and re.search(r"line \d+, byte offset \d+", t.stdout)
+    assert "episodes-" in t.stdout or "cases" in t.stdout
+    bad = run(built, "trace", "ffffffffffff", ok=False)
+    assert bad.returncode == 2 and "no step, episode or raw record" in bad.stderr
+
+
+def test_sql_output_formats(built, tmp_path):
+    q = "SELECT task_id, count(*) AS n FROM episodes GROUP BY 1 ORDER BY n DESC, task_id LIMIT 5"
+    table = run(built, "sql", q)
+    assert "task_id" in table.stdout and "5 rows" in table.stdout
+    csv = run(built, "sql", q, "--format", "csv").stdout.splitlines()
+    assert csv[0] == "task_id,n" and len(csv) == 6
+    js = [json.loads(line) for line in run(built, "sql", q, "--format", "json").stdout.splitlines()]
+    assert len(js) == 5 and set(js[0]) == {"task_id", "n"}
+    out = tmp_path / "r.parquet"
+    run(built, "sql", q, "--format", "parquet", "--out", str(out))
+    assert pq.read_table(out).num_rows == 5
+    nested = run(built, "sql", "SELECT tool_calls, payload FROM steps JOIN raw_records ON record_id = _record_id "
+                 "WHERE tool_calls IS NOT NULL LIMIT 2", "--format", "csv")
+    assert len(nested.stdout.splitlines()) == 3
+
+
+def test_sql_is_read_only_and_errors_are_clear(built):
+    bad = run(built, "sql", "SELEC nothing", ok=False)
+    assert bad.returncode == 2 and "query failed" in bad.stderr
+    write = run(built, "sql", "DROP VIEW episodes", ok=False)
+    assert write.returncode == 2 and "read-only" in write.stderr.lower()
+
+
+def test_every_query_in_docs_sql_md_runs(built):
+    text = (ROOT / "docs" / "sql.md").read_text()
+    queries = re.findall(r"```sql\n(.*?)```", text, re.S)
+    assert len(queries) == 10
+    for q in queries:
+        out = run(built, "sql", q, "--format", "json").stdout.splitlines()
+        assert out, f"query returned no rows:\n{q}"
+
+
+def test_synth_is_deterministic(tmp_path, cli_env):
+    run(cli_env, "synth", "--episodes", "60", "--out", str(tmp_path / "a"), "--seed", "5")
+    run(cli_env, "synth", "--episodes", "60", "--out", str(tmp_path / "b"), "--seed", "5")
+    run(cli_env, "synth", "--episodes", "60", "--out", str(tmp_path / "c"), "--seed", "6")
+    files = sorted(p.name for p in Path(tmp_path / "a").iterdir() if p.is_file())
+    for name in files:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    assert (tmp_path / "a" / files[0]).read_bytes() != (tmp_path / "c" / files[0]).read_bytes()
