@@ -194,12 +194,12 @@ def _check_record(rec: FileRecord, adapter: Adapter, opts: IngestOptions) -> tup
                 f"record of {rec.size / 1e6:.1f} MB exceeds the {opts.max_record_bytes / 1e6:.1f} MB limit "
                 f"(raise it with --max-record-mb if such records are expected)")
     try:
-        text = rec.data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return "invalid_utf8", f"invalid UTF-8 at byte {exc.start} of the record: {exc.reason}"
-    try:
-        obj = orjson.loads(text)
+        obj = orjson.loads(rec.data)  # validates UTF-8 too; decode only to explain a failure
     except orjson.JSONDecodeError as exc:
+        try:
+            rec.data.decode("utf-8")
+        except UnicodeDecodeError as uexc:
+            return "invalid_utf8", f"invalid UTF-8 at byte {uexc.start} of the record: {uexc.reason}"
         return "malformed_json", f"not valid JSON ({exc}); a truncated line looks like this"
     problem = adapter.check_record(obj)
     if problem:

@@ -1,0 +1,98 @@
+"""Ingest throughput and peak memory, next to DuckDB's own read_json over the same files.
+
+Each measured step runs in its own subprocess so its peak RSS (ru_maxrss) is its own. The
+figures: our ingest's MB/s and episodes/s, the ratio to DuckDB ``read_json`` materializing the
+same JSONL into a table, and our peak memory at two corpus sizes (it must not grow with size:
+records stream through a bounded buffer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _child(mode: str, corpus: str, warehouse: str) -> None:
+    sys.path.insert(0, str(ROOT))
+    t0 = time.perf_counter()
+    out: dict = {}
+    if mode == "ingest":
+        from ingest.raw_store import IngestOptions, ingest_paths
+        from lineage.catalog import Warehouse
+
+        s = ingest_paths(Warehouse(warehouse), [corpus], IngestOptions(source="bench"))
+        out = {"records": s.n_new, "quarantined": s.n_quarantined}
+    elif mode == "build":
+        from ingest.normalize import normalize_warehouse
+        from lineage.catalog import Warehouse
+
+        s = normalize_warehouse(Warehouse(warehouse), run_id="bench")
+        out = {"episodes": s.episodes, "steps": s.steps}
+    elif mode == "duckdb":
+        import duckdb
+
+        con = duckdb.connect()
+        con.execute(f"SET threads = 2; CREATE TABLE t AS SELECT * FROM read_json('{corpus}/*.jsonl', "
+                    "format = 'newline_delimited', maximum_object_size = 268435456)")
+        out = {"records": con.execute("SELECT count(*) FROM t").fetchall()[0][0]}
+    out["seconds"] = time.perf_counter() - t0
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(out))
+
+
+def _measure(mode: str, corpus: Path, warehouse: Path) -> dict:
+    r = subprocess.run([sys.executable, __file__, "--child", mode, str(corpus), str(warehouse)],
+                       capture_output=True, text=True, check=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def run(sizes: list[int], progress=print) -> dict:
+    sys.path.insert(0, str(ROOT))
+    from synth.generator import SynthConfig, generate_corpus
+
+    results = {"sizes": []}
+    with tempfile.TemporaryDirectory(prefix="trajwh-bench-") as tmp:
+        for n in sizes:
+            corpus = Path(tmp) / f"corpus-{n}"
+            progress(f"generating {n} episodes ...")
+            s = generate_corpus(SynthConfig(episodes=n, seed=1, gzip_every=0), corpus)
+            mb = s.bytes / 1e6
+            wh = Path(tmp) / f"wh-{n}"
+            progress(f"ingesting {n} episodes ({mb:.0f} MB) ...")
+            ours = _measure("ingest", corpus, wh)
+            progress("building the normalized layer ...")
+            build = _measure("build", corpus, wh)
+            progress("DuckDB read_json over the same files ...")
+            duck = _measure("duckdb", corpus, wh)
+            results["sizes"].append({
+                "episodes": n, "steps": s.steps, "corpus_mb": round(mb, 1),
+                "ingest_s": round(ours["seconds"], 2), "ingest_mb_s": round(mb / ours["seconds"], 1),
+                "ingest_episodes_s": round(n / ours["seconds"]), "ingest_peak_mb": round(ours["peak_rss_mb"]),
+                "duckdb_read_json_s": round(duck["seconds"], 2), "duckdb_mb_s": round(mb / duck["seconds"], 1),
+                "duckdb_peak_mb": round(duck["peak_rss_mb"]),
+                "throughput_ratio_vs_duckdb": round(duck["seconds"] / ours["seconds"], 2),
+                "build_s": round(build["seconds"], 2), "build_steps_s": round(build["steps"] / build["seconds"]),
+                "build_peak_mb": round(build["peak_rss_mb"]),
+            })
+            shutil.rmtree(corpus)
+            shutil.rmtree(wh)
+    return results
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        _child(*sys.argv[2:5])
+        sys.exit(0)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="5000,20000")
+    args = ap.parse_args()
+    print(json.dumps(run([int(x) for x in args.sizes.split(",")]), indent=2))
