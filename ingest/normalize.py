@@ -97,7 +97,8 @@ class _BatchNormalizer:
         for index, pe in enumerate(parsed):
             key, used, missing = ids.trajectory_key(pe.episode, raw_origin=f"{rec['record_id']}:{index}")
             owner = self.keys.get(key)
-            if owner is not None and owner != rec["record_id"]:
+            repeated = any(key == k for _, _, k, _, _ in accepted)
+            if repeated or (owner is not None and owner != rec["record_id"]):
                 self.reject(rec, "duplicate_episode",
                             f"episode {index} of this record has trajectory key {key}, already built from "
                             f"raw record {owner}; kept the first")

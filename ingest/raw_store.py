@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from ingest.adapters.base import Adapter, detect, get_adapter, known_formats
+from ingest.adapters.base import Adapter, detect, framing_for, get_adapter, known_formats
 from ingest.reader import (
     FileRecord,
     TruncatedInput,
@@ -233,7 +233,7 @@ def _ingest_file(path: Path, writer: _BatchWriter, opts: IngestOptions, summary:
                        f"known formats: {known_formats()}", head, size_=size)
             return fs
         records = (iter_lines(stream, opts.max_record_bytes, opts.quarantine_keep_bytes)
-                   if adapter.framing == "jsonl"
+                   if framing_for(adapter, head) == "jsonl"
                    else iter([read_document(stream, opts.max_record_bytes, opts.quarantine_keep_bytes)]))
         try:
             for rec in records:

@@ -48,10 +48,12 @@ def test_build_status_and_trace(built):
     status = run(built, "status", "--json")
     st = json.loads(status.stdout)
     rows = {t["table"]: t["rows"] for t in st["tables"]}
-    # 150 synthetic + cases: 2+2+2+2+1+3+1 valid episodes, 2 of them schema-invalid
-    assert rows["episodes"] == 150 + 11 and rows["raw_records"] == 150 + 13
+    # 150 synthetic + cases: 2+2+2+2+1+3+1 JSONL records (2 schema-invalid) + 2 JSON documents with
+    # 3 episodes, one of which is the same episode as a JSONL line (same trajectory key): kept once
+    assert rows["episodes"] == 150 + 11 + 2 and rows["raw_records"] == 150 + 13 + 2
     reasons = {(q["stage"], q["reason_code"]): q["n"] for q in st["quarantine"]}
     assert reasons[("normalize", "invalid_record")] == 2
+    assert reasons[("normalize", "duplicate_episode")] == 1
     assert reasons[("ingest", "unknown_format")] == 2  # README.md and not_a_trajectory.txt
     human = run(built, "status")
     assert "raw_records" in human.stdout and "quarantine by reason" in human.stdout

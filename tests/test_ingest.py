@@ -115,3 +115,16 @@ def test_synthetic_corpus_ingests_completely(wh, small_corpus):
     assert {f.compression for f in s.files} == {None, "gzip"}
     n = normalize_warehouse(wh, run_id="t")
     assert n.episodes == 150 and n.quarantined == 0
+
+
+def test_json_documents_are_one_record_each(wh, cases):
+    s = ingest_paths(wh, [cases / "one_episode_pretty.json", cases / "episode_array.json"],
+                     IngestOptions(source="cases"))
+    assert (s.n_new, s.n_quarantined) == (2, 0)
+    rows = q(wh, "SELECT line_no, byte_offset, byte_length FROM raw_records ORDER BY byte_length")
+    assert all(r["line_no"] is None and r["byte_offset"] == 0 for r in rows)
+    n = normalize_warehouse(wh, run_id="t")
+    assert n.episodes == 3
+    idx = q(wh, "SELECT source_episode_id, _record_index FROM episodes ORDER BY source_episode_id")
+    assert [(r["source_episode_id"], r["_record_index"]) for r in idx] == [
+        ("case-ep-1", 0), ("case-ep-1-array", 0), ("case-ep-2-array", 1)]

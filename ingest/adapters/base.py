@@ -93,6 +93,18 @@ def known_formats() -> str:
     return ", ".join(f"{a.name} ({a.description})" if a.description else a.name for a in adapters())
 
 
+def framing_for(adapter: Adapter, head: bytes) -> str:
+    """``jsonl`` adapters also take a whole JSON document: a pretty-printed object or an array.
+
+    JSONL lines start with ``{"``; a document starts with a line that is only ``{`` or that
+    opens an array. Such a file is one raw record (exactly as received).
+    """
+    if adapter.framing != "jsonl":
+        return adapter.framing
+    first = head.lstrip().split(b"\n", 1)[0].strip()
+    return "document" if first in (b"{", b"[") or first.startswith(b"[") else "jsonl"
+
+
 def detect(path: str, head: bytes) -> Adapter | None:
     """The first registered adapter that recognizes the file, or None."""
     for adapter in adapters():

@@ -78,9 +78,17 @@ class NativeAdapter(Adapter):
 
     def sniff(self, path: str, head: bytes) -> bool:
         first = head.lstrip()[:1]
-        return first == b"{" and _FORMAT_MARK.search(head[:65536]) is not None
+        return first in (b"{", b"[") and _FORMAT_MARK.search(head[:65536]) is not None
 
     def check_record(self, obj: Any) -> str | None:
+        if isinstance(obj, list):  # a JSON document holding several episodes
+            if not obj:
+                return "an empty JSON array holds no episode"
+            for i, item in enumerate(obj):
+                problem = self.check_record(item) if isinstance(item, dict) else "not a JSON object"
+                if problem:
+                    return f"element {i}: {problem}"
+            return None
         if not isinstance(obj, dict):
             return f"expected a JSON object, found {type(obj).__name__}"
         if obj.get("format") != NATIVE_FORMAT:
@@ -90,6 +98,8 @@ class NativeAdapter(Adapter):
         return None
 
     def parse(self, obj: Any, ctx: RecordContext) -> list[ParsedEpisode]:
+        if isinstance(obj, list):
+            return [pe for item in obj for pe in self.parse(item, ctx)]
         try:
             ep = NativeEpisode.model_validate(obj)
         except ValidationError as exc:
