@@ -22,7 +22,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ingest.adapters.base import ParsedEpisode, RecordContext, get_adapter
+from ingest.actions import annotate_step
+from ingest.adapters.base import ParsedEpisode, RecordContext, adapters, get_adapter
 from ingest.raw_store import INGEST_TRANSFORM, quarantine_row
 from lineage.catalog import Warehouse, WriteSession, json_text, now_utc
 from lineage.storage import WrittenFile
@@ -46,24 +47,55 @@ class NormalizeSummary:
     episodes: int = 0
     steps: int = 0
     quarantined: int = 0
+    companions: int = 0
     quarantine_reasons: dict[str, int] = field(default_factory=dict)
 
 
-def batch_transform_version(formats: list[str]) -> str:
-    """What the normalized rows of a batch depend on: adapters, schema, normalizer."""
-    parts = []
+def batch_transform_version(formats: list[str], facts_digest: str = "") -> str:
+    """What the normalized rows of a batch depend on: adapters, schema, normalizer, and the
+    companion facts when one of its formats reads them (a new verdict file rebuilds them)."""
+    parts, reads_facts = [], False
     for name in sorted(formats):
         try:
-            parts.append(get_adapter(name).tag)
+            adapter = get_adapter(name)
+            parts.append(adapter.tag)
+            reads_facts |= adapter.consumes_facts
         except ConfigError:
             parts.append(f"{name}@missing")
-    return ",".join(parts) + f";schema={SCHEMA_VERSION};normalize={NORMALIZE_VERSION}"
+    version = ",".join(parts) + f";schema={SCHEMA_VERSION};normalize={NORMALIZE_VERSION}"
+    return version + (f";facts={facts_digest}" if reads_facts and facts_digest else "")
+
+
+class FactIndex:
+    """Companion facts of the whole warehouse, by (source, kind, key); later records win."""
+
+    def __init__(self, wh: Warehouse):
+        self.index: dict[tuple[str, str, str], dict[str, Any]] = {}
+        names = [a.name for a in adapters() if a.companion]
+        rows = wh.query(
+            "SELECT r.record_id, r.source, r.file_path, r.line_no, r.format, r.payload FROM raw_records r "
+            "JOIN batches b USING (batch_id) WHERE list_contains(?, r.format) "
+            "ORDER BY b.committed_at, r.file_path, r.byte_offset", [names]).to_pylist() if names else []
+        self.record_ids = sorted(r["record_id"] for r in rows)
+        for r in rows:
+            adapter = get_adapter(r["format"])
+            ctx = RecordContext(r["record_id"], r["source"], r["file_path"], r["line_no"])
+            try:
+                triples = adapter.facts(adapter.decode(r["payload"]), ctx)
+            except Exception:  # noqa: BLE001 - a broken companion gives no facts; its record stays in raw
+                continue
+            for kind, key, facts in triples:
+                self.index.setdefault((r["source"], kind, key), {}).update(facts)
+        self.digest = ids.digest(self.record_ids)[:12] if self.record_ids else ""
+
+    def lookup(self, source: str) -> Any:
+        return lambda kind, key: self.index.get((source, kind, key), {})
 
 
 class _BatchNormalizer:
     def __init__(self, session: WriteSession, batch_id: str, run_id: str, keys: dict[str, str],
-                 summary: NormalizeSummary):
-        self.session, self.batch_id, self.run_id = session, batch_id, run_id
+                 summary: NormalizeSummary, facts: FactIndex):
+        self.session, self.batch_id, self.run_id, self.facts = session, batch_id, run_id, facts
         self.keys, self.summary = keys, summary
         self.episodes: list[dict[str, Any]] = []
         self.steps: list[dict[str, Any]] = []
@@ -86,12 +118,19 @@ class _BatchNormalizer:
 
     def record(self, rec: dict[str, Any]) -> None:
         self.summary.records += 1
-        ctx = RecordContext(rec["record_id"], rec["source"], rec["file_path"], rec["line_no"])
+        ctx = RecordContext(rec["record_id"], rec["source"], rec["file_path"], rec["line_no"],
+                            self.facts.lookup(rec["source"]))
         try:
             adapter = get_adapter(rec["format"])
-            parsed = adapter.parse(orjson.loads(rec["payload"]), ctx)
-        except (InputFormatError, ConfigError, orjson.JSONDecodeError) as exc:
+            if adapter.companion:
+                self.summary.companions += 1
+                return
+            parsed = adapter.parse(adapter.decode(rec["payload"]), ctx)
+        except (InputFormatError, ConfigError, orjson.JSONDecodeError, UnicodeDecodeError) as exc:
             self.reject(rec, "invalid_record", str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - an adapter bug must not stop the batch
+            self.reject(rec, "adapter_error", f"{adapter.name} adapter failed: {type(exc).__name__}: {exc}")
             return
         accepted = []
         for index, pe in enumerate(parsed):
@@ -118,6 +157,7 @@ class _BatchNormalizer:
         self.episodes.append(episode)
         self.edges.append(_edge(key, "episodes", rec["record_id"], "raw_records", lineage))
         for step in pe.steps:
+            annotate_step(step)
             sid = ids.step_id(key, step["step_index"])
             self.steps.append({**step, "step_id": sid, "trajectory_key": key, **lineage})
             self.edges.append(_edge(sid, "steps", key, "episodes", lineage))
@@ -176,9 +216,10 @@ def normalize_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, lock_
         built = {r["batch_id"]: r["version"] for r in wh.query(
             "SELECT batch_id, any_value(transform_version) AS version FROM table_files "
             "WHERE table_name = 'episodes' GROUP BY batch_id").to_pylist()}
+        facts = FactIndex(wh)
         todo = []
         for b in batches:
-            version = batch_transform_version(orjson.loads(b["formats"]))
+            version = batch_transform_version(orjson.loads(b["formats"]), facts.digest)
             if b["n_new"] == 0 or (not full and built.get(b["batch_id"]) == version):
                 summary.batches_skipped += 1
             else:
@@ -190,7 +231,7 @@ def normalize_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, lock_
         if on_plan:
             on_plan(sum(b["n_new"] for b in batches if b["batch_id"] in rebuilding))
         for batch_id, version in todo:
-            worker = _BatchNormalizer(session, batch_id, run_id, keys, summary)
+            worker = _BatchNormalizer(session, batch_id, run_id, keys, summary, facts)
             worker.run(wh.files("raw_records", batch_id=batch_id), progress)
             session.commit(worker.files, removed=_batch_outputs(wh, batch_id), batch_id=batch_id,
                            run_id=run_id, transform_version=version)

@@ -20,7 +20,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pyarrow as pa
 
 from ingest.adapters.base import Adapter, detect, framing_for, get_adapter, known_formats
@@ -194,13 +193,13 @@ def _check_record(rec: FileRecord, adapter: Adapter, opts: IngestOptions) -> tup
                 f"record of {rec.size / 1e6:.1f} MB exceeds the {opts.max_record_bytes / 1e6:.1f} MB limit "
                 f"(raise it with --max-record-mb if such records are expected)")
     try:
-        obj = orjson.loads(rec.data)  # validates UTF-8 too; decode only to explain a failure
-    except orjson.JSONDecodeError as exc:
+        obj = adapter.decode(rec.data)  # JSON decoding validates UTF-8 too; decode only to explain
+    except Exception as exc:  # noqa: BLE001 - any decoder failure quarantines the record
         try:
             rec.data.decode("utf-8")
         except UnicodeDecodeError as uexc:
             return "invalid_utf8", f"invalid UTF-8 at byte {uexc.start} of the record: {uexc.reason}"
-        return "malformed_json", f"not valid JSON ({exc}); a truncated line looks like this"
+        return "malformed_json", f"cannot be decoded as {adapter.name} ({exc}); a truncated record looks like this"
     problem = adapter.check_record(obj)
     if problem:
         return "not_a_record", f"not a {adapter.name} record: {problem}"

@@ -30,11 +30,13 @@ def lineage_gaps(wh: Warehouse, table: str) -> dict[str, Any]:
     return row
 
 
-def reconcile_normalized(wh: Warehouse) -> dict[str, Any]:
-    """Every raw record of a built batch became episodes or was quarantined; step counts agree."""
+def reconcile_normalized(wh: Warehouse, companion_formats: list[str] | None = None) -> dict[str, Any]:
+    """Every raw record of a built batch became episodes, was quarantined, or is a companion
+    (verdicts, metrics: facts about episodes); step counts agree; ids are unique."""
     return wh.query("""
         WITH built AS (SELECT DISTINCT batch_id FROM table_files WHERE table_name = 'episodes'),
-        raw AS (SELECT r.record_id FROM raw_records r JOIN built b USING (batch_id)),
+        raw AS (SELECT r.record_id FROM raw_records r JOIN built b USING (batch_id)
+                WHERE NOT list_contains(?, r.format)),
         used AS (SELECT DISTINCT _record_id AS record_id FROM episodes
                  UNION SELECT DISTINCT record_id FROM quarantine WHERE stage = 'normalize'),
         counts AS (SELECT e.trajectory_key, any_value(e.n_steps) AS n, count(s.step_id) AS got
@@ -47,7 +49,7 @@ def reconcile_normalized(wh: Warehouse) -> dict[str, Any]:
           (SELECT count(*) FROM counts WHERE n <> got) AS step_count_violations,
           (SELECT count(*) - count(DISTINCT trajectory_key) FROM episodes) AS duplicate_key_violations,
           (SELECT count(*) - count(DISTINCT step_id) FROM steps) AS duplicate_step_violations
-    """).to_pylist()[0]
+    """, [companion_formats or []]).to_pylist()[0]
 
 
 def passed(result: dict[str, Any]) -> bool:

@@ -4,6 +4,7 @@
 
 import dagster as dg
 
+from ingest.adapters.base import adapters
 from lineage.checks import lineage_gaps, passed, reconcile_normalized
 from pipelines.resources import WarehouseResource
 
@@ -25,7 +26,8 @@ def steps_have_lineage(warehouse: WarehouseResource) -> dg.AssetCheckResult:
 @dg.asset_check(asset="episodes", description="Each raw record became episodes or was quarantined; "
                 "step counts match; ids are unique.")
 def normalized_reconciles_with_raw(warehouse: WarehouseResource) -> dg.AssetCheckResult:
-    return _result(reconcile_normalized(warehouse.get()))
+    companions = [a.name for a in adapters() if a.companion]
+    return _result(reconcile_normalized(warehouse.get(), companions))
 
 
 ALL_CHECKS = [episodes_have_lineage, steps_have_lineage, normalized_reconciles_with_raw]

@@ -12,7 +12,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = "1.0.0"
+SCHEMA_VERSION = "1.1.0"  # 1.1: canonical actions on steps and tool calls
 
 
 class _JsonMarker:
@@ -36,6 +36,8 @@ class ToolCallRow(_Row):
     id: str | None = None
     name: str
     arguments: JsonText | None = None
+    kind: str | None = None  # canonical action kind (ingest.actions.KINDS)
+    object: str | None = None  # what it acts on: a path, a command, a URL
 
 
 def _lineage(name: str):
@@ -203,6 +205,9 @@ class StepRow(_Row):
     tokens_in: int | None = None
     tokens_out: int | None = None
     test_results: list[TestResultRow] | None = None
+    action_kind: str | None = None  # the step's canonical action (its first tool call or command)
+    action_object: str | None = None
+    action_command: str | None = None  # the command as issued, for text-based harnesses
     metadata: JsonText | None = None
     lin_record_id: str = _lineage("_record_id")
     lin_batch_id: str = _lineage("_batch_id")

@@ -17,20 +17,36 @@ regenerate the normalized rows of every batch that holds this format (the replay
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
+
+import orjson
 
 from schemas.errors import ConfigError
 
 
+def _no_facts(kind: str, key: str) -> dict[str, Any]:
+    return {}
+
+
 @dataclass(frozen=True)
 class RecordContext:
-    """Where a record came from, for messages and for key fallbacks."""
+    """Where a record came from, for messages and key fallbacks; and the companion facts.
+
+    ``facts(kind, key)`` returns what companion files of the same source say about an episode,
+    e.g. ``facts("instance_id", "django__django-16255")`` gives the verdict of a SWE-bench
+    ``report.json``; ``facts("dir", folder)`` what a file beside the record says.
+    """
 
     record_id: str
     source: str
     file_path: str
     line_no: int | None
+    facts: Callable[[str, str], dict[str, Any]] = _no_facts
+
+    def where(self) -> str:
+        return f"{self.file_path}:{self.line_no}" if self.line_no is not None else self.file_path
 
 
 @dataclass
@@ -51,6 +67,18 @@ class Adapter(ABC):
     version: ClassVar[str]
     framing: ClassVar[Literal["jsonl", "document"]]
     description: ClassVar[str] = ""
+    #: a companion file (verdicts, metrics, predictions) gives facts about episodes, not episodes
+    companion: ClassVar[bool] = False
+    #: episodes of this format read companion facts (so new companions rebuild them)
+    consumes_facts: ClassVar[bool] = False
+
+    def decode(self, data: bytes) -> Any:
+        """Bytes of one record -> the object ``check_record`` and ``parse`` take."""
+        return orjson.loads(data)
+
+    def facts(self, obj: Any, ctx: RecordContext) -> list[tuple[str, str, dict[str, Any]]]:
+        """For companions: ``(kind, key, facts)`` triples (see ``RecordContext.facts``)."""
+        return []
 
     @abstractmethod
     def sniff(self, path: str, head: bytes) -> bool: ...
@@ -114,5 +142,16 @@ def detect(path: str, head: bytes) -> Adapter | None:
 
 
 def _load_builtin() -> None:
+    """Import the built-in adapters; the import order is the detection order (companions last)."""
     if not _REGISTRY:
-        from ingest.adapters import native  # noqa: F401  (registers itself)
+        from ingest.adapters import (  # noqa: F401  (each registers itself)
+            aider,
+            atif,
+            claude_code,
+            codex,
+            mini_swe_agent,
+            native,
+            openhands,
+            swe_agent,
+            swebench,
+        )

@@ -1,0 +1,225 @@
+"""Canonical actions: every tool call or command becomes ``(kind, object)``.
+
+Kinds: ``read | search | edit | run | test | submit | browse | other``. The classifier knows
+shell commands (``cat``/``sed -n``/``head`` read, ``grep``/``rg``/``find`` search, ``sed -i``,
+redirections and patches edit, ``pytest``/``tox``/``npm test`` test, ...) and the tool names of
+the harnesses we ingest (SWE-agent's ``open``/``find_file``/``edit``, OpenHands' action types
+and ``str_replace_editor``, Claude Code's ``Read``/``Grep``/``Edit``/``Bash``, Codex's ``shell``
+and ``apply_patch``, ...). A compound shell command takes the most telling part:
+submit > test > edit > search > read > browse > run.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any
+
+import orjson
+
+KINDS = ("read", "search", "edit", "run", "test", "submit", "browse", "other")
+_PRIORITY = {"submit": 7, "test": 6, "edit": 5, "search": 4, "read": 3, "browse": 2, "run": 1, "other": 0}
+
+_SUBMIT_MARKERS = ("COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT", "MINI_SWE_AGENT_FINAL_OUTPUT")
+_TEST_RE = re.compile(r"(^|[\s/])(pytest|py\.test|tox|nox|runtests(\.py)?|jest|mocha|vitest|phpunit|rspec|ctest)\b"
+                      r"|\bunittest\b|\bmanage\.py\s+test\b|\b(npm|yarn|pnpm)\s+(run\s+)?test\b"
+                      r"|\b(go|cargo|mvn|gradle|make|dotnet|mix|swift)\s+test\b|\bbin/test\b")
+_FIRST_WORD = {
+    # shell
+    "cat": "read", "head": "read", "tail": "read", "less": "read", "more": "read", "nl": "read", "bat": "read",
+    "ls": "read", "tree": "read", "wc": "read", "file": "read", "stat": "read", "pwd": "read", "diff": "read",
+    "grep": "search", "egrep": "search", "fgrep": "search", "rg": "search", "ag": "search", "ack": "search",
+    "find": "search", "fd": "search", "locate": "search",
+    "patch": "edit", "apply_patch": "edit", "touch": "edit", "mkdir": "edit", "rm": "edit", "mv": "edit",
+    "cp": "edit", "tee": "edit", "ed": "edit",
+    "curl": "browse", "wget": "browse", "lynx": "browse",
+    # SWE-agent commands
+    "open": "read", "goto": "read", "scroll_up": "read", "scroll_down": "read",
+    "find_file": "search", "search_dir": "search", "search_file": "search",
+    "edit": "edit", "create": "edit", "insert": "edit", "append": "edit", "str_replace": "edit",
+    "submit": "submit", "exit_forfeit": "submit",
+}
+_GIT = {"grep": "search", "show": "read", "diff": "read", "log": "read", "status": "read", "blame": "read",
+        "apply": "edit", "checkout": "edit", "restore": "edit", "stash": "edit", "am": "edit", "commit": "run"}
+_WRAPPERS = {"sudo", "timeout", "env", "nohup", "time", "xargs", "command", "exec"}
+
+
+def _split_segments(cmd: str) -> list[str]:
+    parts = re.split(r"\s*(?:&&|\|\||;|\n)\s*", cmd)
+    out = []
+    for part in parts:
+        out += [p for p in part.split("|") if p.strip()]
+    return [p.strip() for p in out if p.strip()]
+
+
+def _words(segment: str) -> list[str]:
+    try:
+        words = shlex.split(segment, comments=False, posix=True)
+    except ValueError:
+        words = segment.split()
+    while words and ("=" in words[0] and not words[0].startswith("-") or words[0] in _WRAPPERS):
+        words = words[1:]
+        if words and words[0].isdigit():  # timeout 30 cmd
+            words = words[1:]
+    return words
+
+
+def _last_path(words: list[str]) -> str | None:
+    for w in reversed(words[1:]):
+        if not w.startswith("-") and not re.fullmatch(r"[\d,:+p]+", w):
+            return w
+    return None
+
+
+def _classify_segment(segment: str) -> tuple[str, str | None]:
+    if any(m in segment for m in _SUBMIT_MARKERS):
+        return "submit", None
+    if _TEST_RE.search(segment):
+        return "test", segment
+    redirect = re.search(r"(?<![0-9&])>{1,2}\s*([^\s&|;>]+)", segment)
+    if redirect and redirect.group(1) not in ("/dev/null", "/dev/stderr", "/dev/stdout"):
+        return "edit", redirect.group(1)
+    words = _words(segment)
+    if not words:
+        return "other", None
+    head = words[0].rsplit("/", 1)[-1]
+    if head in ("python", "python3") and len(words) > 2 and words[1] == "-m":
+        return ("test", segment) if words[2] in ("pytest", "unittest") else ("run", segment)
+    if head == "git" and len(words) > 1:
+        return _GIT.get(words[1], "run"), segment
+    if head in ("sed", "perl"):
+        inplace = any(w.startswith("-i") or w.startswith("-pi") for w in words[1:])
+        return ("edit" if inplace else "read"), _last_path(words)
+    kind = _FIRST_WORD.get(head)
+    if kind == "browse":
+        url = next((w for w in words if re.match(r"https?://", w)), None)
+        return "browse", url or _last_path(words)
+    if kind == "search":
+        return "search", " ".join(words[1:]) or None
+    if kind in ("read", "edit"):
+        return kind, _last_path(words) or (words[1] if len(words) > 1 else None)
+    if kind == "submit":
+        return "submit", None
+    return "run", segment
+
+
+def classify_command(cmd: str | None) -> tuple[str, str | None]:
+    """(kind, object) of a shell command or a harness command line."""
+    if not cmd or not cmd.strip():
+        return "other", None
+    first_line = cmd.strip().splitlines()[0]
+    words = _words(first_line)
+    if words and words[0] in ("edit", "create", "insert", "append") and "\n" in cmd.strip():
+        return "edit", words[1] if len(words) > 1 and words[0] != "edit" else None  # SWE-agent block edit
+    best: tuple[str, str | None] = ("other", None)
+    for seg in _split_segments(cmd):
+        kind, obj = _classify_segment(seg)
+        if _PRIORITY[kind] > _PRIORITY[best[0]]:
+            best = (kind, obj)
+    if best[0] in ("run", "test"):
+        return best[0], first_line.strip()
+    return best
+
+
+def _args(arguments: Any) -> dict[str, Any]:
+    if isinstance(arguments, dict):
+        return arguments
+    if isinstance(arguments, str):
+        try:
+            value = orjson.loads(arguments)
+            return value if isinstance(value, dict) else {"input": value}
+        except orjson.JSONDecodeError:
+            return {"input": arguments}
+    return {}
+
+
+def _command_of(args: dict[str, Any]) -> str | None:
+    cmd = args.get("command", args.get("cmd", args.get("code")))
+    if isinstance(cmd, list):  # codex: ["bash", "-lc", "..."]
+        if len(cmd) >= 3 and cmd[0] in ("bash", "sh", "zsh") and cmd[1] in ("-lc", "-c"):
+            return str(cmd[2])
+        return " ".join(str(c) for c in cmd)
+    return cmd if isinstance(cmd, str) else None
+
+
+def _path_of(args: dict[str, Any]) -> str | None:
+    for key in ("path", "file_path", "filename", "file", "notebook_path", "file_name"):
+        if isinstance(args.get(key), str):
+            return args[key]
+    return None
+
+
+def _patch_files(text: str) -> str | None:
+    files = re.findall(r"^\*\*\* (?:Update|Add|Delete) File: (.+)$|^\+\+\+ b/(.+)$", text, re.M)
+    names = [a or b for a, b in files]
+    return ", ".join(dict.fromkeys(names)) or None
+
+
+def classify_tool(name: str, arguments: Any = None) -> tuple[str, str | None]:
+    """(kind, object) of a tool call, by harness tool name and arguments."""
+    args = _args(arguments)
+    n = name.strip()
+    low = n.lower()
+    if low in ("bash", "shell", "run", "execute_bash", "exec_command", "cmdrunaction", "terminal", "local_shell",
+               "run_command", "execute_command", "container.exec", "cmd"):
+        return classify_command(_command_of(args))
+    if low == "str_replace_editor" or low == "text_editor":
+        sub = args.get("command")
+        return ("read" if sub == "view" else "edit"), _path_of(args)
+    if low in ("apply_patch",):
+        return "edit", _patch_files(str(args.get("input", args.get("patch", ""))))
+    if low in ("run_ipython", "ipython", "python", "jupyter"):
+        return "run", _command_of(args)
+    if low in ("finish", "submit", "agentfinishaction", "task_complete"):
+        return "submit", None
+    if low in ("think", "todowrite", "update_plan", "task", "message", "recall", "agent_think"):
+        return "other", None
+    if low in ("webfetch", "websearch", "browse", "browser", "browse_interactive", "web_search", "navigate"):
+        return "browse", args.get("url") or args.get("query")
+    if low in ("read", "notebookread", "read_file", "view", "view_file", "open", "open_file", "cat"):
+        return "read", _path_of(args)
+    if low in ("grep", "glob", "ls", "search", "find", "find_file", "search_dir", "search_file", "list_dir",
+               "file_search", "codebase_search"):
+        target = args.get("pattern") or args.get("query") or args.get("search_term") or args.get("file_name")
+        return "search", str(target) if target is not None else _path_of(args)
+    if low in ("edit", "multiedit", "write", "notebookedit", "edit_file", "write_file", "create", "create_file",
+               "insert", "replace", "str_replace", "patch"):
+        return "edit", _path_of(args)
+    # unknown tools: the name's words decide
+    for words, kind in ((("test",), "test"), (("submit", "finish"), "submit"), (("edit", "write", "replace", "patch", "create"), "edit"),
+                        (("search", "grep", "find", "glob"), "search"), (("read", "view", "open", "cat"), "read"),
+                        (("browse", "url", "fetch", "navigate", "click", "web"), "browse"),
+                        (("bash", "shell", "exec", "run", "command"), "run")):
+        if any(w in low for w in words):
+            cmd = _command_of(args)
+            if kind == "run" and cmd:
+                return classify_command(cmd)
+            return kind, _path_of(args) or cmd or args.get("url")
+    return "other", None
+
+
+_FENCE = re.compile(r"```(?:bash|sh|shell|console)?[ \t]*\n(.*?)```", re.S)
+
+
+def command_in_text(text: str | None) -> str | None:
+    """The single fenced shell command in a model message (text-based harnesses), if any."""
+    if not text:
+        return None
+    blocks = _FENCE.findall(text)
+    return blocks[-1].strip() if blocks else None
+
+
+def annotate_step(step: dict[str, Any]) -> None:
+    """Set ``kind``/``object`` on each tool call and ``action_*`` on the step, in place."""
+    calls = step.get("tool_calls")
+    if calls:
+        for call in calls:
+            call["kind"], call["object"] = classify_tool(call["name"], call.get("arguments"))
+        step["action_kind"], step["action_object"] = calls[0]["kind"], calls[0]["object"]
+        return
+    command = step.get("action_command")
+    if command is None and step.get("author") == "model":
+        command = command_in_text(step.get("text"))
+        step["action_command"] = command
+    if command:
+        step["action_kind"], step["action_object"] = classify_command(command)

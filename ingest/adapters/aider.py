@@ -1,0 +1,143 @@
+"""Aider ``.aider.chat.history.md``: a Markdown log that holds many sessions.
+
+Each session opens with ``# aider chat started at <local time>`` and is one episode. Inside:
+``#### `` lines are what the person typed (``human``); ``> `` lines are Aider's own output —
+start-up banner, token and cost lines, confirmations, "Applied edit", errors — (``harness``),
+except the output of a shell command Aider ran (the ``> `` block after ``Running <cmd>``), which
+is ``environment``; everything else is the model's reply (``model``), including SEARCH/REPLACE
+edit blocks (an ``edit`` action on the file named above the block) and suggested shell commands.
+
+The session header's time has no zone, so it is kept as text in the metadata, not guessed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext, register
+from ingest.adapters.common import episode, number_steps, step
+
+_SESSION = re.compile(r"^# aider chat started at (.+)$", re.M)
+_TOKENS = re.compile(r"Tokens: ([\d.]+)(k?) sent, ([\d.]+)(k?) received\.(?: Cost: \$([\d.]+) message, \$([\d.]+) session)?")
+#: Aider's own messages, which end a command's output inside a "> " block
+_AIDER_OWN = re.compile(r"^(Add command output|You can use /undo|Tokens: |Applied edit|Commit [0-9a-f]{7}|"
+                        r"Run shell command|Added .+ to the chat|Dropping |Warning|Only \d+ reflections|Running |"
+                        r"Repo-map|Git repo|Main model|Weak model|Aider v|Skipping |Use /help|Unable to )")
+_EDIT = re.compile(r"^(\S[^\n]*)\n```[^\n]*\n<<<<<<< SEARCH\n", re.M)
+
+
+def _num(value: str, k: str) -> int:
+    return int(round(float(value) * (1000 if k else 1)))
+
+
+def _blocks(lines: list[str]) -> list[tuple[str, list[str]]]:
+    """Consecutive lines of one kind: ('human', ...), ('harness', ...), ('model', ...)."""
+    out: list[tuple[str, list[str]]] = []
+    for line in lines:
+        if line.startswith("#### "):
+            kind, text = "human", line[5:]
+        elif line.startswith("> ") or line == ">":
+            kind, text = "harness", line[2:]
+        else:
+            kind, text = "model", line
+        if out and out[-1][0] == kind:
+            out[-1][1].append(text)
+        else:
+            out.append((kind, [text]))
+    return out
+
+
+def _harness_block(text: str) -> list[dict[str, Any]]:
+    """Aider's own lines; each ``Running <cmd>`` is a harness auto-action of its own, and lines
+    after it up to Aider's next message are the command's output (``environment``). Aider logs
+    only "Added N lines of output" in most versions, so usually there is none."""
+    out: list[dict[str, Any]] = []
+    pending: list[str] = []
+    in_output = False
+
+    def flush(author: str) -> None:
+        body = "\n".join(pending).strip()
+        if body:
+            out.append(step("user", "environment", observation=body) if author == "environment"
+                       else step("user", "harness", text=body))
+        pending.clear()
+
+    for line in text.split("\n"):
+        if line.startswith("Running "):
+            flush("environment" if in_output else "harness")
+            out.append(step("user", "harness", text=line, action_command=line[len("Running "):]))
+            in_output = True
+        elif in_output and _AIDER_OWN.match(line):
+            flush("environment")
+            in_output = False
+            pending.append(line)
+        else:
+            pending.append(line)
+    flush("environment" if in_output else "harness")
+    return out
+
+
+def _session_steps(body: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    steps: list[dict[str, Any]] = []
+    info: dict[str, Any] = {"tokens_in": 0, "tokens_out": 0, "cost": None, "model": None, "version": None}
+    for kind, lines in _blocks(body.split("\n")):
+        text = "\n".join(x.rstrip() for x in lines).strip()
+        if not text:
+            continue
+        if kind == "human":
+            command = text[1:] if text.startswith("!") else text[5:] if text.startswith("/run ") else None
+            steps.append(step("user", "human", text=text, action_command=command))
+        elif kind == "model":
+            edits = _EDIT.findall(text)
+            steps.append(step("assistant", "model", text=text,
+                              action_command=f"apply_patch {' '.join(edits)}" if edits else None,
+                              metadata={"edited_files": edits} if edits else None))
+        else:
+            for m in _TOKENS.finditer(text):
+                info["tokens_in"] += _num(m.group(1), m.group(2))
+                info["tokens_out"] += _num(m.group(3), m.group(4))
+                if m.group(6):
+                    info["cost"] = float(m.group(6))
+            mm = re.search(r"^(?:Main )?[Mm]odel: (\S+)", text, re.M)
+            info["model"] = info["model"] or (mm.group(1) if mm else None)
+            mv = re.search(r"^Aider v(\S+)", text, re.M)
+            info["version"] = info["version"] or (mv.group(1) if mv else None)
+            steps.extend(_harness_block(text))
+    return steps, info
+
+
+class AiderAdapter(Adapter):
+    name = "aider"
+    version = "1.0.0"
+    framing = "document"
+    description = "Aider .aider.chat.history.md (one episode per session)"
+
+    def decode(self, data: bytes) -> Any:
+        return data.decode("utf-8").replace("\r\n", "\n")
+
+    def sniff(self, path: str, head: bytes) -> bool:
+        return b"# aider chat started at" in head[:4096]
+
+    def check_record(self, obj: Any) -> str | None:
+        return None if _SESSION.search(obj) else "no '# aider chat started at' session header"
+
+    def parse(self, obj: str, ctx: RecordContext) -> list[ParsedEpisode]:
+        heads = list(_SESSION.finditer(obj))
+        episodes = []
+        for i, m in enumerate(heads):
+            body = obj[m.end(): heads[i + 1].start() if i + 1 < len(heads) else len(obj)]
+            steps, info = _session_steps(body)
+            first_human = next((s["text"] for s in steps if s["author"] == "human"), None)
+            ep = episode(
+                task_text=first_human, harness_name="aider", harness_version=info["version"],
+                policy_name=info["model"], tokens_in=info["tokens_in"] or None, tokens_out=info["tokens_out"] or None,
+                cost_usd=info["cost"],
+                metadata={"session": i, "started_at_local": m.group(1).strip(),
+                          "interrupted": "KeyboardInterrupt" in body or None},
+            )
+            episodes.append(ParsedEpisode(ep, number_steps(steps)))
+        return episodes
+
+
+register(AiderAdapter())

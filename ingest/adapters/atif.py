@@ -1,0 +1,145 @@
+"""ATIF ``trajectory.json`` (Agent Trajectory Interchange Format, Harbor / Terminal-Bench, 1.x).
+
+Steps have a ``source`` (``user`` / ``agent`` / ``system``), a ``message``, optional
+``tool_calls`` and an ``observation``. Two spellings are accepted: the spec's
+(``tool_call_id`` / ``function_name`` / ``observation.results[].source_call_id``) and the
+home-made one seen in the corpus (``id`` / ``name`` / ``"Tool result for <id>"`` messages).
+Results may come before the call that caused them (the corpus file does this): the order is
+kept and the link is the call id. A ``metrics.json`` beside the trajectory is a companion.
+
+Authorship: agent steps are ``model``; a system step carrying a tool result is ``environment``;
+other system steps are ``harness``; the user message that is the benchmark's instruction is
+``harness``, any other user message ``human``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePath
+from typing import Any
+
+from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext, register
+from ingest.adapters.common import (
+    episode,
+    exit_code_in,
+    json_text,
+    link_observations,
+    number_steps,
+    step,
+    tool_call,
+    ts,
+)
+
+_RESULT_FOR = re.compile(r"Tool result for (\S+)")
+
+
+def _calls(raw: Any) -> list[dict[str, Any]]:
+    out = []
+    for c in raw or []:
+        if isinstance(c, dict):
+            name = c.get("function_name") or c.get("name") or "unknown"
+            out.append(tool_call(name, c.get("arguments"), c.get("tool_call_id") or c.get("id")))
+    return out
+
+
+def _observations(s: dict[str, Any]) -> list[tuple[str | None, str | None, dict[str, Any]]]:
+    """(call id, content, extra) for each result in a step's observation."""
+    obs = s.get("observation")
+    if not isinstance(obs, dict):
+        return []
+    if isinstance(obs.get("results"), list):  # spec spelling
+        return [(r.get("source_call_id"), r.get("content") if isinstance(r.get("content"), str) else json_text(r.get("content")), {})
+                for r in obs["results"] if isinstance(r, dict)]
+    m = _RESULT_FOR.search(s.get("message") or "")
+    result = obs.get("result") if isinstance(obs.get("result"), dict) else {}
+    return [(m.group(1) if m else None, obs.get("content"), {"success": result.get("success")})]
+
+
+class AtifAdapter(Adapter):
+    name = "atif"
+    version = "1.0.0"
+    framing = "document"
+    description = "ATIF trajectory.json (Harbor / Terminal-Bench style, schema 1.x)"
+    consumes_facts = True
+
+    def sniff(self, path: str, head: bytes) -> bool:
+        return head.lstrip()[:1] == b"{" and b'"schema_version"' in head and b'"steps"' in head and b'"source"' in head
+
+    def check_record(self, obj: Any) -> str | None:
+        if not isinstance(obj, dict) or not isinstance(obj.get("steps"), list):
+            return "expected an object with a 'steps' list"
+        return None
+
+    def parse(self, obj: dict[str, Any], ctx: RecordContext) -> list[ParsedEpisode]:
+        extra = obj.get("extra") if isinstance(obj.get("extra"), dict) else {}
+        instruction = extra.get("instruction")
+        steps: list[dict[str, Any]] = []
+        for s in obj["steps"]:
+            source, when = s.get("source"), ts(s.get("timestamp"))
+            meta = {"step_id": s.get("step_id")}
+            metrics = s.get("metrics") if isinstance(s.get("metrics"), dict) else {}
+            if source == "agent":
+                steps.append(step("assistant", "model", text=s.get("message"), tool_calls=_calls(s.get("tool_calls")),
+                                  started_at=when, tokens_in=metrics.get("prompt_tokens"),
+                                  tokens_out=metrics.get("completion_tokens"),
+                                  metadata={**meta, "reasoning": s.get("reasoning_content")}))
+                for call_id, content, more in _observations(s):  # results attached to the agent step
+                    steps.append(step("tool", "environment", observation=content, tool_call_id=call_id,
+                                      exit_code=exit_code_in(content), started_at=when, metadata={**meta, **more}))
+            elif source == "user":
+                author = "harness" if instruction and s.get("message", "").strip() == instruction.strip() else "human"
+                steps.append(step("user", author, text=s.get("message"), started_at=when, metadata=meta))
+            else:
+                results = _observations(s)
+                if not results:
+                    steps.append(step("system", "harness", text=s.get("message"), started_at=when, metadata=meta))
+                for call_id, content, more in results:
+                    steps.append(step("tool", "environment", observation=content, tool_call_id=call_id,
+                                      exit_code=exit_code_in(content), started_at=when, metadata={**meta, **more}))
+        counts = link_observations(steps)
+        agent = obj.get("agent") if isinstance(obj.get("agent"), dict) else {}
+        final = obj.get("final_metrics") if isinstance(obj.get("final_metrics"), dict) else {}
+        companion = ctx.facts("dir", str(PurePath(ctx.file_path).parent)).get("atif_metrics", {})
+        tokens = companion.get("tokens") or {}
+        times = [s["started_at"] for s in steps if s.get("started_at")]
+        first_user = next((s["text"] for s in steps if s["role"] == "user"), None)
+        success = extra.get("success", companion.get("success"))
+        ep = episode(
+            source_episode_id=obj.get("session_id"), task_text=instruction or first_user,
+            harness_name=agent.get("name"), harness_version=agent.get("version"), policy_name=agent.get("model"),
+            started_at=ts(extra.get("start_time") or companion.get("start_time")) or (min(times) if times else None),
+            ended_at=ts(extra.get("end_time") or companion.get("end_time")) or (max(times) if times else None),
+            tokens_in=final.get("total_prompt_tokens", tokens.get("input")),
+            tokens_out=final.get("total_completion_tokens", tokens.get("output")),
+            cost_usd=final.get("total_cost_usd", companion.get("cost")),
+            exit_status=None if success is None else ("success" if success else "failure"),
+            metadata={"schema_version": obj.get("schema_version"), "provider": agent.get("provider"),
+                      "agent_reported_success": success, "turns": companion.get("turns"),
+                      "cache_read_tokens": tokens.get("cache_read"), **counts},
+        )
+        return [ParsedEpisode(ep, number_steps(steps))]
+
+
+class AtifMetricsAdapter(Adapter):
+    name = "atif-metrics"
+    version = "1.0.0"
+    framing = "document"
+    description = "metrics.json beside an ATIF trajectory (tokens, cost, agent-reported success)"
+    companion = True
+
+    def sniff(self, path: str, head: bytes) -> bool:
+        return (head.lstrip()[:1] == b"{" and b'"instruction"' in head and b'"tokens"' in head
+                and (b'"turns"' in head or b'"duration_ms"' in head))
+
+    def check_record(self, obj: Any) -> str | None:
+        return None if isinstance(obj, dict) else "expected a JSON object"
+
+    def parse(self, obj: Any, ctx: RecordContext) -> list[ParsedEpisode]:
+        return []
+
+    def facts(self, obj: Any, ctx: RecordContext) -> list[tuple[str, str, dict[str, Any]]]:
+        return [("dir", str(PurePath(ctx.file_path).parent), {"atif_metrics": obj})]
+
+
+register(AtifAdapter())
+register(AtifMetricsAdapter())

@@ -1,0 +1,133 @@
+"""SWE-agent ``.traj`` files, old (0.x) and new (1.x) schema.
+
+A ``.traj`` holds the same episode twice: ``history`` (the messages the model saw, demos and
+all) and ``trajectory`` (one entry per action: thought, action, observation, timing). The
+message list is the canonical sequence here; ``trajectory`` adds execution times to the
+observations. Schema differences:
+
+- 0.x: actions are text (``action``), observations are ``user`` messages, demonstrations are
+  ``user`` messages flagged ``is_demo``; no replay config.
+- 1.x: ``message_type`` on every message, function calling (``tool_calls`` with JSON-in-string
+  arguments, ``tool`` messages with ``tool_call_ids``), ``replay_config`` with the model,
+  sampling and repository.
+
+Authorship: system prompt, demonstrations and the task prompt are ``harness``; observations are
+``environment``; assistant messages are ``model``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext, register
+from ingest.adapters.common import (
+    episode,
+    file_stem,
+    github_repo,
+    link_observations,
+    number_steps,
+    step,
+    tool_call,
+)
+from ingest.adapters.swebench import verdict_for
+
+
+def _issue_text(prompt: str) -> str:
+    m = re.search(r"ISSUE:\s*\n(.*?)\n\s*INSTRUCTIONS:", prompt, re.S)
+    return m.group(1).strip() if m else prompt
+
+
+class SweAgentAdapter(Adapter):
+    name = "swe-agent"
+    version = "1.0.0"
+    framing = "document"
+    description = "SWE-agent .traj (0.x and 1.x schema)"
+    consumes_facts = True
+
+    def sniff(self, path: str, head: bytes) -> bool:
+        if head.lstrip()[:1] != b"{":
+            return False
+        return path.endswith(".traj") or (b'"trajectory"' in head and b'"thought"' in head and b'"observation"' in head)
+
+    def check_record(self, obj: Any) -> str | None:
+        if not isinstance(obj, dict):
+            return "expected a JSON object"
+        if not isinstance(obj.get("history"), list) or not isinstance(obj.get("trajectory"), list):
+            return "expected 'history' and 'trajectory' lists"
+        return None
+
+    def parse(self, obj: dict[str, Any], ctx: RecordContext) -> list[ParsedEpisode]:
+        history = obj["history"]
+        new_schema = "replay_config" in obj or any("message_type" in m for m in history)
+        steps, task_prompt = self._steps(history, obj["trajectory"])
+        counts = link_observations(steps)
+        info = obj.get("info") or {}
+        stats = info.get("model_stats") or {}
+        replay = obj.get("replay_config") or {}
+        if isinstance(replay, str):
+            replay = {}
+        model = (replay.get("agent") or {}).get("model") or {}
+        repo = (replay.get("env") or {}).get("repo") or {}
+        problem = replay.get("problem_statement") or {}
+        instance_id = problem.get("id") or file_stem(ctx.file_path, (".traj",))
+        base = repo.get("base_commit")
+        sampling = {k: model[k] for k in ("temperature", "top_p", "per_instance_cost_limit") if k in model} or None
+        verdict = verdict_for(ctx, instance_id)
+        prediction = ctx.facts("instance_id", instance_id).get("prediction")
+        ep = episode(
+            task_id=instance_id, instance_id=instance_id,
+            task_text=_issue_text(task_prompt) if task_prompt else None,
+            repository=github_repo(repo.get("github_url") or problem.get("github_url")),
+            base_commit=base if base and re.fullmatch(r"[0-9a-f]{7,40}", base) else None,
+            policy_name=model.get("name"), harness_name="swe-agent",
+            harness_version="1.x" if new_schema else "0.x", sampling=sampling,
+            exit_status=info.get("exit_status"), termination_reason=info.get("exit_status"),
+            tokens_in=stats.get("tokens_sent"), tokens_out=stats.get("tokens_received"),
+            cost_usd=stats.get("instance_cost"),
+            resolved=verdict.get("resolved"), verifier_status=verdict.get("verifier_status"),
+            verifier_name=verdict.get("verifier_name"), test_results=verdict.get("test_results"),
+            metadata={"schema": "1.x" if new_schema else "0.x", "environment": obj.get("environment"),
+                      "instance_id_from": "replay_config" if problem.get("id") else "file name",
+                      "base_ref": base if base and not re.fullmatch(r"[0-9a-f]{7,40}", base) else None,
+                      "submission": info.get("submission"), "api_calls": stats.get("api_calls"),
+                      "verdict_from": verdict.get("_verdict_from"), "prediction": prediction, **counts},
+        )
+        return [ParsedEpisode(ep, number_steps(steps))]
+
+    @staticmethod
+    def _steps(history: list[dict[str, Any]], trajectory: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
+        steps: list[dict[str, Any]] = []
+        task_prompt = None
+        times = [t.get("execution_time") for t in trajectory]
+        n_obs = 0
+        for m in history:
+            role, content = m.get("role"), m.get("content")
+            text = content if isinstance(content, str) else None
+            kind = m.get("message_type")
+            meta = {"agent": m.get("agent"), "message_type": kind}
+            if role == "system":
+                steps.append(step("system", "harness", text=text, metadata=meta))
+            elif m.get("is_demo"):
+                steps.append(step("user", "harness", text=text, metadata={**meta, "is_demo": True}))
+            elif role == "assistant":
+                calls = [tool_call(c["function"]["name"], c["function"].get("arguments"), c.get("id"))
+                         for c in m.get("tool_calls") or [] if isinstance(c, dict) and "function" in c]
+                action = m.get("action")
+                steps.append(step("assistant", "model", text=m.get("thought") or text, tool_calls=calls,
+                                  action_command=None if calls else (action.strip() if isinstance(action, str) else None),
+                                  metadata=meta))
+            elif task_prompt is None and role == "user":
+                task_prompt = text
+                steps.append(step("user", "harness", text=text, metadata=meta))
+            else:  # an observation: 'tool' (1.x function calling) or 'user' (0.x and 1.x text mode)
+                ids_ = m.get("tool_call_ids") or []
+                elapsed = times[n_obs] if n_obs < len(times) else None
+                n_obs += 1
+                steps.append(step("tool" if role == "tool" else "user", "environment", observation=text,
+                                  tool_call_id=ids_[0] if ids_ else None,
+                                  metadata={**meta, "execution_time": elapsed}))
+        return steps, task_prompt
+
+
+register(SweAgentAdapter())
