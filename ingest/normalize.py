@@ -85,7 +85,12 @@ class FactIndex:
             except Exception:  # noqa: BLE001 - a broken companion gives no facts; its record stays in raw
                 continue
             for kind, key, facts in triples:
-                self.index.setdefault((r["source"], kind, key), {}).update(facts)
+                merged = self.index.setdefault((r["source"], kind, key), {})
+                for name, value in facts.items():  # one level deep: {"predictions": {sha: ...}} accumulate
+                    if isinstance(value, dict) and isinstance(merged.get(name), dict):
+                        merged[name] = {**merged[name], **value}
+                    else:
+                        merged[name] = value
         self.digest = ids.digest(self.record_ids)[:12] if self.record_ids else ""
 
     def lookup(self, source: str) -> Any:

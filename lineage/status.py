@@ -35,3 +35,19 @@ def warehouse_status(wh: Warehouse) -> dict[str, Any]:
                                      (SELECT coalesce(sum(byte_length), 0) FROM raw_records) AS raw_bytes,
                                      (SELECT count(*) FROM quarantine) AS quarantined""").to_pylist()[0],
     }
+
+
+def format_status(wh: Warehouse) -> list[dict[str, Any]]:
+    """Per input format: files, raw records, episodes, steps and quarantined records."""
+    return wh.query("""
+        WITH f AS (SELECT coalesce(format, '(unknown)') AS format, count(DISTINCT file_path) AS files
+                   FROM ingested_files GROUP BY 1),
+        r AS (SELECT format, count(*) AS records FROM raw_records GROUP BY 1),
+        e AS (SELECT format, count(*) AS episodes, sum(n_steps)::BIGINT AS steps FROM episodes GROUP BY 1),
+        q AS (SELECT coalesce(format, '(unknown)') AS format, count(*) AS quarantined FROM quarantine GROUP BY 1)
+        SELECT format, coalesce(files, 0) AS files, coalesce(records, 0) AS records,
+               coalesce(episodes, 0) AS episodes, coalesce(steps, 0) AS steps,
+               coalesce(quarantined, 0) AS quarantined
+        FROM f FULL JOIN r USING (format) FULL JOIN e USING (format) FULL JOIN q USING (format)
+        ORDER BY format
+    """).to_pylist()

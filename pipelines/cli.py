@@ -168,13 +168,22 @@ def sql(query: str, fmt: str, out: str | None, max_rows: int, warehouse: str | N
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@click.option("--formats", is_flag=True, help="Per input format: files, records, episodes, steps, quarantined.")
 @warehouse_option
 @handle_errors
-def status(as_json: bool, warehouse: str | None) -> None:
+def status(as_json: bool, formats: bool, warehouse: str | None) -> None:
     """Rows per layer and table, recent batches and runs, quarantine counts by reason."""
-    from lineage.status import warehouse_status
+    from lineage.status import format_status, warehouse_status
 
-    st = warehouse_status(Warehouse(warehouse))
+    wh = Warehouse(warehouse)
+    if formats:
+        rows = format_status(wh)
+        if as_json:
+            click.echo(json.dumps(rows, default=str, indent=2))
+        else:
+            render.console.print(render.dict_table(rows, "per format"))
+        return
+    st = warehouse_status(wh)
     if as_json:
         click.echo(json.dumps(st, default=str, indent=2))
         return
@@ -217,6 +226,30 @@ def trace(ident: str, warehouse: str | None) -> None:
     for e in t.edges:
         c.print(f"  edge {e['child_table']}:{e['child_id']} ← {e['parent_table']}:{e['parent_id']} "
                 f"[{e['transform']}@{e['transform_version']}, run {e['run_id']}]")
+
+
+# --- export ------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--format", "fmt", type=click.Choice(["native", "atif"]), default="native", show_default=True)
+@click.option("--layer", type=click.Choice(["redacted", "normalized"]), default="redacted", show_default=True,
+              help="normalized holds unredacted data: export it only inside the restricted zone.")
+@click.option("--where", default=None, help="SQL filter on the episodes, e.g. \"harness_name = 'swe-agent'\".")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="JSONL file (.gz compresses).")
+@warehouse_option
+@handle_errors
+def export(fmt: str, layer: str, where: str | None, out: str, warehouse: str | None) -> None:
+    """Write episodes as native JSONL or ATIF, one episode per line."""
+    from ingest.export import export_episodes
+
+    wh = Warehouse(warehouse)
+    if layer == "normalized":
+        render.err_console.print("[yellow]warning:[/] the normalized layer is not redacted; keep this export "
+                                 "inside the restricted zone")
+    with render.count_progress("exporting") as advance:
+        n = export_episodes(wh, fmt, out, layer=layer, where=where, progress=advance)
+    render.console.print(f"wrote {n} episodes as {fmt} to {out}")
 
 
 # --- ui, synth, demo, schema -------------------------------------------------------------------

@@ -45,8 +45,8 @@ class ToolCall(_Strict):
 
 
 class NativeTask(_Strict):
-    task_id: str
-    text: str = Field(description="The task statement the agent was given.")
+    task_id: str | None = None
+    text: str | None = Field(None, description="The task statement the agent was given.")
     repository: str | None = Field(None, description="Upstream repository, e.g. github.com/org/repo.")
     base_commit: str | None = None
     instance_id: str | None = None
@@ -108,6 +108,8 @@ class NativeStep(_Strict):
     tokens_in: int | None = None
     tokens_out: int | None = None
     test_results: list[TestResult] | None = None
+    command: str | None = Field(None, description="The command as issued, when a text-based harness parsed it "
+                                                  "out of the message (not a tool call).")
     metadata: dict[str, Any] | None = None
 
 
@@ -117,7 +119,7 @@ class NativeEpisode(_Strict):
     format: Literal["trajwh.native"] = NATIVE_FORMAT
     format_version: str = NATIVE_FORMAT_VERSION
     episode_id: str | None = Field(None, description="The producer's own id for the episode.")
-    task: NativeTask
+    task: NativeTask = NativeTask()
     environment: NativeEnvironment = NativeEnvironment()
     policy: NativePolicy = NativePolicy()
     harness: NativeHarness = NativeHarness()

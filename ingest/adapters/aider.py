@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext, register
+from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
 from ingest.adapters.common import episode, number_steps, step
 
 _SESSION = re.compile(r"^# aider chat started at (.+)$", re.M)
@@ -140,4 +140,3 @@ class AiderAdapter(Adapter):
         return episodes
 
 
-register(AiderAdapter())

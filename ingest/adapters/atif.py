@@ -18,7 +18,7 @@ import re
 from pathlib import PurePath
 from typing import Any
 
-from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext, register
+from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
 from ingest.adapters.common import (
     episode,
     exit_code_in,
@@ -58,7 +58,7 @@ def _observations(s: dict[str, Any]) -> list[tuple[str | None, str | None, dict[
 class AtifAdapter(Adapter):
     name = "atif"
     version = "1.0.0"
-    framing = "document"
+    framing = "jsonl"  # a pretty-printed trajectory.json is one document; `trajwh export` writes JSONL
     description = "ATIF trajectory.json (Harbor / Terminal-Bench style, schema 1.x)"
     consumes_facts = True
 
@@ -77,6 +77,10 @@ class AtifAdapter(Adapter):
         for s in obj["steps"]:
             source, when = s.get("source"), ts(s.get("timestamp"))
             meta = {"step_id": s.get("step_id")}
+            ours = s.get("extra") if isinstance(s.get("extra"), dict) else {}
+            if ours.get("author") in ("model", "harness", "environment", "human") and ours.get("role"):
+                steps.extend(self._exported_step(s, ours, when))  # written by `trajwh export --format atif`
+                continue
             metrics = s.get("metrics") if isinstance(s.get("metrics"), dict) else {}
             if source == "agent":
                 steps.append(step("assistant", "model", text=s.get("message"), tool_calls=_calls(s.get("tool_calls")),
@@ -97,6 +101,7 @@ class AtifAdapter(Adapter):
                     steps.append(step("tool", "environment", observation=content, tool_call_id=call_id,
                                       exit_code=exit_code_in(content), started_at=when, metadata={**meta, **more}))
         counts = link_observations(steps)
+        number_steps(steps)
         agent = obj.get("agent") if isinstance(obj.get("agent"), dict) else {}
         final = obj.get("final_metrics") if isinstance(obj.get("final_metrics"), dict) else {}
         companion = ctx.facts("dir", str(PurePath(ctx.file_path).parent)).get("atif_metrics", {})
@@ -106,18 +111,27 @@ class AtifAdapter(Adapter):
         success = extra.get("success", companion.get("success"))
         ep = episode(
             source_episode_id=obj.get("session_id"), task_text=instruction or first_user,
-            harness_name=agent.get("name"), harness_version=agent.get("version"), policy_name=agent.get("model"),
+            harness_name=agent.get("name"), harness_version=agent.get("version"),
+            policy_name=agent.get("model") or agent.get("model_name"), task_id=extra.get("task_id"),
+            resolved=extra.get("resolved"),
             started_at=ts(extra.get("start_time") or companion.get("start_time")) or (min(times) if times else None),
             ended_at=ts(extra.get("end_time") or companion.get("end_time")) or (max(times) if times else None),
             tokens_in=final.get("total_prompt_tokens", tokens.get("input")),
             tokens_out=final.get("total_completion_tokens", tokens.get("output")),
             cost_usd=final.get("total_cost_usd", companion.get("cost")),
-            exit_status=None if success is None else ("success" if success else "failure"),
+            exit_status=extra.get("exit_status") or (None if success is None else ("success" if success else "failure")),
             metadata={"schema_version": obj.get("schema_version"), "provider": agent.get("provider"),
                       "agent_reported_success": success, "turns": companion.get("turns"),
                       "cache_read_tokens": tokens.get("cache_read"), **counts},
         )
-        return [ParsedEpisode(ep, number_steps(steps))]
+        return [ParsedEpisode(ep, steps)]
+
+    @staticmethod
+    def _exported_step(s: dict[str, Any], ours: dict[str, Any], when: Any) -> list[dict[str, Any]]:
+        results = _observations(s)
+        call_id, content, _ = results[0] if results else (None, None, {})
+        return [step(ours["role"], ours["author"], text=s.get("message") or None, tool_calls=_calls(s.get("tool_calls")),
+                     tool_call_id=call_id, observation=content, started_at=when)]
 
 
 class AtifMetricsAdapter(Adapter):
@@ -141,5 +155,3 @@ class AtifMetricsAdapter(Adapter):
         return [("dir", str(PurePath(ctx.file_path).parent), {"atif_metrics": obj})]
 
 
-register(AtifAdapter())
-register(AtifMetricsAdapter())

@@ -96,6 +96,7 @@ class Adapter(ABC):
 
 
 _REGISTRY: dict[str, Adapter] = {}
+_BUILTIN_LOADED = False
 
 
 def register(adapter: Adapter) -> Adapter:
@@ -142,16 +143,34 @@ def detect(path: str, head: bytes) -> Adapter | None:
 
 
 def _load_builtin() -> None:
-    """Import the built-in adapters; the import order is the detection order (companions last)."""
-    if not _REGISTRY:
-        from ingest.adapters import (  # noqa: F401  (each registers itself)
-            aider,
-            atif,
-            claude_code,
-            codex,
-            mini_swe_agent,
-            native,
-            openhands,
-            swe_agent,
-            swebench,
-        )
+    """Register the built-in adapters in detection order (specific before generic, companions
+    last), ahead of any adapter registered from elsewhere."""
+    global _BUILTIN_LOADED
+    if _BUILTIN_LOADED:
+        return
+    _BUILTIN_LOADED = True
+    from ingest.adapters import (
+        aider,
+        atif,
+        claude_code,
+        codex,
+        mini_swe_agent,
+        native,
+        openhands,
+        swe_agent,
+        swebench,
+    )
+
+    builtin = [
+        native.NativeAdapter(), swe_agent.SweAgentAdapter(), mini_swe_agent.MiniSweAgentAdapter(),
+        openhands.OpenHandsOutputAdapter(), openhands.OpenHandsEventStreamAdapter(), atif.AtifAdapter(),
+        claude_code.ClaudeCodeAdapter(), codex.CodexAdapter(), aider.AiderAdapter(),
+        atif.AtifMetricsAdapter(), swebench.SwebenchReportAdapter(), swebench.SwebenchSummaryAdapter(),
+        swebench.SwebenchPredictionsAdapter(),
+    ]
+    extra = dict(_REGISTRY)
+    _REGISTRY.clear()
+    for adapter in builtin:
+        _REGISTRY[adapter.name] = adapter
+    for name, adapter in extra.items():
+        _REGISTRY.setdefault(name, adapter)

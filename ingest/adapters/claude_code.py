@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext, register
+from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
 from ingest.adapters.common import (
     decode_jsonl_document,
     episode,
@@ -107,4 +107,3 @@ class ClaudeCodeAdapter(Adapter):
         return [ParsedEpisode(ep, number_steps(steps))]
 
 
-register(ClaudeCodeAdapter())

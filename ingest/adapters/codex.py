@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext, register
+from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
 from ingest.adapters.common import (
     decode_json_string,
     decode_jsonl_document,
@@ -133,4 +133,3 @@ class CodexAdapter(Adapter):
             steps.append(step("assistant", "harness", text=None, started_at=when, metadata={"unhandled_item": kind}))
 
 
-register(CodexAdapter())

@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from ingest.actions import command_in_text
-from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext, register
+from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
 from ingest.adapters.common import episode, exit_code_in, number_steps, step, ts
 from ingest.adapters.swebench import verdict_for
 
@@ -92,4 +92,3 @@ class MiniSweAgentAdapter(Adapter):
         return [ParsedEpisode(ep, number_steps(steps))]
 
 
-register(MiniSweAgentAdapter())

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext, register
+from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
 from schemas import ids
 from schemas.errors import InputFormatError
 from schemas.native import NATIVE_FORMAT, NativeEpisode, NativeStep
@@ -66,6 +66,7 @@ def _step_row(step: NativeStep) -> dict[str, Any]:
         "tokens_in": step.tokens_in,
         "tokens_out": step.tokens_out,
         "test_results": _tests(step.test_results),
+        "action_command": step.command,
         "metadata": _json_or_none(step.metadata),
     }
 
@@ -123,7 +124,7 @@ class NativeAdapter(Adapter):
         return {
             "source_episode_id": ep.episode_id,
             "task_id": task.task_id,
-            "task_digest": ids.digest(task.text),
+            "task_digest": ids.digest(task.text) if task.text is not None else None,
             "task_text": task.text,
             "repository": task.repository,
             "base_commit": task.base_commit,
@@ -159,4 +160,3 @@ class NativeAdapter(Adapter):
         }
 
 
-register(NativeAdapter())

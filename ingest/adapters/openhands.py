@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext, register
+from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
 from ingest.adapters.common import (
     episode,
     github_repo,
@@ -214,5 +214,3 @@ class OpenHandsEventStreamAdapter(Adapter):
         return [ParsedEpisode(ep, number_steps(steps))]
 
 
-register(OpenHandsOutputAdapter())
-register(OpenHandsEventStreamAdapter())

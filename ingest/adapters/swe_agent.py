@@ -18,9 +18,10 @@ Authorship: system prompt, demonstrations and the task prompt are ``harness``; o
 from __future__ import annotations
 
 import re
+from pathlib import PurePath
 from typing import Any
 
-from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext, register
+from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
 from ingest.adapters.common import (
     episode,
     file_stem,
@@ -30,7 +31,7 @@ from ingest.adapters.common import (
     step,
     tool_call,
 )
-from ingest.adapters.swebench import verdict_for
+from ingest.adapters.swebench import patch_digest, verdict_for
 
 
 def _issue_text(prompt: str) -> str:
@@ -70,11 +71,15 @@ class SweAgentAdapter(Adapter):
         model = (replay.get("agent") or {}).get("model") or {}
         repo = (replay.get("env") or {}).get("repo") or {}
         problem = replay.get("problem_statement") or {}
-        instance_id = problem.get("id") or file_stem(ctx.file_path, (".traj",))
+        submission = info.get("submission")
+        prediction = None
+        if submission:  # the run's prediction file names the instance: match it by the patch
+            preds = ctx.facts("dir", str(PurePath(ctx.file_path).parent)).get("predictions", {})
+            prediction = preds.get(patch_digest(submission))
+        instance_id = problem.get("id") or (prediction or {}).get("instance_id")
         base = repo.get("base_commit")
         sampling = {k: model[k] for k in ("temperature", "top_p", "per_instance_cost_limit") if k in model} or None
         verdict = verdict_for(ctx, instance_id)
-        prediction = ctx.facts("instance_id", instance_id).get("prediction")
         ep = episode(
             task_id=instance_id, instance_id=instance_id,
             task_text=_issue_text(task_prompt) if task_prompt else None,
@@ -88,7 +93,8 @@ class SweAgentAdapter(Adapter):
             resolved=verdict.get("resolved"), verifier_status=verdict.get("verifier_status"),
             verifier_name=verdict.get("verifier_name"), test_results=verdict.get("test_results"),
             metadata={"schema": "1.x" if new_schema else "0.x", "environment": obj.get("environment"),
-                      "instance_id_from": "replay_config" if problem.get("id") else "file name",
+                      "instance_id_from": "replay_config" if problem.get("id") else "prediction" if prediction else None,
+                      "file_stem": file_stem(ctx.file_path, (".traj",)),
                       "base_ref": base if base and not re.fullmatch(r"[0-9a-f]{7,40}", base) else None,
                       "submission": info.get("submission"), "api_calls": stats.get("api_calls"),
                       "verdict_from": verdict.get("_verdict_from"), "prediction": prediction, **counts},
@@ -130,4 +136,3 @@ class SweAgentAdapter(Adapter):
         return steps, task_prompt
 
 
-register(SweAgentAdapter())

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import PurePath
 from typing import Any
 
-from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext, register
+from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
 from ingest.adapters.common import file_stem
 from schemas import ids
 
@@ -99,9 +99,18 @@ class SwebenchPredictionsAdapter(_Companion):
         return None
 
     def facts(self, obj: Any, ctx: RecordContext) -> list[tuple[str, str, dict[str, Any]]]:
+        """By instance id, and by folder + patch digest: a trajectory whose submission is this
+        patch is this prediction's run (old SWE-agent files carry no instance id themselves)."""
         patch = obj.get("model_patch") or ""
-        return [("instance_id", obj["instance_id"], {"prediction": {
-            "model_name_or_path": obj.get("model_name_or_path"), "patch_sha256": ids.sha256_hex(patch.encode())}})]
+        pred = {"instance_id": obj["instance_id"], "model_name_or_path": obj.get("model_name_or_path"),
+                "patch_sha256": patch_digest(patch)}
+        return [("instance_id", obj["instance_id"], {"prediction": pred}),
+                ("dir", str(PurePath(ctx.file_path).parent), {"predictions": {pred["patch_sha256"]: pred}})]
+
+
+def patch_digest(patch: str) -> str:
+    """Digest of a patch, blind to line endings and surrounding blank lines."""
+    return ids.sha256_hex(patch.replace("\r\n", "\n").strip().encode())
 
 
 def verdict_for(ctx: RecordContext, instance_id: str | None) -> dict[str, Any]:
@@ -120,5 +129,3 @@ def verdict_for(ctx: RecordContext, instance_id: str | None) -> dict[str, Any]:
     return {}
 
 
-for _a in (SwebenchReportAdapter(), SwebenchSummaryAdapter(), SwebenchPredictionsAdapter()):
-    register(_a)

@@ -1,0 +1,158 @@
+"""Episodes out in a standard format: the inverse of the adapters.
+
+``native`` writes our JSONL format (docs/format.md); re-ingesting it reproduces the same
+episodes and steps (a property test checks this). ``atif`` writes one ATIF-style
+``trajectory.json`` object per line (schema ``ATIF-v1.2`` spelling: ``tool_call_id``,
+``function_name``, ``observation.results[].source_call_id``), with our exact authorship in each
+step's ``extra.author`` so that our ATIF reader brings it back unchanged.
+
+Only the ``redacted`` layer may leave the warehouse by default (ARCHITECTURE.md s. 1); the
+``normalized`` layer holds secrets and is exported only when asked for by name.
+"""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from lineage.catalog import Warehouse
+from schemas.errors import ConfigError
+from schemas.native import NATIVE_FORMAT, NATIVE_FORMAT_VERSION
+
+FORMATS = ("native", "atif")
+LAYERS = {"normalized": ("episodes", "steps"), "redacted": ("redacted_episodes", "redacted_steps")}
+_OPTS = orjson.OPT_UTC_Z | orjson.OPT_NAIVE_UTC
+
+
+def _loads(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
+
+
+def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def _available_tables(wh: Warehouse) -> set[str]:
+    return set(wh.query("SELECT table_name FROM information_schema.tables").column(0).to_pylist())
+
+
+def iter_episodes(wh: Warehouse, layer: str, where: str | None = None) -> Iterator[tuple[dict, list[dict]]]:
+    """(episode row, its step rows) for every episode of ``layer``, in trajectory-key order."""
+    if layer not in LAYERS:
+        raise ConfigError(f"unknown layer {layer!r}", valid=", ".join(LAYERS))
+    ep_table, step_table = LAYERS[layer]
+    if ep_table not in _available_tables(wh):
+        raise ConfigError(f"layer {layer!r} is not built in {wh.root}",
+                          valid="a built layer (the redacted layer arrives with the redaction issue); "
+                                "--layer normalized exports unredacted data")
+    filt = f"WHERE {where}" if where else ""
+    keys = wh.query(f"SELECT trajectory_key FROM {ep_table} {filt} ORDER BY trajectory_key").column(0).to_pylist()
+    for start in range(0, len(keys), 500):
+        chunk = keys[start:start + 500]
+        eps = wh.query(f"SELECT * FROM {ep_table} WHERE list_contains(?, trajectory_key) ORDER BY trajectory_key",
+                       [chunk]).to_pylist()
+        steps = wh.query(f"SELECT * FROM {step_table} WHERE list_contains(?, trajectory_key) "
+                         "ORDER BY trajectory_key, step_index", [chunk]).to_pylist()
+        by_key: dict[str, list[dict]] = {}
+        for s in steps:
+            by_key.setdefault(s["trajectory_key"], []).append(s)
+        for e in eps:
+            yield e, by_key.get(e["trajectory_key"], [])
+
+
+def to_native(e: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
+    meta = _loads(e["metadata"]) or {}
+    if not isinstance(meta, dict):
+        meta = {"metadata": meta}
+    meta.setdefault("exported_from", {"trajectory_key": e["trajectory_key"], "format": e["format"],
+                                      "record_id": e["_record_id"]})
+    return _drop_none({
+        "format": NATIVE_FORMAT, "format_version": NATIVE_FORMAT_VERSION, "episode_id": e["source_episode_id"],
+        "task": _drop_none({"task_id": e["task_id"], "text": e["task_text"], "repository": e["repository"],
+                            "base_commit": e["base_commit"], "instance_id": e["instance_id"],
+                            "issue_created_at": e["issue_created_at"], "fix_merged_at": e["fix_merged_at"],
+                            "initial_state_digest": e["initial_state_digest"]}),
+        "environment": _drop_none({"image_digest": e["env_image_digest"], "tool_schema_digest": e["tool_schema_digest"]}),
+        "policy": _drop_none({"name": e["policy_name"], "checkpoint": e["policy_checkpoint"], "version": e["policy_version"]}),
+        "harness": _drop_none({"name": e["harness_name"], "version": e["harness_version"], "commit": e["harness_commit"]}),
+        "verifier": _drop_none({"name": e["verifier_name"], "commit": e["verifier_commit"]}),
+        "sampling": _loads(e["sampling"]), "attempt": e["attempt"],
+        "started_at": e["started_at"], "ended_at": e["ended_at"],
+        "outcome": _drop_none({"resolved": e["resolved"], "exit_status": e["exit_status"],
+                               "termination_reason": e["termination_reason"], "reward": e["reward"],
+                               "verifier_status": e["verifier_status"], "test_results": e["test_results"]}),
+        "usage": _drop_none({"tokens_in": e["tokens_in"], "tokens_out": e["tokens_out"], "cost_usd": e["cost_usd"]}),
+        "steps": [_native_step(s) for s in steps],
+        "metadata": meta,
+    })
+
+
+def _native_step(s: dict[str, Any]) -> dict[str, Any]:
+    calls = None
+    if s["tool_calls"] is not None:
+        calls = [_drop_none({"id": c["id"], "name": c["name"], "arguments": _loads(c["arguments"])}) for c in s["tool_calls"]]
+    return _drop_none({
+        "index": s["step_index"], "role": s["role"], "author": s["author"], "text": s["text"], "tool_calls": calls,
+        "tool_call_id": s["tool_call_id"], "observation": s["observation"], "exit_code": s["exit_code"],
+        "started_at": s["started_at"], "ended_at": s["ended_at"], "tokens_in": s["tokens_in"],
+        "tokens_out": s["tokens_out"], "test_results": s["test_results"], "command": s["action_command"],
+        "metadata": _loads(s["metadata"]),
+    })
+
+
+def to_atif(e: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
+    out_steps = []
+    for s in steps:
+        source = {"model": "agent", "human": "user", "environment": "system"}.get(s["author"], "system")
+        if s["author"] == "harness" and s["role"] == "user":
+            source = "user"
+        item: dict[str, Any] = {"step_id": s["step_index"] + 1, "timestamp": s["started_at"], "source": source,
+                                "message": s["text"] or "", "extra": {"author": s["author"], "role": s["role"]}}
+        if s["tool_calls"]:
+            item["tool_calls"] = [{"tool_call_id": c["id"], "function_name": c["name"], "arguments": _loads(c["arguments"])}
+                                  for c in s["tool_calls"]]
+        if s["observation"] is not None:
+            item["observation"] = {"results": [{"source_call_id": s["tool_call_id"], "content": s["observation"]}]}
+        out_steps.append(_drop_none(item))
+    return _drop_none({
+        "schema_version": "ATIF-v1.2", "session_id": e["source_episode_id"] or e["trajectory_key"],
+        "agent": _drop_none({"name": e["harness_name"], "version": e["harness_version"], "model_name": e["policy_name"]}),
+        "steps": out_steps,
+        "final_metrics": _drop_none({"total_prompt_tokens": e["tokens_in"], "total_completion_tokens": e["tokens_out"],
+                                     "total_cost_usd": e["cost_usd"], "total_steps": len(steps)}),
+        "extra": _drop_none({"instruction": e["task_text"], "task_id": e["task_id"], "resolved": e["resolved"],
+                             "exit_status": e["exit_status"], "trajectory_key": e["trajectory_key"]}),
+    })
+
+
+CONVERTERS: dict[str, Callable[[dict, list[dict]], dict]] = {"native": to_native, "atif": to_atif}
+
+
+def export_episodes(wh: Warehouse, fmt: str, out: str | Path, *, layer: str = "redacted", where: str | None = None,
+                    progress: Callable[[int], None] | None = None) -> int:
+    """Write every episode of ``layer`` as JSONL in ``fmt`` to ``out`` (``.gz`` compresses)."""
+    if fmt not in CONVERTERS:
+        raise ConfigError(f"unknown export format {fmt!r}", valid=", ".join(FORMATS))
+    convert = CONVERTERS[fmt]
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".partial")
+    n = 0
+    opener = gzip.open if out.suffix == ".gz" else open
+    with opener(tmp, "wb") as f:
+        for e, steps in iter_episodes(wh, layer, where):
+            f.write(orjson.dumps(convert(e, steps), option=_OPTS) + b"\n")
+            n += 1
+            if progress:
+                progress(1)
+    tmp.replace(out)
+    return n
