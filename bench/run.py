@@ -12,6 +12,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ingest_bench  # noqa: E402
+import redaction_bench  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out"
 
@@ -35,6 +36,25 @@ def main() -> None:
     console.print(f"ingest peak memory: {peaks} MB across sizes {[r['episodes'] for r in rows]} "
                   f"(limit 1,500 MB; growth {max(peaks) / min(peaks):.2f}x for "
                   f"{rows[-1]['episodes'] / rows[0]['episodes']:.0f}x the data)")
+    console.log("redaction: labelled set, ours vs presidio vs detect-secrets ...")
+    red = redaction_bench.run()
+    console.log("redaction: realistic trajectory text, ours vs presidio ...")
+    red["trajectory_text"] = redaction_bench.trajectory_throughput()
+    results["redaction"] = red
+    t = Table(title=f"redaction on the labelled set ({red['cases']} texts, {red['secrets']} secrets, {red['decoys']} decoys)")
+    for col in ("type", "n", "ours", "presidio", "detect-secrets"):
+        t.add_column(col, justify="right" if col != "type" else "left")
+    for typ, v in red["per_type"].items():
+        t.add_row(typ, str(v["n"]), f"{v['ours']:.3f}", f"{v['presidio']:.3f}", f"{v['detect_secrets']:.3f}")
+    t.add_row("overall", str(red["secrets"]), f"{red['recall']['ours']:.3f}", f"{red['recall']['presidio']:.3f}",
+              f"{red['recall']['detect_secrets']:.3f}")
+    console.print(t)
+    tt = red["trajectory_text"]
+    console.print(f"decoys intact (ours): {red['decoys_intact_ours']:.3f}; throughput on the set: ours "
+                  f"{red['chars_per_s']['ours']:,} chars/s, presidio {red['chars_per_s']['presidio']:,}, detect-secrets "
+                  f"{red['chars_per_s']['detect_secrets']:,} -> {red['speedup_vs_presidio']}x presidio\n"
+                  f"on trajectory text ({tt['characters']:,} chars): ours {tt['ours_chars_per_s']:,} chars/s, presidio "
+                  f"{tt['presidio_chars_per_s']:,} -> {tt['speedup_vs_presidio']}x; peak RSS {red['peak_rss_mb']} MB")
     OUT.mkdir(exist_ok=True)
     (OUT / "results.json").write_text(json.dumps(results, indent=2))
     console.print(f"results: {OUT / 'results.json'}")

@@ -50,10 +50,10 @@ def iter_episodes(wh: Warehouse, layer: str, where: str | None = None) -> Iterat
     if layer not in LAYERS:
         raise ConfigError(f"unknown layer {layer!r}", valid=", ".join(LAYERS))
     ep_table, step_table = LAYERS[layer]
-    if ep_table not in _available_tables(wh):
+    built = wh.query("SELECT count(*) FROM table_files WHERE table_name = ?", [ep_table]).column(0)[0].as_py()
+    if ep_table not in _available_tables(wh) or not built:
         raise ConfigError(f"layer {layer!r} is not built in {wh.root}",
-                          valid="a built layer (the redacted layer arrives with the redaction issue); "
-                                "--layer normalized exports unredacted data")
+                          valid="a built layer: run `trajwh build` first (--layer normalized exports unredacted data)")
     filt = f"WHERE {where}" if where else ""
     keys = wh.query(f"SELECT trajectory_key FROM {ep_table} {filt} ORDER BY trajectory_key").column(0).to_pylist()
     for start in range(0, len(keys), 500):

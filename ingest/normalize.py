@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from ingest.actions import annotate_step
 from ingest.adapters.base import ParsedEpisode, RecordContext, adapters, get_adapter
-from ingest.raw_store import INGEST_TRANSFORM, quarantine_row
+from ingest.raw_store import quarantine_row
 from lineage.catalog import Warehouse, WriteSession, json_text, now_utc
 from lineage.storage import WrittenFile
 from schemas import ids
@@ -202,9 +202,9 @@ def _edge(child: str, child_table: str, parent: str, parent_table: str, lineage:
 def _batch_outputs(wh: Warehouse, batch_id: str) -> list[Path]:
     """The files a previous normalization of this batch wrote (replaced on rebuild)."""
     rows = wh.query(
-        "SELECT path FROM table_files WHERE batch_id = ? AND (list_contains(?, table_name) OR "
-        "(table_name = 'quarantine' AND coalesce(transform_version, '') <> ?))",
-        [batch_id, list(_DERIVED_TABLES), INGEST_TRANSFORM],
+        "SELECT path FROM table_files WHERE batch_id = ? AND coalesce(transform_version, '') LIKE '%;normalize=%' "
+        "AND (list_contains(?, table_name) OR table_name = 'quarantine')",
+        [batch_id, list(_DERIVED_TABLES)],
     )
     return [wh.root / p for p in rows.column(0).to_pylist()]
 

@@ -14,7 +14,8 @@ _LINEAGE_COLS = ("_record_id", "_batch_id", "_run_id", "_transform", "_transform
 
 def lineage_gaps(wh: Warehouse, table: str) -> dict[str, Any]:
     """Rows of ``table`` (episodes or steps) missing a lineage column, a raw parent, or an edge."""
-    id_col = {"episodes": "trajectory_key", "steps": "step_id"}[table]
+    id_col = {"episodes": "trajectory_key", "steps": "step_id", "redacted_episodes": "trajectory_key",
+              "redacted_steps": "step_id"}[table]
     null_any = " OR ".join(f"t.{c} IS NULL" for c in _LINEAGE_COLS)
     row = wh.query(f"""
         SELECT

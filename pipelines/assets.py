@@ -8,6 +8,7 @@ from ingest.normalize import normalize_warehouse
 from ingest.raw_store import IngestOptions, ingest_paths
 from pipelines.render import count_progress
 from pipelines.resources import WarehouseResource
+from redaction.layer import redact_warehouse
 
 
 class IngestConfig(dg.Config):
@@ -63,3 +64,32 @@ def normalized(context: dg.AssetExecutionContext, config: BuildConfig, warehouse
               "quarantined": s.quarantined}
     yield dg.MaterializeResult(asset_key="episodes", metadata={**common, "episodes_built": s.episodes})
     yield dg.MaterializeResult(asset_key="steps", metadata={**common, "steps_built": s.steps})
+
+
+class RedactConfig(dg.Config):
+    full: bool = False
+    scope: str = "episode"  # episode | repository | dataset: where one value keeps one placeholder
+
+
+@dg.multi_asset(
+    specs=[
+        dg.AssetSpec("redacted_episodes", deps=["episodes"], group_name="redacted",
+                     description="Episodes with typed, scoped placeholders; the only layer downstream reads."),
+        dg.AssetSpec("redacted_steps", deps=["steps"], group_name="redacted",
+                     description="Steps with typed, scoped placeholders; tool-call arguments stay valid JSON."),
+        dg.AssetSpec("redaction_events", deps=["steps"], group_name="redacted",
+                     description="One row per replacement (field, offsets, type, detector, placeholder), never the value."),
+    ],
+    can_subset=False,
+)
+def redacted(context: dg.AssetExecutionContext, config: RedactConfig, warehouse: WarehouseResource):
+    with count_progress("redacting episodes") as advance:
+        s = redact_warehouse(warehouse.get(), run_id=context.run_id, full=config.full, scope_kind=config.scope,
+                             lock_timeout=warehouse.lock_timeout, progress=advance, on_plan=advance.set_total)
+    if not s.vault_written:
+        context.log.warning("vault not written: no key (set TRAJWH_VAULT_KEY or TRAJWH_VAULT_KEY_FILE)")
+    common = {"batches_built": s.batches_done, "batches_unchanged": s.batches_skipped, "vault_written": s.vault_written}
+    yield dg.MaterializeResult(asset_key="redacted_episodes", metadata={**common, "episodes": s.episodes})
+    yield dg.MaterializeResult(asset_key="redacted_steps", metadata={**common, "steps": s.steps})
+    yield dg.MaterializeResult(asset_key="redaction_events", metadata={
+        **common, "replacements": s.replacements, **{f"type:{k}": v for k, v in sorted(s.by_type.items())}})

@@ -7,6 +7,7 @@ import dagster as dg
 from ingest.adapters.base import adapters
 from lineage.checks import lineage_gaps, passed, reconcile_normalized
 from pipelines.resources import WarehouseResource
+from redaction.audit import rescan_sample
 
 
 def _result(counts: dict) -> dg.AssetCheckResult:
@@ -30,4 +31,18 @@ def normalized_reconciles_with_raw(warehouse: WarehouseResource) -> dg.AssetChec
     return _result(reconcile_normalized(warehouse.get(), companions))
 
 
-ALL_CHECKS = [episodes_have_lineage, steps_have_lineage, normalized_reconciles_with_raw]
+@dg.asset_check(asset="redacted_steps", description="A re-scan of the redacted layer (every touched step plus a "
+                "random sample) finds no secret or personal data.")
+def redacted_layer_has_no_secrets(warehouse: WarehouseResource) -> dg.AssetCheckResult:
+    result = rescan_sample(warehouse.get())
+    return dg.AssetCheckResult(passed=result["secret_violations"] == 0, metadata={
+        "steps_scanned": result["steps_scanned"], "secret_violations": result["secret_violations"],
+        "examples": dg.MetadataValue.json(result["examples"])})
+
+
+@dg.asset_check(asset="redacted_steps", description="Every redacted step has lineage to its normalized step.")
+def redacted_steps_have_lineage(warehouse: WarehouseResource) -> dg.AssetCheckResult:
+    return _result(lineage_gaps(warehouse.get(), "redacted_steps"))
+
+
+ALL_CHECKS = [redacted_layer_has_no_secrets, redacted_steps_have_lineage, episodes_have_lineage, steps_have_lineage, normalized_reconciles_with_raw]

@@ -78,6 +78,9 @@ PARQUET_TABLES: dict[str, type[BaseModel]] = {
     "episodes": tables.EpisodeRow,
     "steps": tables.StepRow,
     "lineage_edges": tables.LineageEdgeRow,
+    "redacted_episodes": tables.EpisodeRow,
+    "redacted_steps": tables.StepRow,
+    "redaction_events": tables.RedactionEventRow,
 }
 
 #: table name -> layer folder
@@ -87,6 +90,9 @@ TABLE_LAYERS: dict[str, str] = {
     "episodes": "normalized",
     "steps": "normalized",
     "lineage_edges": "lineage",
+    "redacted_episodes": "redacted",
+    "redacted_steps": "redacted",
+    "redaction_events": "redacted",
 }
 
 #: tables kept inside catalog.duckdb itself (small metadata)

@@ -229,3 +229,37 @@ class LineageEdgeRow(_Row):
     transform: str
     transform_version: str
     run_id: str
+
+
+# --- redacted zone ---------------------------------------------------------------------------
+
+
+class RedactionEventRow(_Row):
+    """One replacement: where, what type, by which detector; never the original value."""
+
+    event_id: str
+    trajectory_key: str
+    step_id: str | None = None  # None for episode-level fields
+    table_name: str  # episodes | steps
+    field: str  # text, observation, tool_calls[0].arguments$.command, metadata$.cwd, ...
+    start: int
+    end: int
+    entity_type: str
+    detector: str
+    placeholder: str
+    scope_kind: str
+    policy_version: str
+    lin_batch_id: str = _lineage("_batch_id")
+    lin_run_id: str = _lineage("_run_id")
+
+
+class VaultRow(_Row):
+    """Placeholder -> encrypted original. Lives under <warehouse>/vault, outside the catalog."""
+
+    placeholder: str
+    scope_kind: str
+    scope_id: str
+    entity_type: str
+    ciphertext: bytes
+    policy_version: str
+    created_at: datetime

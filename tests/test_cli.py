@@ -50,8 +50,9 @@ def test_build_status_and_trace(built):
     rows = {t["table"]: t["rows"] for t in st["tables"]}
     # 150 synthetic + cases: 2+2+2+2+1+3+1 JSONL records (2 schema-invalid) + 2 JSON documents with
     # 3 episodes, one of which is the same episode as a JSONL line (same trajectory key): kept once;
-    # + harness/: one Claude Code and one Codex session
-    assert rows["episodes"] == 150 + 11 + 2 + 2 and rows["raw_records"] == 150 + 13 + 2 + 2
+    # + harness/: one Claude Code and one Codex session; + redaction/: one episode
+    assert rows["episodes"] == 150 + 11 + 2 + 2 + 1 and rows["raw_records"] == 150 + 13 + 2 + 2 + 1
+    assert rows["redacted_episodes"] == rows["episodes"] and rows["redacted_steps"] == rows["steps"]
     reasons = {(q["stage"], q["reason_code"]): q["n"] for q in st["quarantine"]}
     assert reasons[("normalize", "invalid_record")] == 2
     assert reasons[("normalize", "duplicate_episode")] == 1

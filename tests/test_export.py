@@ -14,6 +14,7 @@ from ingest.export import export_episodes
 from ingest.normalize import normalize_warehouse
 from ingest.raw_store import IngestOptions, ingest_paths
 from lineage.catalog import Warehouse
+from redaction.layer import redact_warehouse
 from schemas.errors import ConfigError
 
 _SKIP_EP = {"metadata", "trajectory_key"}
@@ -127,7 +128,9 @@ def test_export_refuses_layers_that_are_not_built(wh, cases, tmp_path):
     ingest_paths(wh, [cases / "two_episodes.jsonl"], IngestOptions(source="c"))
     normalize_warehouse(wh, run_id="a")
     with pytest.raises(ConfigError, match="not built"):
-        export_episodes(wh, "native", tmp_path / "x.jsonl")  # default: the redacted layer
+        export_episodes(wh, "native", tmp_path / "x.jsonl")  # default: the redacted layer, not built yet
+    redact_warehouse(wh, run_id="r")
+    assert export_episodes(wh, "native", tmp_path / "r.jsonl") == 2
     with pytest.raises(ConfigError, match="unknown export format"):
         export_episodes(wh, "csv", tmp_path / "x.jsonl", layer="normalized")
     assert export_episodes(wh, "native", tmp_path / "x.jsonl.gz", layer="normalized") == 2

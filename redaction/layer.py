@@ -1,0 +1,218 @@
+"""Build the redacted layer: ``redacted_episodes``, ``redacted_steps``, ``redaction_events``.
+
+Per ingest batch, like the normalized layer: a batch is (re)built when its normalized rows or
+the redaction policy changed, and its output files are swapped in one catalog commit. Each
+episode is one scope by default: a first pass learns every sensitive value in all of the
+episode's fields, a second replaces them, so a token seen in a tool call, a later observation
+and a diff is one placeholder everywhere in the episode, even where nothing around it says
+"secret". Tool-call arguments and metadata are redacted as JSON and stay valid JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lineage.catalog import Warehouse, json_text, now_utc
+from redaction.engine import POLICY_VERSION, SCOPE_KINDS, Redactor, Replacement, Scope
+from redaction.vault import Vault, load_key
+from schemas import ids
+from schemas.arrow import arrow_schema
+from schemas.errors import ConfigError
+from schemas.tables import EpisodeRow, LineageEdgeRow, RedactionEventRow, StepRow
+
+TRANSFORM = "redact"
+_EPISODE_TEXT = ("task_text", "repository", "termination_reason", "exit_status")
+_EPISODE_JSON = ("metadata",)
+_STEP_TEXT = ("text", "observation", "action_object", "action_command")
+_STEP_JSON = ("metadata",)
+_OUT_TABLES = ("redacted_episodes", "redacted_steps", "redaction_events")
+
+
+@dataclass
+class RedactSummary:
+    run_id: str
+    batches_done: int = 0
+    batches_skipped: int = 0
+    episodes: int = 0
+    steps: int = 0
+    replacements: int = 0
+    by_type: dict[str, int] = field(default_factory=dict)
+    vault_written: bool = False
+
+
+def layer_version(scope_kind: str, normalized_version: str) -> str:
+    return f"{TRANSFORM}@{POLICY_VERSION};scope={scope_kind};from={normalized_version}"
+
+
+def _scope_id(kind: str, episode: dict[str, Any]) -> str:
+    if kind == "episode":
+        return episode["trajectory_key"]
+    if kind == "repository":
+        return episode.get("repository") or f"no-repository:{episode['trajectory_key']}"
+    return episode.get("source") or "dataset"
+
+
+class EpisodeRedactor:
+    """Redacts one episode and its steps in one scope; collects events and vault entries."""
+
+    def __init__(self, redactor: Redactor, scope_kind: str):
+        self.redactor, self.scope_kind = redactor, scope_kind
+        self.scopes: dict[str, Scope] = {}
+
+    def scope_for(self, episode: dict[str, Any]) -> tuple[str, Scope]:
+        sid = _scope_id(self.scope_kind, episode)
+        if sid not in self.scopes:
+            self.scopes[sid] = self.redactor.scope(sid)
+        return sid, self.scopes[sid]
+
+    def redact(self, episode: dict[str, Any], steps: list[dict[str, Any]]) -> tuple[dict, list[dict], list[dict]]:
+        sid, scope = self.scope_for(episode)
+        r = self.redactor
+        for name in _EPISODE_TEXT + _EPISODE_JSON:  # pass 1: learn every value of the episode
+            r.learn(episode.get(name), scope)
+        for s in steps:
+            for name in _STEP_TEXT + _STEP_JSON:
+                r.learn(s.get(name), scope)
+            for c in s.get("tool_calls") or []:
+                r.learn(c.get("arguments"), scope)
+        events: list[dict] = []
+        red_ep = dict(episode)
+        ev: list[Replacement] = []
+        for name in _EPISODE_TEXT:
+            red_ep[name] = r.text(episode.get(name), scope, name, ev)
+        for name in _EPISODE_JSON:
+            red_ep[name] = r.json_text(episode.get(name), scope, name, ev)
+        events += self._events(ev, episode, None, "episodes")
+        red_steps = []
+        for s in steps:
+            ev = []
+            rs = dict(s)
+            for name in _STEP_TEXT:
+                rs[name] = r.text(s.get(name), scope, name, ev)
+            for name in _STEP_JSON:
+                rs[name] = r.json_text(s.get(name), scope, name, ev)
+            if s.get("tool_calls"):
+                rs["tool_calls"] = [{**c, "arguments": r.json_text(c.get("arguments"), scope, f"tool_calls[{i}].arguments", ev),
+                                     "object": r.text(c.get("object"), scope, f"tool_calls[{i}].object", ev)}
+                                    for i, c in enumerate(s["tool_calls"])]
+            events += self._events(ev, episode, s["step_id"], "steps")
+            red_steps.append(rs)
+        return red_ep, red_steps, events
+
+    def _events(self, ev: list[Replacement], episode: dict, step_id: str | None, table: str) -> list[dict]:
+        return [{"event_id": ids.short_id(episode["trajectory_key"], step_id or "", e.field, str(e.start), str(e.end)),
+                 "trajectory_key": episode["trajectory_key"], "step_id": step_id, "table_name": table,
+                 "field": e.field, "start": e.start, "end": e.end, "entity_type": e.entity, "detector": e.detector,
+                 "placeholder": e.placeholder, "scope_kind": SCOPE_KINDS[self.scope_kind],
+                 "policy_version": POLICY_VERSION} for e in ev]
+
+    def vault_entries(self) -> list[dict]:
+        return [{"placeholder": ph, "scope_kind": self.scope_kind, "scope_id": sid, "entity_type": entity,
+                 "value": value, "policy_version": POLICY_VERSION}
+                for sid, scope in self.scopes.items() for ph, (entity, value) in scope.values.items()]
+
+
+def _lineage(row: dict, run_id: str) -> dict:
+    return {**row, "_run_id": run_id, "_transform": TRANSFORM, "_transform_version": POLICY_VERSION}
+
+
+def _redact_batch(wh: Warehouse, session: Any, batch_id: str, run_id: str, redactor: Redactor, scope_kind: str,
+                  summary: RedactSummary, progress: Callable[[int], None] | None) -> tuple[list, list[dict]]:
+    episodes = {}
+    for path in wh.files("episodes", batch_id=batch_id):
+        for e in pq.read_table(path).to_pylist():
+            episodes[e["trajectory_key"]] = e
+    worker = EpisodeRedactor(redactor, scope_kind)
+    files, done = [], set()
+    out_eps, out_steps, out_events, out_edges = [], [], [], []
+
+    def flush() -> None:
+        for table, rows, model in (("redacted_episodes", out_eps, EpisodeRow), ("redacted_steps", out_steps, StepRow),
+                                   ("redaction_events", out_events, RedactionEventRow),
+                                   ("lineage_edges", out_edges, LineageEdgeRow)):
+            if rows or table == "redacted_episodes" and not files:
+                files.append(session.write(table, pa.Table.from_pylist(rows, schema=arrow_schema(model))))
+            rows.clear()
+
+    def emit(key: str, steps: list[dict]) -> None:
+        ep, st, ev = worker.redact(episodes[key], steps)
+        out_eps.append(_lineage(ep, run_id))
+        out_steps.extend(_lineage(s, run_id) for s in st)
+        out_events.extend({**e, "_batch_id": batch_id, "_run_id": run_id} for e in ev)
+        edge = {"transform": TRANSFORM, "transform_version": POLICY_VERSION, "run_id": run_id}
+        out_edges.append({"child_id": key, "child_table": "redacted_episodes", "parent_id": key,
+                          "parent_table": "episodes", **edge})
+        out_edges.extend({"child_id": s["step_id"], "child_table": "redacted_steps", "parent_id": s["step_id"],
+                          "parent_table": "steps", **edge} for s in st)
+        summary.episodes += 1
+        summary.steps += len(st)
+        summary.replacements += len(ev)
+        for e in ev:
+            summary.by_type[e["entity_type"]] = summary.by_type.get(e["entity_type"], 0) + 1
+        done.add(key)
+
+    for path in wh.files("steps", batch_id=batch_id):
+        by_key: dict[str, list[dict]] = {}
+        for s in pq.read_table(path).to_pylist():
+            by_key.setdefault(s["trajectory_key"], []).append(s)
+        for key, steps in by_key.items():
+            emit(key, sorted(steps, key=lambda s: s["step_index"]))
+            if progress:
+                progress(1)
+        if len(out_steps) >= 20_000:
+            flush()
+    for key in episodes.keys() - done:  # episodes without steps
+        emit(key, [])
+    flush()
+    return files, worker.vault_entries()
+
+
+def redact_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, scope_kind: str = "episode",
+                     lock_timeout: float = 60.0, progress: Callable[[int], None] | None = None,
+                     on_plan: Callable[[int], None] | None = None) -> RedactSummary:
+    """Build the redacted layer for every batch whose normalized rows or policy changed."""
+    if scope_kind not in SCOPE_KINDS:
+        raise ConfigError(f"unknown redaction scope {scope_kind!r}", valid=", ".join(SCOPE_KINDS))
+    summary = RedactSummary(run_id)
+    started = now_utc()
+    with wh.write_session("redact", timeout=lock_timeout) as session:
+        vault = Vault(wh, load_key())
+        summary.vault_written = vault.enabled
+        redactor = Redactor(vault.salt(), scope_kind=scope_kind)
+        sources = {r["batch_id"]: r["v"] for r in wh.query(
+            "SELECT batch_id, any_value(transform_version) AS v FROM table_files WHERE table_name = 'episodes' "
+            "GROUP BY 1").to_pylist()}
+        built = {r["batch_id"]: r["v"] for r in wh.query(
+            "SELECT batch_id, any_value(transform_version) AS v FROM table_files WHERE table_name = 'redacted_episodes' "
+            "GROUP BY 1").to_pylist()}
+        todo = [(b, layer_version(scope_kind, v)) for b, v in sorted(sources.items())
+                if full or built.get(b) != layer_version(scope_kind, v)]
+        summary.batches_skipped = len(sources) - len(todo)
+        if on_plan:
+            on_plan(wh.query("SELECT count(*) FROM episodes WHERE list_contains(?, _batch_id)",
+                             [[b for b, _ in todo]]).column(0)[0].as_py())
+        for batch_id, version in todo:
+            files, entries = _redact_batch(wh, session, batch_id, run_id, redactor, scope_kind, summary, progress)
+            old = [wh.root / p for p in wh.query(
+                "SELECT path FROM table_files WHERE batch_id = ? AND (list_contains(?, table_name) OR "
+                "(table_name = 'lineage_edges' AND transform_version LIKE 'redact@%'))",
+                [batch_id, list(_OUT_TABLES)]).column(0).to_pylist()]
+            vault.write_batch(batch_id, entries)
+            session.commit(files, removed=old, batch_id=batch_id, run_id=run_id, transform_version=version)
+            summary.batches_done += 1
+        gone = set(built) - set(sources)  # batches whose normalized rows no longer exist
+        for batch_id in gone:
+            old = [wh.root / p for p in wh.query("SELECT path FROM table_files WHERE batch_id = ? AND list_contains(?, table_name)",
+                                                 [batch_id, list(_OUT_TABLES)]).column(0).to_pylist()]
+            session.commit(removed=old)
+        session.upsert_rows("runs", [{
+            "run_id": run_id, "job": "redact", "started_at": started, "finished_at": now_utc(), "status": "succeeded",
+            "params": json_text({"full": full, "scope": scope_kind, "policy": POLICY_VERSION}),
+            "counts": json_text({k: v for k, v in summary.__dict__.items() if k != "run_id"}),
+            "code_version": f"{TRANSFORM}@{POLICY_VERSION}", "error": None}])
+    return summary

@@ -1,0 +1,186 @@
+"""Redaction: recall and decoys on the labelled set, scoped placeholders, idempotence, valid JSON,
+the redacted layer and its events, the vault, and `trajwh redact-text`."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from collections import Counter
+
+import orjson
+import pytest
+from conftest import trajwh_cmd
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ingest.normalize import normalize_warehouse
+from ingest.raw_store import IngestOptions, ingest_paths
+from redaction.audit import rescan_sample
+from redaction.engine import PLACEHOLDER_RE, Detector, Redactor
+from redaction.layer import redact_warehouse
+from redaction.vault import Vault, load_key, new_key_file
+from schemas.errors import ConfigError
+from synth.secrets_eval import SECRET_TYPES, make_eval_set
+
+SALT = b"test-salt"
+
+
+@pytest.fixture(scope="module")
+def redactor():
+    return Redactor(SALT)
+
+
+def test_recall_and_decoys_on_the_labelled_set(redactor):
+    cases = make_eval_set(25, seed=11)  # another seed than the benchmark's
+    found, total = Counter(), Counter()
+    decoys = kept = 0
+    for c in cases:
+        out = redactor.text(c["text"], redactor.scope(c["id"]), "text", [])
+        for s in c["secrets"]:
+            total[s["type"]] += 1
+            found[s["type"]] += s["value"] not in out
+        decoys += len(c["decoys"])
+        kept += sum(d in out for d in c["decoys"])
+    assert set(total) == set(SECRET_TYPES)
+    assert sum(found.values()) / sum(total.values()) >= 0.98
+    assert {t: found[t] / total[t] for t in total if found[t] / total[t] < 0.95} == {}
+    assert kept / decoys >= 0.98
+
+
+@pytest.mark.parametrize("text", [
+    "commit 9fceb02d0ae598e95dc970b74767f19372d61af8", "id 123e4567-e89b-12d3-a456-426614174000",
+    "sha256:2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824", "pip install requests==2.31.0",
+    "AWS_ACCESS_KEY_ID=AKIAIOSFODNN7EXAMPLE", "OPENAI_API_KEY=YOUR_API_KEY", "api_key = os.environ['API_KEY']",
+    "token = value.get('token')", "listen on 127.0.0.1:8080 and 0.0.0.0", "password: ${DB_PASSWORD}",
+])
+def test_lookalikes_are_not_flagged(text):
+    assert Detector().find(text) == []
+
+
+def test_secrets_hidden_in_base64_and_url_encoding_are_found(redactor):
+    import base64
+    from urllib.parse import quote
+
+    key = "sk-proj-" + "Ab3dE5fG7hJ9kL1mN3pQ5rS7tU9vW1xY3zA5bC7dE9fG1hJ3kL5m"
+    blob = base64.b64encode(f"OPENAI_API_KEY={key}".encode()).decode()
+    out = redactor.text(f"config: {blob}", redactor.scope("a"), "t", [])
+    assert blob not in out and "<OPENAI_KEY:" in out
+    out = redactor.text(f"GET /cb?token={quote(key, safe='')}&x=1", redactor.scope("b"), "t", [])
+    assert quote(key, safe="") not in out
+
+
+def test_placeholders_are_scoped_stable_and_distinct():
+    red = Redactor(SALT)
+    a, b = "ghp_" + "a" * 10 + "B3c4D5e6F7g8H9i0J1k2L3m4N5o6", "ghp_" + "z" * 10 + "Y3x4W5v6U7t8S9r0Q1p2O3n4M5l6"
+    ep = red.scope("episode-1")
+    p1 = red.text(f"use {a}", ep, "t", [])
+    p2 = red.text(f"again {a} and {b}", ep, "t", [])
+    ph_a = PLACEHOLDER_RE.findall(p1)[0]
+    assert p2.count(ph_a) == 1 and len(set(PLACEHOLDER_RE.findall(p2))) == 2  # same value, same placeholder
+    other = red.text(f"use {a}", red.scope("episode-2"), "t", [])
+    assert PLACEHOLDER_RE.findall(other)[0] != ph_a  # not linkable across scopes
+    assert Redactor(b"other-salt").text(f"use {a}", Redactor(b"other-salt").scope("episode-1"), "t", []) != p1
+    assert ph_a.startswith("<GITHUB_TOKEN:") and ph_a.endswith(":ep>")
+
+
+secretish = st.sampled_from([
+    "ghp_" + "Q" * 6 + "w8E7r6T5y4U3i2O1p0A9s8D7f6G5h4J3", "AKIA" + "Z7Y6X5W4V3U2T1S0", "alice.smith@example-corp.com",
+    "+1 (415) 555-2671", "52.10.33.44", "4111111111111111", "/home/jsmith/app", "password=Tr0ub4dor&3xyz",
+    "Authorization: Bearer abcDEF123456ghiJKL789mno"])
+noise = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(secretish, noise), max_size=6))
+def test_redacting_redacted_text_changes_nothing(parts):
+    red = Redactor(SALT)
+    text = " ".join(parts)
+    once = red.text(text, red.scope("s"), "t", [])
+    assert red.text(once, red.scope("s"), "t", []) == once
+    assert red.text(once, red.scope("other"), "t", []) == once
+
+
+def test_tool_call_arguments_stay_valid_json(redactor):
+    args = json.dumps({"command": "curl -H 'Authorization: Bearer abcDEF123456ghiJKL789mno' https://x.org",
+                       "env": {"AWS_ACCESS_KEY_ID": "AKIAZ7Y6X5W4V3U2T1S0"}, "n": 3})
+    events: list = []
+    out = redactor.json_text(args, redactor.scope("j"), "tool_calls[0].arguments", events)
+    doc = json.loads(out)
+    assert doc["n"] == 3 and "AKIA" not in out and "abcDEF123456" not in out
+    assert {e.field for e in events} == {"tool_calls[0].arguments.command", "tool_calls[0].arguments.env.AWS_ACCESS_KEY_ID"}
+
+
+@pytest.fixture
+def redacted_wh(wh, cases, monkeypatch):
+    monkeypatch.delenv("TRAJWH_VAULT_KEY", raising=False)
+    monkeypatch.delenv("TRAJWH_VAULT_KEY_FILE", raising=False)
+    ingest_paths(wh, [cases / "redaction"], IngestOptions(source="cases"))
+    normalize_warehouse(wh, run_id="n")
+    return wh
+
+
+def test_one_token_is_one_placeholder_across_the_episode(redacted_wh, monkeypatch, tmp_path):
+    key_file = new_key_file(tmp_path / "vault.key")
+    monkeypatch.setenv("TRAJWH_VAULT_KEY_FILE", str(key_file))
+    s = redact_warehouse(redacted_wh, run_id="r")
+    assert s.vault_written and s.episodes == 1
+    steps = redacted_wh.query("SELECT step_index, text, observation, tool_calls FROM redacted_steps ORDER BY 1").to_pylist()
+    blob = json.dumps(steps, default=str)
+    assert "ghp_" not in blob and "ops.lead@corp-mail.com" not in blob
+    tokens = set(PLACEHOLDER_RE.findall(blob.replace("\\u003c", "<").replace("\\u003e", ">")))
+    gh = {t for t in tokens if t.startswith("<GITHUB_TOKEN:")}
+    assert len(gh) == 1  # tool call (URL and nested env), observation and prose: one placeholder
+    json.loads(steps[1]["tool_calls"][0]["arguments"])  # still JSON
+    for keep in ("d2c0b4a7e1f64a8b9c3d5e7f9a1b3c5d7e9f1a3b", "550e8400-e29b-41d4-a716-446655440000",
+                 "AKIAIOSFODNN7EXAMPLE", "v2.31.0"):
+        assert keep in steps[4]["observation"]
+    events = redacted_wh.query("SELECT * FROM redaction_events").to_pylist()
+    assert "ghp_" not in json.dumps(events, default=str)  # events never hold the value
+    assert {e["entity_type"] for e in events} == {"GITHUB_TOKEN", "EMAIL"}
+    revealed = Vault(redacted_wh, load_key()).reveal(next(iter(gh)))
+    assert revealed and revealed[0]["value"].startswith("ghp_")
+    for path in (redacted_wh.root / "vault").rglob("*"):
+        assert stat.S_IMODE(os.stat(path).st_mode) in (0o600, 0o700)
+    assert rescan_sample(redacted_wh)["secret_violations"] == 0
+
+
+def test_without_a_key_the_vault_is_not_written(redacted_wh):
+    s = redact_warehouse(redacted_wh, run_id="r")
+    assert not s.vault_written and s.replacements > 0
+    assert not list((redacted_wh.root / "vault").glob("*/part-*.parquet"))
+    with pytest.raises(ConfigError, match="no vault key"):
+        Vault(redacted_wh, None).reveal("<GITHUB_TOKEN:abcdef:ep>")
+
+
+def test_planted_secrets_of_the_synthetic_corpus_do_not_survive(wh, small_corpus, monkeypatch):
+    monkeypatch.delenv("TRAJWH_VAULT_KEY", raising=False)
+    monkeypatch.delenv("TRAJWH_VAULT_KEY_FILE", raising=False)
+    ingest_paths(wh, [small_corpus], IngestOptions(source="synthetic"))
+    normalize_warehouse(wh, run_id="n")
+    redact_warehouse(wh, run_id="r")
+    truth = [orjson.loads(x) for x in (small_corpus / ".truth" / "labels.jsonl").read_bytes().splitlines()]
+    planted = [s["value"] for t in truth for s in t["secrets"]]
+    assert len(planted) > 20
+    red = wh.query("SELECT string_agg(coalesce(text, '') || coalesce(observation, '') || "
+                   "coalesce(list_aggregate(list_transform(tool_calls, lambda c: c.arguments), 'string_agg', ' '), ''), ' ') "
+                   "FROM redacted_steps").column(0)[0].as_py()
+    assert [v for v in planted if v in red] == []
+    assert "AKIAIOSFODNN7EXAMPLE" in red or "127.0.0.1" in red  # decoys the generator planted survive
+    assert rescan_sample(wh)["secret_violations"] == 0
+
+
+def test_redact_text_command(tmp_path, cli_env):
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text('{"id": "a", "text": "key AKIAZ7Y6X5W4V3U2T1S0 and again AKIAZ7Y6X5W4V3U2T1S0"}\n'
+                   '{"id": "b", "text": "key AKIAZ7Y6X5W4V3U2T1S0"}\n')
+    r = subprocess.run([*trajwh_cmd(), "redact-text", str(src), str(dst)], env=cli_env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    out = [json.loads(line) for line in dst.read_text().splitlines()]
+    assert [o["id"] for o in out] == ["a", "b"]
+    a = PLACEHOLDER_RE.findall(out[0]["redacted_text"])
+    assert len(a) == 2 and a[0] == a[1] and PLACEHOLDER_RE.findall(out[1]["redacted_text"])[0] != a[0]
+    src.write_text('{"id": "a", "text": "ok"}\nnot json\n')
+    bad = subprocess.run([*trajwh_cmd(), "redact-text", str(src), str(dst)], env=cli_env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "in.jsonl:2" in bad.stderr
