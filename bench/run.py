@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import dedup_bench  # noqa: E402
 import ingest_bench  # noqa: E402
 import redaction_bench  # noqa: E402
 
@@ -20,6 +21,7 @@ OUT = Path(__file__).resolve().parent / "out"
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--sizes", default="5000,20000", help="corpus sizes in episodes (ingest benchmark)")
+    ap.add_argument("--dedup-episodes", type=int, default=100_000, help="episodes for the curation benchmark")
     args = ap.parse_args()
     console = Console()
     results = {"ingest": ingest_bench.run([int(x) for x in args.sizes.split(",")],
@@ -55,6 +57,16 @@ def main() -> None:
                   f"{red['chars_per_s']['detect_secrets']:,} -> {red['speedup_vs_presidio']}x presidio\n"
                   f"on trajectory text ({tt['characters']:,} chars): ours {tt['ours_chars_per_s']:,} chars/s, presidio "
                   f"{tt['presidio_chars_per_s']:,} -> {tt['speedup_vs_presidio']}x; peak RSS {red['peak_rss_mb']} MB")
+    console.log("dedup: MinHash vs datasketch, then curation at 100,000 episodes (a few minutes) ...")
+    mh = dedup_bench.minhash_vs_datasketch()
+    scale = dedup_bench.at_scale(args.dedup_episodes)
+    results["dedup"] = {"minhash": mh, "scale": scale}
+    console.print(f"MinHash signatures on {mh['shingles']:,} shingles ({mh['documents']} episodes): ours "
+                  f"{mh['ours_shingles_per_s']:,}/s, datasketch update_batch {mh['datasketch_shingles_per_s']:,}/s "
+                  f"-> {mh['speedup']}x\ncuration at {scale['episodes']:,} episodes: features {scale['features_s']} s, "
+                  f"near duplicates {scale['near_dup_s']} s, groups + splits {scale['groups_and_splits_s']} s, "
+                  f"peak RSS {scale['peak_rss_mb']} MB; {scale['clusters']:,} clusters, {scale['groups']:,} groups, "
+                  f"splits {scale['splits']}")
     OUT.mkdir(exist_ok=True)
     (OUT / "results.json").write_text(json.dumps(results, indent=2))
     console.print(f"results: {OUT / 'results.json'}")

@@ -2,8 +2,14 @@
 
 # no `from __future__ import annotations`: Dagster reads these annotations at runtime
 
+from datetime import UTC, datetime
+
 import dagster as dg
 
+from dedup.groups import GroupConfig
+from dedup.layer import CurateConfig, curate_warehouse
+from dedup.minhash import MinHashParams
+from dedup.splits import SplitConfig
 from ingest.normalize import normalize_warehouse
 from ingest.raw_store import IngestOptions, ingest_paths
 from pipelines.render import count_progress
@@ -93,3 +99,44 @@ def redacted(context: dg.AssetExecutionContext, config: RedactConfig, warehouse:
     yield dg.MaterializeResult(asset_key="redacted_steps", metadata={**common, "steps": s.steps})
     yield dg.MaterializeResult(asset_key="redaction_events", metadata={
         **common, "replacements": s.replacements, **{f"type:{k}": v for k, v in sorted(s.by_type.items())}})
+
+
+class CurateAssetConfig(dg.Config):
+    full: bool = False
+    cutoff: str | None = "2025-06-01"  # ISO date; None/"" turns the time rule off
+    train: float = 0.8
+    valid: float = 0.1
+    test: float = 0.1
+    threshold: float = 0.8  # Jaccard threshold for near duplicates
+    whole_repository: bool = False
+
+
+def curate_config(config: CurateAssetConfig) -> CurateConfig:
+    cutoff = datetime.fromisoformat(config.cutoff).replace(tzinfo=UTC) if config.cutoff else None
+    return CurateConfig(minhash=MinHashParams(threshold=config.threshold),
+                        groups=GroupConfig(whole_repository=config.whole_repository),
+                        splits=SplitConfig(train=config.train, valid=config.valid, test=config.test, cutoff=cutoff))
+
+
+@dg.multi_asset(
+    specs=[
+        dg.AssetSpec("near_dup_clusters", deps=["redacted_episodes", "redacted_steps"], group_name="curated",
+                     description="MinHash near-duplicate clusters (actions and text), one representative, weights."),
+        dg.AssetSpec("task_groups", deps=["redacted_episodes", "redacted_steps"], group_name="curated",
+                     description="Repository / task groups: never split across train and evaluation."),
+        dg.AssetSpec("splits", deps=["redacted_episodes"], group_name="curated",
+                     description="Time-aware, group-level train / valid / test with the reason per episode."),
+        dg.AssetSpec("leak_flags", deps=["redacted_steps"], group_name="curated",
+                     description="Episodes whose agent saw the future, with the step; fixes merged after the cutoff."),
+    ],
+    can_subset=False,
+)
+def curated(context: dg.AssetExecutionContext, config: CurateAssetConfig, warehouse: WarehouseResource):
+    s = curate_warehouse(warehouse.get(), run_id=context.run_id, cfg=curate_config(config), full=config.full,
+                         lock_timeout=warehouse.lock_timeout, progress=context.log.info)
+    common = {"skipped_unchanged": s.skipped, "episodes": s.episodes}
+    yield dg.MaterializeResult(asset_key="near_dup_clusters", metadata={**common, "clusters": s.clusters,
+                                                                        "episodes_in_dup_clusters": s.duplicates})
+    yield dg.MaterializeResult(asset_key="task_groups", metadata={**common, "groups": s.groups})
+    yield dg.MaterializeResult(asset_key="splits", metadata={**common, **{f"split:{k}": v for k, v in sorted(s.splits.items())}})
+    yield dg.MaterializeResult(asset_key="leak_flags", metadata={**common, "flags": s.leaks})

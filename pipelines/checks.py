@@ -4,6 +4,7 @@
 
 import dagster as dg
 
+from dedup.layer import audit
 from ingest.adapters.base import adapters
 from lineage.checks import lineage_gaps, passed, reconcile_normalized
 from pipelines.resources import WarehouseResource
@@ -45,4 +46,14 @@ def redacted_steps_have_lineage(warehouse: WarehouseResource) -> dg.AssetCheckRe
     return _result(lineage_gaps(warehouse.get(), "redacted_steps"))
 
 
-ALL_CHECKS = [redacted_layer_has_no_secrets, redacted_steps_have_lineage, episodes_have_lineage, steps_have_lineage, normalized_reconciles_with_raw]
+@dg.asset_check(asset="splits", description="No task group and no near-duplicate cluster crosses splits.")
+def no_group_crosses_splits(warehouse: WarehouseResource) -> dg.AssetCheckResult:
+    a = audit(warehouse.get())
+    ok = a["groups_across_splits"] == 0 and a["clusters_across_splits"] == 0
+    return dg.AssetCheckResult(passed=ok, metadata={
+        "groups_across_splits": a["groups_across_splits"], "clusters_across_splits": a["clusters_across_splits"],
+        "time_flagged_episodes": len({t["trajectory_key"] for t in a["time_flagged"]}),
+        "not_eligible_no_times": a["not_eligible_no_times"]})
+
+
+ALL_CHECKS = [no_group_crosses_splits, redacted_layer_has_no_secrets, redacted_steps_have_lineage, episodes_have_lineage, steps_have_lineage, normalized_reconciles_with_raw]

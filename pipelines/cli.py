@@ -258,6 +258,36 @@ def export(fmt: str, layer: str, where: str | None, out: str, warehouse: str | N
     render.console.print(f"wrote {n} episodes as {fmt} to {out}")
 
 
+# --- audit -------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@warehouse_option
+@handle_errors
+def audit(as_json: bool, warehouse: str | None) -> None:
+    """Split audit: groups and near-duplicate clusters across splits (must be 0), time-flagged episodes."""
+    from dedup.layer import audit as run_audit
+
+    wh = Warehouse(warehouse)
+    wh.require()
+    a = run_audit(wh)
+    if as_json:
+        click.echo(json.dumps(a, default=str, indent=2))
+    else:
+        c = render.console
+        c.print(render.dict_table(a["splits"], f"splits ({a['episodes']} episodes)"))
+        ok = a["groups_across_splits"] == 0 and a["clusters_across_splits"] == 0
+        c.print(f"groups across splits: {a['groups_across_splits']}   near-duplicate clusters across splits: "
+                f"{a['clusters_across_splits']}   {'[green]OK[/]' if ok else '[red]LEAK[/]'}")
+        c.print(f"episodes in near-duplicate clusters: {a['near_dup_members']}; not eligible for evaluation (no usable "
+                f"times): {a['not_eligible_no_times']}; no repository: {a['no_repository']}; no grouping key: "
+                f"{a['no_grouping_key']}")
+        c.print(render.dict_table(a["time_flagged"][:40], f"time-flagged ({len(a['time_flagged'])} flags, first 40)"))
+    if a["groups_across_splits"] or a["clusters_across_splits"]:
+        sys.exit(1)
+
+
 # --- redaction -----------------------------------------------------------------------------------
 
 

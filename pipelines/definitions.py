@@ -10,11 +10,11 @@ from pathlib import Path
 
 import dagster as dg
 
-from pipelines.assets import normalized, raw_records, redacted
+from pipelines.assets import curated, normalized, raw_records, redacted
 from pipelines.checks import ALL_CHECKS
 from pipelines.resources import WarehouseResource
 
-ASSETS = [raw_records, normalized, redacted]
+ASSETS = [raw_records, normalized, redacted, curated]
 #: the derived layers (everything but the ingest itself): what `trajwh build` materializes
 BUILD_SELECTION = dg.AssetSelection.all() - dg.AssetSelection.assets(raw_records)
 
@@ -58,10 +58,11 @@ defs = dg.Definitions(
 
 def build(warehouse: str, *, full: bool = False, include_ingest: bool = False,
           ingest_config: dict | None = None, instance: dg.DagsterInstance | None = None,
-          log_level: str = "WARNING", scope: str = "episode") -> dg.ExecuteInProcessResult:
+          log_level: str = "WARNING", scope: str = "episode", curate: dict | None = None) -> dg.ExecuteInProcessResult:
     """Materialize the graph in-process (``trajwh build`` and the tests use this)."""
     selection = dg.AssetSelection.all() if include_ingest else BUILD_SELECTION
-    ops: dict = {"normalized": {"config": {"full": full}}, "redacted": {"config": {"full": full, "scope": scope}}}
+    ops: dict = {"normalized": {"config": {"full": full}}, "redacted": {"config": {"full": full, "scope": scope}},
+                 "curated": {"config": {"full": full, **(curate or {})}}}
     if include_ingest:
         ops["raw_records"] = {"config": ingest_config or {}}
     return dg.materialize(

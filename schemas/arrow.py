@@ -81,6 +81,10 @@ PARQUET_TABLES: dict[str, type[BaseModel]] = {
     "redacted_episodes": tables.EpisodeRow,
     "redacted_steps": tables.StepRow,
     "redaction_events": tables.RedactionEventRow,
+    "near_dup_clusters": tables.NearDupClusterRow,
+    "task_groups": tables.TaskGroupRow,
+    "splits": tables.SplitRow,
+    "leak_flags": tables.LeakFlagRow,
 }
 
 #: table name -> layer folder
@@ -93,6 +97,10 @@ TABLE_LAYERS: dict[str, str] = {
     "redacted_episodes": "redacted",
     "redacted_steps": "redacted",
     "redaction_events": "redacted",
+    "near_dup_clusters": "curated",
+    "task_groups": "curated",
+    "splits": "curated",
+    "leak_flags": "curated",
 }
 
 #: tables kept inside catalog.duckdb itself (small metadata)

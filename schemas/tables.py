@@ -263,3 +263,58 @@ class VaultRow(_Row):
     ciphertext: bytes
     policy_version: str
     created_at: datetime
+
+
+# --- curated zone ----------------------------------------------------------------------------
+# One row per redacted episode (its parent, by trajectory_key); the whole table is rebuilt by
+# each curation run (global steps), and the run id and parameters are on every row.
+
+
+class NearDupClusterRow(_Row):
+    trajectory_key: str
+    cluster_id: str
+    cluster_size: int
+    is_representative: bool
+    weight: float
+    linked_by: list[str]  # exact | actions | text: the signals that joined it to its cluster
+    max_similarity: float | None = None
+    lin_run_id: str = _lineage("_run_id")
+    lin_transform: str = _lineage("_transform")
+    lin_transform_version: str = _lineage("_transform_version")
+
+
+class TaskGroupRow(_Row):
+    trajectory_key: str
+    group_id: str
+    group_size: int
+    repository: str | None = None  # normalized upstream repository
+    keys: list[str]
+    flags: list[str]
+    lin_run_id: str = _lineage("_run_id")
+    lin_transform: str = _lineage("_transform")
+    lin_transform_version: str = _lineage("_transform_version")
+
+
+class SplitRow(_Row):
+    trajectory_key: str
+    group_id: str
+    cluster_id: str
+    split: str
+    reason: str
+    eligible_for_eval: bool
+    flags: list[str]
+    lin_run_id: str = _lineage("_run_id")
+    lin_transform: str = _lineage("_transform")
+    lin_transform_version: str = _lineage("_transform_version")
+
+
+class LeakFlagRow(_Row):
+    trajectory_key: str
+    step_id: str | None = None
+    step_index: int | None = None
+    kind: str
+    evidence: str
+    rule_version: str
+    lin_run_id: str = _lineage("_run_id")
+    lin_transform: str = _lineage("_transform")
+    lin_transform_version: str = _lineage("_transform_version")

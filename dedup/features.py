@@ -1,0 +1,120 @@
+"""Per-episode features for dedup, grouping and splits, read from the redacted layer only.
+
+- ``actions``: the canonical action sequence, each model step as ``kind:object`` with paths made
+  relative to the repository root (``/testbed/``, ``/workspace/<x>/``, ``/<repo>/`` prefixes
+  dropped) and whitespace folded, so two rollouts that took the same path in different words
+  have the same sequence;
+- ``text``: the model's own words (redacted), for near-duplicate text;
+- grouping keys: repository, base commit, task / instance id, failing tests, touched files and
+  the functions / classes the submitted patch modifies;
+- times: issue created, fix merged, generation (episode start).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from lineage.catalog import Warehouse
+
+_ROOTS = re.compile(r"^(?:/testbed/|/workspace/[^/]+/|/repo/|/app/|/src/(?=[^/]+/)|/[A-Za-z0-9_.-]+__[A-Za-z0-9_.-]+/|\./)")
+MAX_TEXT = 20_000
+
+
+def normalize_object(obj: str | None) -> str:
+    if not obj:
+        return ""
+    text = " ".join(obj.split())
+    return _ROOTS.sub("", text)
+
+
+@dataclass
+class EpisodeFeatures:
+    key: str
+    actions: list[str] = field(default_factory=list)
+    text: str = ""
+    repository: str | None = None
+    base_commit: str | None = None
+    task_id: str | None = None
+    instance_id: str | None = None
+    failing_tests: list[str] = field(default_factory=list)
+    touched_files: list[str] = field(default_factory=list)
+    patch: str | None = None
+    issue_created_at: datetime | None = None
+    fix_merged_at: datetime | None = None
+    started_at: datetime | None = None
+    resolved: bool | None = None
+    n_steps: int = 0
+
+
+_PATCH = re.compile(r"diff --git a/.*", re.S)
+
+
+def load_features(wh: Warehouse) -> list[EpisodeFeatures]:
+    """Features of every redacted episode, ordered by trajectory key (input order never matters)."""
+    eps = wh.query("""
+        SELECT trajectory_key, repository, base_commit, task_id, instance_id, issue_created_at, fix_merged_at,
+               started_at, resolved, n_steps, metadata,
+               list_transform(list_filter(coalesce(test_results, []), lambda t: t.status <> 'passed'), lambda t: t.name)
+                   AS failing
+        FROM redacted_episodes ORDER BY trajectory_key""").to_pylist()
+    steps = wh.query("""
+        SELECT trajectory_key, step_index, author, action_kind, action_object, text, observation,
+               list_transform(coalesce(tool_calls, []), lambda c: c.arguments) AS args
+        FROM redacted_steps WHERE author = 'model' OR action_kind = 'submit' OR observation LIKE '%diff --git%'
+        ORDER BY trajectory_key, step_index""").to_pylist()
+    by_key: dict[str, EpisodeFeatures] = {}
+    for e in eps:
+        f = EpisodeFeatures(e["trajectory_key"], repository=e["repository"], base_commit=e["base_commit"],
+                            task_id=e["task_id"], instance_id=e["instance_id"],
+                            failing_tests=sorted(set(e["failing"] or [])), issue_created_at=e["issue_created_at"],
+                            fix_merged_at=e["fix_merged_at"], started_at=e["started_at"], resolved=e["resolved"],
+                            n_steps=e["n_steps"])
+        meta = e["metadata"] or ""
+        m = _PATCH.search(meta.replace("\\n", "\n")) if "diff --git" in meta else None
+        if m:
+            f.patch = m.group(0)
+        by_key[f.key] = f
+    text_parts: dict[str, list[str]] = {}
+    for s in steps:
+        f = by_key.get(s["trajectory_key"])
+        if f is None:
+            continue
+        if s["author"] == "model":
+            if s["action_kind"]:
+                obj = normalize_object(s["action_object"])
+                f.actions.append(f"{s['action_kind']}:{obj}")
+                if s["action_kind"] == "edit" and obj:
+                    f.touched_files.append(obj)
+            if s["text"]:
+                parts = text_parts.setdefault(f.key, [])
+                if sum(len(p) for p in parts) < MAX_TEXT:
+                    parts.append(s["text"])
+        for blob in [s["observation"] or "", *(a or "" for a in s["args"] or [])]:
+            if "diff --git" in blob and f.patch is None:
+                f.patch = _PATCH.search(blob.replace("\\n", "\n")).group(0)
+    for key, parts in text_parts.items():
+        by_key[key].text = "\n".join(parts)[:MAX_TEXT]
+    for f in by_key.values():
+        f.touched_files = sorted(set(f.touched_files))
+    return list(by_key.values())
+
+
+def action_shingles(actions: list[str], k: int = 3) -> list[str]:
+    """k-grams of the action sequence, with start/end markers (short sequences still shingle)."""
+    seq = ["^", *actions, "$"]
+    if len(seq) <= k:
+        return ["\x1f".join(seq)]
+    return ["\x1f".join(seq[i:i + k]) for i in range(len(seq) - k + 1)]
+
+
+_WORD = re.compile(r"\w+")
+
+
+def text_shingles(text: str, k: int = 5) -> list[str]:
+    """Word k-grams of lower-cased text (placeholders count as words)."""
+    words = _WORD.findall(text.lower())
+    if len(words) <= k:
+        return [" ".join(words)] if words else []
+    return [" ".join(words[i:i + k]) for i in range(len(words) - k + 1)]

@@ -1,0 +1,64 @@
+"""In-episode time leaks: the agent saw information from after its task's base commit.
+
+Flagged, with the step that shows it: listing history beyond HEAD (``git log --all``,
+``git log origin/...``, ``git reflog``), fetching or pulling upstream, checking out or showing a
+remote branch or another commit, and fetching the upstream fix (a pull-request / commit URL of the
+repository, ``.diff`` / ``.patch`` downloads). An observation that names a remote branch such as
+``(origin/main)`` after a history command is also flagged. Rules are versioned.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from lineage.catalog import Warehouse
+
+RULE_VERSION = "1.0.0"
+
+_COMMAND_RULES = [
+    ("future_git_history", re.compile(r"\bgit\s+(?:--no-pager\s+)?log\b[^\n|;&]*(?:--all|--remotes|--branches|origin/|upstream/)")),
+    ("future_git_history", re.compile(r"\bgit\s+reflog\b")),
+    ("fetch_upstream", re.compile(r"\bgit\s+(?:fetch|pull)\b")),
+    ("future_git_history", re.compile(r"\bgit\s+(?:show|checkout|diff|cherry-pick)\b[^\n|;&]*\b(?:origin|upstream)/")),
+    ("fix_diff", re.compile(r"https?://(?:www\.)?github\.com/[^\s/]+/[^\s/]+/(?:pull|commit|compare)/[^\s]*|\.(?:diff|patch)\b(?=[\s'\"]|$)")),
+]
+_REMOTE_IN_OUTPUT = re.compile(r"\((?:HEAD -> [^)]*, )?(?:origin|upstream)/[\w./-]+\)")
+
+
+@dataclass(frozen=True)
+class LeakFlag:
+    trajectory_key: str
+    step_id: str
+    step_index: int
+    kind: str
+    evidence: str
+
+
+def find_leaks(wh: Warehouse) -> list[LeakFlag]:
+    rows = wh.query("""
+        SELECT trajectory_key, step_id, step_index, author, action_command, action_object, observation,
+               list_transform(coalesce(tool_calls, []), lambda c: c.arguments) AS args
+        FROM redacted_steps
+        WHERE (author = 'model' AND (action_kind IN ('run', 'read', 'search', 'browse', 'edit')
+                                     OR action_command IS NOT NULL))
+           OR (author = 'environment' AND observation LIKE '%origin/%')
+        ORDER BY trajectory_key, step_index""").to_pylist()
+    out: list[LeakFlag] = []
+    seen: set[tuple[str, int, str]] = set()
+    for r in rows:
+        if r["author"] == "model":
+            texts = [r["action_command"] or "", r["action_object"] or "", *(a or "" for a in r["args"] or [])]
+            for kind, rule in _COMMAND_RULES:
+                for text in texts:
+                    m = rule.search(text)
+                    if m and (r["trajectory_key"], r["step_index"], kind) not in seen:
+                        seen.add((r["trajectory_key"], r["step_index"], kind))
+                        out.append(LeakFlag(r["trajectory_key"], r["step_id"], r["step_index"], kind, m.group(0)[:200]))
+                        break
+        else:
+            m = _REMOTE_IN_OUTPUT.search(r["observation"] or "")
+            if m and (r["trajectory_key"], r["step_index"], "future_in_output") not in seen:
+                seen.add((r["trajectory_key"], r["step_index"], "future_in_output"))
+                out.append(LeakFlag(r["trajectory_key"], r["step_id"], r["step_index"], "future_in_output", m.group(0)))
+    return out

@@ -1,0 +1,207 @@
+"""Near duplicates, repository groups, time-aware splits, leak flags, and the task-level CI."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+from dataclasses import replace
+from datetime import UTC, datetime
+
+import numpy as np
+import orjson
+import pytest
+from conftest import trajwh_cmd
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dedup.components import components_sql, components_uf
+from dedup.features import EpisodeFeatures, load_features
+from dedup.groups import GroupConfig, assign_groups, normalize_repository, patch_symbols
+from dedup.layer import CurateConfig, audit, curate, curate_warehouse
+from dedup.leaks import find_leaks
+from dedup.minhash import MinHashParams, optimal_bands, shingle_hash32, signatures
+from dedup.splits import SplitConfig, assign_splits
+from dedup.stats import binomial_ci, task_clustered_ci
+from ingest.normalize import normalize_warehouse
+from ingest.raw_store import IngestOptions, ingest_paths
+from redaction.layer import redact_warehouse
+from schemas.errors import ConfigError
+
+
+@pytest.mark.parametrize("num_perm", [64, 128])
+def test_signatures_are_identical_to_datasketch(num_perm):
+    from datasketch import MinHash
+
+    rng = random.Random(num_perm)
+    docs = [[f"w{rng.randint(0, 400)} w{rng.randint(0, 400)}" for _ in range(rng.randint(1, 60))] for _ in range(20)]
+    ours = signatures(docs, MinHashParams(num_perm=num_perm, seed=3))
+    for doc, sig in zip(docs, ours, strict=True):
+        m = MinHash(num_perm=num_perm, seed=3, hashfunc=shingle_hash32)
+        m.update_batch([s.encode() for s in doc])
+        assert np.array_equal(m.hashvalues, sig)
+
+
+def test_compiled_kernel_equals_the_numpy_reference():
+    from dedup.minhash import signatures_numpy
+
+    rng = random.Random(1)
+    docs = [[f"s{rng.randint(0, 10**6)}" for _ in range(rng.randint(0, 300))] for _ in range(50)]
+    assert np.array_equal(signatures(docs), signatures_numpy(docs))
+
+
+@pytest.mark.parametrize("threshold", [0.5, 0.8, 0.9])
+def test_band_choice_matches_datasketch(threshold):
+    from datasketch.lsh import _optimal_param
+
+    assert optimal_bands(threshold, 128) == _optimal_param(threshold, 128, 0.5, 0.5)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), max_size=80))
+def test_star_loop_components_equal_union_find(edges):
+    nodes = [f"n{i:02d}" for i in range(41)]
+    e = [(f"n{a:02d}", f"n{b:02d}") for a, b in edges]
+    assert components_sql(nodes, e) == components_uf(nodes, e)
+
+
+def test_repository_spellings_and_forks_collapse():
+    spellings = ["https://github.com/Acme/WidgetLib.git", "git@github.com:acme/widgetlib.git", "github.com/acme/widgetlib",
+                 "acme/widgetlib", "https://x-access-token:<GITHUB_TOKEN:ab12cd:ep>@github.com/acme/widgetlib"]
+    assert {normalize_repository(s) for s in spellings} == {"github.com/acme/widgetlib"}
+    assert normalize_repository("github.com/jdoe/widgetlib", "acme__widgetlib-105") == "github.com/acme/widgetlib"
+    assert normalize_repository("github.com/jdoe/other", "acme__widgetlib-105") == "github.com/jdoe/other"
+    a = EpisodeFeatures("a", repository="github.com/jdoe/widgetlib", instance_id="acme__widgetlib-1", task_id="acme__widgetlib-1")
+    b = EpisodeFeatures("b", repository="https://github.com/acme/widgetlib.git", instance_id="acme__widgetlib-1")
+    g = assign_groups([a, b])
+    assert g.group_of["a"] == g.group_of["b"] and g.repository_of["a"] == g.repository_of["b"]
+
+
+def test_patch_symbols_from_python_ast_and_hunk_headers():
+    patch = ("diff --git a/src/pkg/core.py b/src/pkg/core.py\n--- a/src/pkg/core.py\n+++ b/src/pkg/core.py\n"
+             "@@ -10,6 +10,8 @@ class Parser:\n     def parse(self, x):\n-        return x\n+        return x or {}\n"
+             "+    def reset(self):\n+        pass\n"
+             "diff --git a/src/lib.c b/src/lib.c\n@@ -5,3 +5,3 @@ int parse_header(char *s)\n-  return 0;\n+  return 1;\n")
+    assert patch_symbols(patch) == ["src/lib.c::int parse_header(char *s)", "src/pkg/core.py::Parser",
+                                    "src/pkg/core.py::parse", "src/pkg/core.py::reset"]
+
+
+def test_missing_fields_are_handled_conservatively():
+    t = datetime(2026, 1, 1, tzinfo=UTC)
+    eps = [EpisodeFeatures("norepo1", task_id="t-1", issue_created_at=t, started_at=t),
+           EpisodeFeatures("norepo2", task_id="t-1", issue_created_at=t, started_at=t),
+           EpisodeFeatures("nothing"),
+           EpisodeFeatures("repo-only-1", repository="github.com/o/r"),
+           EpisodeFeatures("repo-only-2", repository="github.com/o/r")]
+    g = assign_groups(eps)
+    assert g.group_of["norepo1"] == g.group_of["norepo2"]  # grouped by task id
+    assert "no_grouping_key" in g.flags_of["nothing"] and len({g.group_of["nothing"]} & set(g.group_of.values())) == 1
+    assert g.group_of["repo-only-1"] == g.group_of["repo-only-2"]  # cannot be told apart: whole repository
+    splits = {s.trajectory_key: s for s in assign_splits(eps, g.group_of)}
+    assert splits["nothing"].split == "train" and "no_usable_times" in splits["nothing"].flags
+    assert not splits["nothing"].eligible_for_eval
+
+
+def test_time_rule_and_flags():
+    cut = datetime(2025, 6, 1, tzinfo=UTC)
+    before, after = datetime(2025, 1, 1, tzinfo=UTC), datetime(2025, 9, 1, tzinfo=UTC)
+    eps = [EpisodeFeatures(f"late{i}", task_id=f"late{i}", issue_created_at=after, started_at=after) for i in range(40)]
+    eps += [EpisodeFeatures("early", task_id="early", issue_created_at=before, fix_merged_at=after, started_at=after)]
+    groups = assign_groups(eps).group_of
+    rows = {s.trajectory_key: s for s in assign_splits(eps, groups, SplitConfig(cutoff=cut))}
+    assert rows["early"].split == "train" and "fix_after_cutoff" in rows["early"].flags
+    assert {rows[f"late{i}"].split for i in range(40)} == {"valid", "test"}
+    with pytest.raises(ConfigError, match="sum to 1"):
+        assign_splits(eps, groups, SplitConfig(train=0.9, valid=0.2, test=0.1))
+
+
+@pytest.fixture(scope="module")
+def curated_wh(tmp_path_factory, small_corpus):
+    from lineage.catalog import Warehouse
+
+    wh = Warehouse(tmp_path_factory.mktemp("cur") / "wh")
+    ingest_paths(wh, [small_corpus], IngestOptions(source="synthetic"))
+    normalize_warehouse(wh, run_id="n")
+    redact_warehouse(wh, run_id="r")
+    curate_warehouse(wh, run_id="c")
+    return wh
+
+
+def _truth(small_corpus):
+    return [orjson.loads(x) for x in (small_corpus / ".truth" / "labels.jsonl").read_bytes().splitlines()]
+
+
+def test_planted_near_duplicates_share_a_cluster(curated_wh, small_corpus):
+    key = {r["source_episode_id"]: r["trajectory_key"] for r in
+           curated_wh.query("SELECT source_episode_id, trajectory_key FROM episodes").to_pylist()}
+    rows = curated_wh.query("SELECT * FROM near_dup_clusters").to_pylist()
+    cluster = {r["trajectory_key"]: r for r in rows}
+    dups = [t for t in _truth(small_corpus) if t["near_dup_of"]]
+    assert dups
+    for t in dups:
+        a, b = cluster[key[t["episode_id"]]], cluster[key[t["near_dup_of"]]]
+        assert a["cluster_id"] == b["cluster_id"] and "actions" in a["linked_by"]
+    by_cluster: dict[str, list] = {}
+    for r in rows:
+        by_cluster.setdefault(r["cluster_id"], []).append(r)
+    for members in by_cluster.values():
+        assert sum(m["is_representative"] for m in members) == 1
+        assert abs(sum(m["weight"] for m in members) - 1.0) < 1e-9
+
+
+def test_planted_time_leaks_are_flagged_with_their_step(curated_wh, small_corpus):
+    key = {r["source_episode_id"]: r["trajectory_key"] for r in
+           curated_wh.query("SELECT source_episode_id, trajectory_key FROM episodes").to_pylist()}
+    flags = curated_wh.query("SELECT trajectory_key, step_index, kind FROM leak_flags WHERE step_index IS NOT NULL").to_pylist()
+    flagged = {(f["trajectory_key"], f["step_index"]) for f in flags}
+    planted = [(key[t["episode_id"]], s) for t in _truth(small_corpus) for s in t["leak_steps"]]
+    assert planted
+    for k, step in planted:
+        assert (k, step) in flagged or (k, step - 1) in flagged  # the command, or its output
+    assert {f["trajectory_key"] for f in flags} == {k for k, _ in planted}  # no episode flagged without cause
+
+
+def test_audit_finds_no_group_or_cluster_across_splits(curated_wh, cli_env):
+    a = audit(curated_wh)
+    assert a["groups_across_splits"] == 0 and a["clusters_across_splits"] == 0 and a["episodes"] == 150
+    env = {**cli_env, "TRAJWH_WAREHOUSE": str(curated_wh.root)}
+    r = subprocess.run([*trajwh_cmd(), "audit", "--json"], env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and json.loads(r.stdout)["groups_across_splits"] == 0
+
+
+def test_results_do_not_depend_on_input_order(curated_wh):
+    features = load_features(curated_wh)
+    leaks = find_leaks(curated_wh)
+    cfg = CurateConfig()
+
+    def snapshot(rows):
+        return {t: sorted((json.dumps({k: v for k, v in r.items() if not k.startswith("_")}, sort_keys=True, default=str))
+                          for r in rows[t]) for t in rows}
+
+    base = snapshot(curate(features, leaks, cfg, "a"))
+    for seed in (1, 2):
+        shuffled = [replace(f) for f in features]
+        random.Random(seed).shuffle(shuffled)
+        assert snapshot(curate(shuffled, list(reversed(leaks)), cfg, "b")) == base
+
+
+def test_whole_repository_option_is_most_conservative(curated_wh):
+    features = load_features(curated_wh)
+    g = assign_groups(features, GroupConfig(whole_repository=True))
+    per_repo: dict[str, set] = {}
+    for f in features:
+        per_repo.setdefault(g.repository_of[f.key], set()).add(g.group_of[f.key])
+    assert all(len(v) == 1 for v in per_repo.values())
+
+
+def test_task_clustered_interval_is_wider_than_the_rollout_binomial():
+    rng = random.Random(5)
+    rows = []
+    for t in range(30):  # task difficulty dominates: rollouts of a task mostly agree
+        p = rng.choice([0.05, 0.95])
+        rows += [(f"t{t}", rng.random() < p) for _ in range(20)]
+    ci = task_clustered_ci(rows, level=0.9)
+    lo, hi = binomial_ci(sum(ok for _, ok in rows), len(rows), level=0.9)
+    assert ci["tasks"] == 30 and ci["rollouts"] == 600
+    assert ci["low"] <= ci["rate"] <= ci["high"]
+    assert (ci["high"] - ci["low"]) > 2 * (hi - lo)
