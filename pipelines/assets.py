@@ -10,6 +10,8 @@ from dedup.groups import GroupConfig
 from dedup.layer import CurateConfig, curate_warehouse
 from dedup.minhash import MinHashParams
 from dedup.splits import SplitConfig
+from fragments.layer import build_fragments
+from fragments.task_stats import StatsConfig
 from ingest.normalize import normalize_warehouse
 from ingest.raw_store import IngestOptions, ingest_paths
 from pipelines.render import count_progress
@@ -140,3 +142,30 @@ def curated(context: dg.AssetExecutionContext, config: CurateAssetConfig, wareho
     yield dg.MaterializeResult(asset_key="task_groups", metadata={**common, "groups": s.groups})
     yield dg.MaterializeResult(asset_key="splits", metadata={**common, **{f"split:{k}": v for k, v in sorted(s.splits.items())}})
     yield dg.MaterializeResult(asset_key="leak_flags", metadata={**common, "flags": s.leaks})
+
+
+class FragmentsConfig(dg.Config):
+    full: bool = False
+    prior_alpha: float = 1.0
+    prior_beta: float = 1.0
+
+
+@dg.multi_asset(
+    specs=[
+        dg.AssetSpec("outcomes", deps=["redacted_episodes", "redacted_steps"], group_name="curated",
+                     description="One outcome per episode: resolved or the cause of failure, with evidence."),
+        dg.AssetSpec("task_stats", deps=["redacted_episodes"], group_name="curated",
+                     description="Per task: attempts, posterior success rate, pass@k, pass^k, all-fail diagnosis."),
+        dg.AssetSpec("fragments", deps=["near_dup_clusters", "splits", "redacted_steps"], group_name="fragments",
+                     description="Training units: full episodes, productive and recovery segments, with reasons."),
+    ],
+    can_subset=False,
+)
+def fragment_layer(context: dg.AssetExecutionContext, config: FragmentsConfig, warehouse: WarehouseResource):
+    s = build_fragments(warehouse.get(), run_id=context.run_id, full=config.full,
+                        cfg=StatsConfig(prior_alpha=config.prior_alpha, prior_beta=config.prior_beta),
+                        lock_timeout=warehouse.lock_timeout)
+    common = {"skipped_unchanged": s.skipped, "episodes": s.episodes}
+    yield dg.MaterializeResult(asset_key="outcomes", metadata={**common, **{f"cause:{k}": v for k, v in sorted(s.causes.items())}})
+    yield dg.MaterializeResult(asset_key="task_stats", metadata={**common, "tasks": s.tasks})
+    yield dg.MaterializeResult(asset_key="fragments", metadata={**common, **{f"kind:{k}": v for k, v in sorted(s.fragments.items())}})

@@ -56,4 +56,16 @@ def no_group_crosses_splits(warehouse: WarehouseResource) -> dg.AssetCheckResult
         "not_eligible_no_times": a["not_eligible_no_times"]})
 
 
-ALL_CHECKS = [no_group_crosses_splits, redacted_layer_has_no_secrets, redacted_steps_have_lineage, episodes_have_lineage, steps_have_lineage, normalized_reconciles_with_raw]
+@dg.asset_check(asset="outcomes", description="Exactly one outcome per redacted episode; infrastructure "
+                "failures never feed a fragment.")
+def one_outcome_per_episode(warehouse: WarehouseResource) -> dg.AssetCheckResult:
+    wh = warehouse.get()
+    r = wh.query("""SELECT (SELECT count(*) FROM redacted_episodes) AS episodes, (SELECT count(*) FROM outcomes) AS outcomes,
+                           (SELECT count(*) - count(DISTINCT trajectory_key) FROM outcomes) AS duplicate_violations,
+                           (SELECT count(*) FROM fragments f JOIN outcomes o USING (trajectory_key) WHERE o.quarantined)
+                               AS quarantined_fragment_violations""").to_pylist()[0]
+    r["missing_violations"] = r["episodes"] - r["outcomes"]
+    return _result(r)
+
+
+ALL_CHECKS = [one_outcome_per_episode, no_group_crosses_splits, redacted_layer_has_no_secrets, redacted_steps_have_lineage, episodes_have_lineage, steps_have_lineage, normalized_reconciles_with_raw]

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import dagster as dg
 
-from pipelines.assets import curated, normalized, raw_records, redacted
+from pipelines.assets import curated, fragment_layer, normalized, raw_records, redacted
 from pipelines.checks import ALL_CHECKS
 from pipelines.resources import WarehouseResource
 
-ASSETS = [raw_records, normalized, redacted, curated]
+ASSETS = [raw_records, normalized, redacted, curated, fragment_layer]
 #: the derived layers (everything but the ingest itself): what `trajwh build` materializes
 BUILD_SELECTION = dg.AssetSelection.all() - dg.AssetSelection.assets(raw_records)
 
@@ -62,7 +62,7 @@ def build(warehouse: str, *, full: bool = False, include_ingest: bool = False,
     """Materialize the graph in-process (``trajwh build`` and the tests use this)."""
     selection = dg.AssetSelection.all() if include_ingest else BUILD_SELECTION
     ops: dict = {"normalized": {"config": {"full": full}}, "redacted": {"config": {"full": full, "scope": scope}},
-                 "curated": {"config": {"full": full, **(curate or {})}}}
+                 "curated": {"config": {"full": full, **(curate or {})}}, "fragment_layer": {"config": {"full": full}}}
     if include_ingest:
         ops["raw_records"] = {"config": ingest_config or {}}
     return dg.materialize(

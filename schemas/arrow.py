@@ -85,6 +85,9 @@ PARQUET_TABLES: dict[str, type[BaseModel]] = {
     "task_groups": tables.TaskGroupRow,
     "splits": tables.SplitRow,
     "leak_flags": tables.LeakFlagRow,
+    "outcomes": tables.OutcomeRow,
+    "task_stats": tables.TaskStatsRow,
+    "fragments": tables.FragmentRow,
 }
 
 #: table name -> layer folder
@@ -101,6 +104,9 @@ TABLE_LAYERS: dict[str, str] = {
     "task_groups": "curated",
     "splits": "curated",
     "leak_flags": "curated",
+    "outcomes": "curated",
+    "task_stats": "curated",
+    "fragments": "fragments",
 }
 
 #: tables kept inside catalog.duckdb itself (small metadata)

@@ -318,3 +318,62 @@ class LeakFlagRow(_Row):
     lin_run_id: str = _lineage("_run_id")
     lin_transform: str = _lineage("_transform")
     lin_transform_version: str = _lineage("_transform_version")
+
+
+class OutcomeRow(_Row):
+    trajectory_key: str
+    outcome: str  # resolved | unresolved
+    cause: str
+    policy_failure: bool
+    quarantined: bool  # infrastructure or unknown: kept out of training, not reward 0
+    evidence_field: str
+    evidence_step: int | None = None
+    evidence: str
+    rules_version: str
+    lin_run_id: str = _lineage("_run_id")
+    lin_transform: str = _lineage("_transform")
+    lin_transform_version: str = _lineage("_transform_version")
+
+
+class TaskStatsRow(_Row):
+    task_id: str
+    episodes: int
+    attempts: int
+    successes: int
+    infrastructure_failures: int
+    posterior_mean: float
+    posterior_low: float
+    posterior_high: float
+    prior: str
+    pass_at_1: float | None = None
+    pass_at_3: float | None = None
+    pass_at_5: float | None = None
+    pass_hat_1: float | None = None
+    pass_hat_3: float | None = None
+    pass_hat_5: float | None = None
+    all_fail: str | None = None  # too_hard | likely_broken
+    lin_run_id: str = _lineage("_run_id")
+    lin_transform: str = _lineage("_transform")
+    lin_transform_version: str = _lineage("_transform_version")
+
+
+class FragmentRow(_Row):
+    fragment_id: str
+    trajectory_key: str
+    kind: str  # full_episode | productive | recovery
+    context_start: int
+    start_step: int
+    end_step: int
+    step_ids: list[str]
+    reward: float
+    evidence_source: str
+    confidence: float
+    selection_reason: str
+    tests_before: list[str]
+    tests_after: list[str]
+    dedup_weight: float | None = None
+    split: str | None = None
+    rules_version: str
+    lin_run_id: str = _lineage("_run_id")
+    lin_transform: str = _lineage("_transform")
+    lin_transform_version: str = _lineage("_transform_version")

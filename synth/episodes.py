@@ -158,7 +158,10 @@ class PlanBuilder:
                                exit_code=1 if failed else 0, tests=results))
 
     def progress_to(self, target: int) -> None:
-        """Edits and test runs that fix FAIL_TO_PASS tests one or more at a time (productive)."""
+        """Edits and test runs that fix FAIL_TO_PASS tests one or more at a time (productive). The
+        agent runs the tests once first, so each gain is visible against a run before it."""
+        if target > self.fixed and not any(a.kind == "test" for a in self.actions):
+            self.run_tests()
         while self.fixed < target:
             start = self.edit(good=True)
             self.fixed = min(target, self.fixed + self.rng.randint(1, 2))
@@ -168,6 +171,7 @@ class PlanBuilder:
     def recovery(self) -> None:
         """Wrong edit -> failing evidence -> diagnosis -> revert -> re-verification."""
         t = self.task
+        self.run_tests()  # the state before the wrong edit: the task's failing tests fail, the rest pass
         start = self.edit(good=False)
         victim = {self.rng.choice(t.pass_to_pass)}
         self.run_tests(broken=victim)

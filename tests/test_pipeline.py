@@ -20,7 +20,8 @@ def test_definitions_load():
     assert {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()} == {"raw_records", "episodes", "steps",
                                                                                        "redacted_episodes", "redacted_steps",
                                                                                        "redaction_events", "near_dup_clusters",
-                                                                                       "task_groups", "splits", "leak_flags"}
+                                                                                       "task_groups", "splits", "leak_flags",
+                                                                                       "outcomes", "task_stats", "fragments"}
     assert defs.resolve_job_def("build") is not None
     assert defs.resolve_schedule_def("daily_build").cron_schedule == "0 3 * * *"
 
@@ -31,7 +32,8 @@ def test_graph_ingests_builds_and_passes_checks(wh, small_corpus):
     assert result.success
     assert checks_of(result) == {"episodes_have_lineage": True, "steps_have_lineage": True,
                                  "normalized_reconciles_with_raw": True, "redacted_layer_has_no_secrets": True,
-                                 "redacted_steps_have_lineage": True, "no_group_crosses_splits": True}
+                                 "redacted_steps_have_lineage": True, "no_group_crosses_splits": True,
+                                 "one_outcome_per_episode": True}
     counts = wh.query("SELECT (SELECT count(*) FROM episodes) AS e, (SELECT count(*) FROM steps) AS s, "
                       "(SELECT sum(n_steps) FROM episodes) AS n").to_pylist()[0]
     assert counts["e"] == 150 and counts["s"] == counts["n"] > 150 * 5

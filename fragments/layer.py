@@ -1,0 +1,96 @@
+"""Build ``outcomes``, ``task_stats`` and ``fragments`` from the redacted and curated layers.
+
+Global, like curation: the three tables are rebuilt together and swapped in one commit; a run
+with unchanged inputs and rules is skipped. Each fragment carries its span, kind, reward,
+evidence source and confidence, selection reason, the dedup weight and split of its episode, and
+its step ids (lineage to ``redacted_steps``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from fragments.outcomes import OUTCOME_RULES_VERSION, classify_outcome
+from fragments.select import RULES_VERSION, select_fragments
+from fragments.task_stats import StatsConfig, task_statistics
+from lineage.catalog import Warehouse, json_text, now_utc
+from schemas import ids
+from schemas.arrow import arrow_schema
+from schemas.tables import FragmentRow, OutcomeRow, TaskStatsRow
+
+TRANSFORM = "fragments"
+TABLES = ("outcomes", "task_stats", "fragments")
+_MODELS = {"outcomes": OutcomeRow, "task_stats": TaskStatsRow, "fragments": FragmentRow}
+
+
+@dataclass
+class FragmentSummary:
+    run_id: str
+    skipped: bool = False
+    episodes: int = 0
+    causes: dict[str, int] = field(default_factory=dict)
+    tasks: int = 0
+    fragments: dict[str, int] = field(default_factory=dict)
+
+
+def version(cfg: StatsConfig) -> str:
+    return (f"{TRANSFORM}@outcomes={OUTCOME_RULES_VERSION};select={RULES_VERSION};"
+            f"prior={cfg.prior_alpha:g},{cfg.prior_beta:g};level={cfg.level}")
+
+
+def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = None, full: bool = False,
+                    lock_timeout: float = 60.0) -> FragmentSummary:
+    cfg = cfg or StatsConfig()
+    summary = FragmentSummary(run_id)
+    started = now_utc()
+    with wh.write_session("fragments", timeout=lock_timeout) as session:
+        inputs = wh.query("SELECT string_agg(sha256, ',' ORDER BY sha256) FROM table_files WHERE table_name IN "
+                          "('redacted_episodes', 'redacted_steps', 'near_dup_clusters', 'splits')").column(0)[0].as_py() or ""
+        v = f"{version(cfg)};inputs={ids.digest(inputs)[:16]}"
+        if not full and wh.query("SELECT DISTINCT transform_version FROM table_files WHERE table_name = 'fragments'"
+                                 ).column(0).to_pylist() == [v]:
+            summary.skipped = True
+            return summary
+        lineage = {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": v}
+        eps = wh.query("""SELECT e.*, c.weight AS dedup_weight, s.split FROM redacted_episodes e
+                          LEFT JOIN near_dup_clusters c USING (trajectory_key) LEFT JOIN splits s USING (trajectory_key)
+                          ORDER BY e.trajectory_key""").to_pylist()
+        steps_of: dict[str, list[dict]] = {}
+        for s in wh.query("""SELECT trajectory_key, step_id, step_index, author, role, text, observation, action_kind,
+                                    test_results FROM redacted_steps ORDER BY trajectory_key, step_index""").to_pylist():
+            steps_of.setdefault(s["trajectory_key"], []).append(s)
+        rows: dict[str, list[dict]] = {t: [] for t in TABLES}
+        stat_rows = []
+        for e in eps:
+            steps = steps_of.get(e["trajectory_key"], [])
+            o = classify_outcome(e, steps)
+            rows["outcomes"].append({"trajectory_key": e["trajectory_key"], "outcome": o.outcome, "cause": o.cause,
+                                     "policy_failure": o.policy_failure, "quarantined": o.quarantined,
+                                     "evidence_field": o.evidence_field, "evidence_step": o.evidence_step,
+                                     "evidence": o.evidence, "rules_version": OUTCOME_RULES_VERSION, **lineage})
+            summary.causes[o.cause] = summary.causes.get(o.cause, 0) + 1
+            stat_rows.append({"task_id": e["task_id"] or e["instance_id"] or f"episode:{e['trajectory_key']}",
+                              "cause": o.cause, "policy_name": e["policy_name"]})
+            step_id = {s["step_index"]: s["step_id"] for s in steps}
+            for f in select_fragments(e, steps, o.cause, o.quarantined):
+                rows["fragments"].append({
+                    "fragment_id": f.fragment_id, "trajectory_key": f.trajectory_key, "kind": f.kind,
+                    "context_start": f.context_start, "start_step": f.start, "end_step": f.end,
+                    "step_ids": [step_id[i] for i in range(f.context_start, f.end + 1) if i in step_id],
+                    "reward": f.reward, "evidence_source": f.evidence_source, "confidence": f.confidence,
+                    "selection_reason": f.reason, "tests_before": list(f.tests_before), "tests_after": list(f.tests_after),
+                    "dedup_weight": e["dedup_weight"], "split": e["split"], "rules_version": RULES_VERSION, **lineage})
+                summary.fragments[f.kind] = summary.fragments.get(f.kind, 0) + 1
+        rows["task_stats"] = [{**r, **lineage} for r in task_statistics(stat_rows, cfg)]
+        files = [session.write(t, pa.Table.from_pylist(rows[t], schema=arrow_schema(_MODELS[t]))) for t in TABLES]
+        old = [wh.root / p for p in wh.query("SELECT path FROM table_files WHERE list_contains(?, table_name)",
+                                            [list(TABLES)]).column(0).to_pylist()]
+        session.commit(files, removed=old, run_id=run_id, transform_version=v)
+        summary.episodes, summary.tasks = len(eps), len(rows["task_stats"])
+        session.upsert_rows("runs", [{
+            "run_id": run_id, "job": "fragments", "started_at": started, "finished_at": now_utc(),
+            "status": "succeeded", "params": json_text({"version": v}), "counts": json_text(summary.__dict__),
+            "code_version": f"{TRANSFORM}@{RULES_VERSION}", "error": None}])
+    return summary
