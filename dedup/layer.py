@@ -18,17 +18,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import pyarrow as pa
-
 from dedup.components import components_uf
 from dedup.features import EpisodeFeatures, action_shingles, load_features, text_shingles
 from dedup.groups import GroupConfig, assign_groups
 from dedup.leaks import RULE_VERSION, find_leaks
 from dedup.minhash import MinHashParams, lsh_pairs, signatures
 from dedup.splits import SPLIT_VERSION, SplitConfig, assign_splits
-from lineage.catalog import Warehouse, json_text, now_utc
+from lineage.catalog import Warehouse, now_utc
+from lineage.rebuild import inputs_fingerprint, is_current, replace_tables, run_row
 from schemas import ids
-from schemas.arrow import arrow_schema
 from schemas.tables import LeakFlagRow, NearDupClusterRow, SplitRow, TaskGroupRow
 
 TRANSFORM = "curate"
@@ -164,11 +162,8 @@ def curate_warehouse(wh: Warehouse, *, run_id: str, cfg: CurateConfig = CurateCo
     summary = CurateSummary(run_id)
     started = now_utc()
     with wh.write_session("curate", timeout=lock_timeout) as session:
-        inputs = wh.query("SELECT string_agg(sha256, ',' ORDER BY sha256) FROM table_files "
-                          "WHERE table_name IN ('redacted_episodes', 'redacted_steps')").column(0)[0].as_py() or ""
-        version = f"{cfg.version()};inputs={ids.digest(inputs)[:16]}"
-        current = wh.query("SELECT DISTINCT transform_version FROM table_files WHERE table_name = 'splits'").column(0).to_pylist()
-        if not full and current == [version]:
+        version = f"{cfg.version()};inputs={inputs_fingerprint(wh, ['redacted_episodes', 'redacted_steps'])}"
+        if not full and is_current(wh, "splits", version):
             summary.skipped = True
             return summary
         if progress:
@@ -180,10 +175,7 @@ def curate_warehouse(wh: Warehouse, *, run_id: str, cfg: CurateConfig = CurateCo
         if progress:
             progress("clustering, grouping, splitting")
         rows = curate(features, leaks, cfg, run_id)
-        files = [session.write(t, pa.Table.from_pylist(rows[t], schema=arrow_schema(_MODELS[t]))) for t in TABLES]
-        old = [wh.root / p for p in wh.query("SELECT path FROM table_files WHERE list_contains(?, table_name)",
-                                            [list(TABLES)]).column(0).to_pylist()]
-        session.commit(files, removed=old, run_id=run_id, transform_version=version)
+        replace_tables(session, rows, _MODELS, run_id=run_id, version=version)
         summary.episodes = len(features)
         summary.clusters = len({r["cluster_id"] for r in rows["near_dup_clusters"]})
         summary.duplicates = sum(1 for r in rows["near_dup_clusters"] if r["cluster_size"] > 1)
@@ -191,10 +183,8 @@ def curate_warehouse(wh: Warehouse, *, run_id: str, cfg: CurateConfig = CurateCo
         for r in rows["splits"]:
             summary.splits[r["split"]] = summary.splits.get(r["split"], 0) + 1
         summary.leaks = len(rows["leak_flags"])
-        session.upsert_rows("runs", [{
-            "run_id": run_id, "job": "curate", "started_at": started, "finished_at": now_utc(), "status": "succeeded",
-            "params": json_text({"version": version}), "counts": json_text(summary.__dict__),
-            "code_version": f"{TRANSFORM}@{CURATE_VERSION}", "error": None}])
+        session.upsert_rows("runs", [run_row(run_id, "curate", started, params={"version": version},
+                                             counts=summary.__dict__, code_version=f"{TRANSFORM}@{CURATE_VERSION}")])
     return summary
 
 

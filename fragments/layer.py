@@ -10,14 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import pyarrow as pa
-
 from fragments.outcomes import OUTCOME_RULES_VERSION, classify_outcome
 from fragments.select import RULES_VERSION, select_fragments
 from fragments.task_stats import StatsConfig, task_statistics
-from lineage.catalog import Warehouse, json_text, now_utc
-from schemas import ids
-from schemas.arrow import arrow_schema
+from lineage.catalog import Warehouse, now_utc
+from lineage.rebuild import inputs_fingerprint, is_current, replace_tables, run_row
 from schemas.tables import FragmentRow, OutcomeRow, TaskStatsRow
 
 TRANSFORM = "fragments"
@@ -46,11 +43,9 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
     summary = FragmentSummary(run_id)
     started = now_utc()
     with wh.write_session("fragments", timeout=lock_timeout) as session:
-        inputs = wh.query("SELECT string_agg(sha256, ',' ORDER BY sha256) FROM table_files WHERE table_name IN "
-                          "('redacted_episodes', 'redacted_steps', 'near_dup_clusters', 'splits')").column(0)[0].as_py() or ""
-        v = f"{version(cfg)};inputs={ids.digest(inputs)[:16]}"
-        if not full and wh.query("SELECT DISTINCT transform_version FROM table_files WHERE table_name = 'fragments'"
-                                 ).column(0).to_pylist() == [v]:
+        inputs = inputs_fingerprint(wh, ["redacted_episodes", "redacted_steps", "near_dup_clusters", "splits"])
+        v = f"{version(cfg)};inputs={inputs}"
+        if not full and is_current(wh, "fragments", v):
             summary.skipped = True
             return summary
         lineage = {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": v}
@@ -84,13 +79,8 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
                     "dedup_weight": e["dedup_weight"], "split": e["split"], "rules_version": RULES_VERSION, **lineage})
                 summary.fragments[f.kind] = summary.fragments.get(f.kind, 0) + 1
         rows["task_stats"] = [{**r, **lineage} for r in task_statistics(stat_rows, cfg)]
-        files = [session.write(t, pa.Table.from_pylist(rows[t], schema=arrow_schema(_MODELS[t]))) for t in TABLES]
-        old = [wh.root / p for p in wh.query("SELECT path FROM table_files WHERE list_contains(?, table_name)",
-                                            [list(TABLES)]).column(0).to_pylist()]
-        session.commit(files, removed=old, run_id=run_id, transform_version=v)
+        replace_tables(session, rows, _MODELS, run_id=run_id, version=v)
         summary.episodes, summary.tasks = len(eps), len(rows["task_stats"])
-        session.upsert_rows("runs", [{
-            "run_id": run_id, "job": "fragments", "started_at": started, "finished_at": now_utc(),
-            "status": "succeeded", "params": json_text({"version": v}), "counts": json_text(summary.__dict__),
-            "code_version": f"{TRANSFORM}@{RULES_VERSION}", "error": None}])
+        session.upsert_rows("runs", [run_row(run_id, "fragments", started, params={"version": v},
+                                             counts=summary.__dict__, code_version=f"{TRANSFORM}@{RULES_VERSION}")])
     return summary

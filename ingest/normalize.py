@@ -25,7 +25,8 @@ import pyarrow.parquet as pq
 from ingest.actions import annotate_step
 from ingest.adapters.base import ParsedEpisode, RecordContext, adapters, get_adapter
 from ingest.raw_store import quarantine_row
-from lineage.catalog import Warehouse, WriteSession, json_text, now_utc
+from lineage.catalog import Warehouse, WriteSession, now_utc
+from lineage.rebuild import run_row
 from lineage.storage import WrittenFile
 from schemas import ids
 from schemas.arrow import arrow_schema
@@ -241,10 +242,7 @@ def normalize_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, lock_
             session.commit(worker.files, removed=_batch_outputs(wh, batch_id), batch_id=batch_id,
                            run_id=run_id, transform_version=version)
             summary.batches_done += 1
-        session.upsert_rows("runs", [{
-            "run_id": run_id, "job": "build", "started_at": started, "finished_at": now_utc(),
-            "status": "succeeded", "params": json_text({"full": full}),
-            "counts": json_text({k: v for k, v in summary.__dict__.items() if k != "run_id"}),
-            "code_version": f"normalize@{NORMALIZE_VERSION}", "error": None,
-        }])
+        session.upsert_rows("runs", [run_row(
+            run_id, "build", started, params={"full": full},
+            counts={k: v for k, v in summary.__dict__.items() if k != "run_id"}, code_version=f"normalize@{NORMALIZE_VERSION}")])
     return summary

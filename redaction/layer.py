@@ -17,7 +17,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lineage.catalog import Warehouse, json_text, now_utc
+from lineage.catalog import Warehouse, now_utc
+from lineage.rebuild import run_row
 from redaction.engine import POLICY_VERSION, SCOPE_KINDS, Redactor, Replacement, Scope
 from redaction.vault import Vault, load_key
 from schemas import ids
@@ -210,9 +211,7 @@ def redact_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, scope_ki
             old = [wh.root / p for p in wh.query("SELECT path FROM table_files WHERE batch_id = ? AND list_contains(?, table_name)",
                                                  [batch_id, list(_OUT_TABLES)]).column(0).to_pylist()]
             session.commit(removed=old)
-        session.upsert_rows("runs", [{
-            "run_id": run_id, "job": "redact", "started_at": started, "finished_at": now_utc(), "status": "succeeded",
-            "params": json_text({"full": full, "scope": scope_kind, "policy": POLICY_VERSION}),
-            "counts": json_text({k: v for k, v in summary.__dict__.items() if k != "run_id"}),
-            "code_version": f"{TRANSFORM}@{POLICY_VERSION}", "error": None}])
+        session.upsert_rows("runs", [run_row(
+            run_id, "redact", started, params={"full": full, "scope": scope_kind, "policy": POLICY_VERSION},
+            counts={k: v for k, v in summary.__dict__.items() if k != "run_id"}, code_version=f"{TRANSFORM}@{POLICY_VERSION}")])
     return summary

@@ -95,6 +95,17 @@ class Adapter(ABC):
         return f"{self.name}@{self.version}"
 
 
+class JsonlSessionAdapter(Adapter, ABC):
+    """A format where one file of JSON lines is one session (one record, one episode)."""
+
+    framing: ClassVar[Literal["jsonl", "document"]] = "document"
+
+    def decode(self, data: bytes) -> Any:
+        from ingest.adapters.common import decode_jsonl_document
+
+        return decode_jsonl_document(data)
+
+
 _REGISTRY: dict[str, Adapter] = {}
 _BUILTIN_LOADED = False
 

@@ -15,9 +15,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
+from ingest.adapters.base import JsonlSessionAdapter, ParsedEpisode, RecordContext
 from ingest.adapters.common import (
-    decode_jsonl_document,
     episode,
     link_observations,
     number_steps,
@@ -31,14 +30,10 @@ _HARNESS_PREFIXES = ("<command-name>", "<command-message>", "<local-command-stdo
                      "<system-reminder>", "[Request interrupted")
 
 
-class ClaudeCodeAdapter(Adapter):
+class ClaudeCodeAdapter(JsonlSessionAdapter):
     name = "claude-code"
     version = "1.0.0"
-    framing = "document"
     description = "Claude Code session JSONL (one session per file)"
-
-    def decode(self, data: bytes) -> Any:
-        return decode_jsonl_document(data)
 
     def sniff(self, path: str, head: bytes) -> bool:
         return head.lstrip()[:1] == b"{" and b'"sessionId"' in head and (

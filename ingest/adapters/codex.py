@@ -19,10 +19,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
+from ingest.adapters.base import JsonlSessionAdapter, ParsedEpisode, RecordContext
 from ingest.adapters.common import (
     decode_json_string,
-    decode_jsonl_document,
     episode,
     link_observations,
     number_steps,
@@ -43,14 +42,10 @@ def _output(payload: dict[str, Any]) -> tuple[str | None, int | None]:
     return (out if isinstance(out, str) else text_of(out)), None
 
 
-class CodexAdapter(Adapter):
+class CodexAdapter(JsonlSessionAdapter):
     name = "codex"
     version = "1.0.0"
-    framing = "document"
     description = "OpenAI Codex CLI rollout JSONL (one session per file)"
-
-    def decode(self, data: bytes) -> Any:
-        return decode_jsonl_document(data)
 
     def sniff(self, path: str, head: bytes) -> bool:
         first = head.lstrip().split(b"\n", 1)[0]

@@ -1,0 +1,46 @@
+"""Tables rebuilt whole by global steps (curation, fragments): skip when current, else swap.
+
+A global step's version string carries its parameters and a fingerprint of its input files; a
+run whose version equals the one recorded on the table's files has nothing to do. Otherwise
+the new files of every output table replace the old ones in one catalog commit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+from pydantic import BaseModel
+
+from lineage.catalog import Warehouse, WriteSession, json_text, now_utc
+from schemas import ids
+from schemas.arrow import arrow_schema
+
+
+def inputs_fingerprint(wh: Warehouse, tables: list[str]) -> str:
+    """Digest of the content hashes of every file of ``tables`` (any change -> a new digest)."""
+    shas = wh.query("SELECT string_agg(sha256, ',' ORDER BY sha256) FROM table_files WHERE list_contains(?, table_name)",
+                    [tables]).column(0)[0].as_py() or ""
+    return ids.digest(shas)[:16]
+
+
+def is_current(wh: Warehouse, table: str, version: str) -> bool:
+    return wh.query("SELECT DISTINCT transform_version FROM table_files WHERE table_name = ?",
+                    [table]).column(0).to_pylist() == [version]
+
+
+def replace_tables(session: WriteSession, rows: dict[str, list[dict[str, Any]]], models: dict[str, type[BaseModel]],
+                   *, run_id: str, version: str) -> None:
+    """Write every table's rows as new files and drop the old files of those tables, atomically."""
+    wh = session.wh
+    files = [session.write(t, pa.Table.from_pylist(rows[t], schema=arrow_schema(models[t]))) for t in rows]
+    old = [wh.root / p for p in wh.query("SELECT path FROM table_files WHERE list_contains(?, table_name)",
+                                        [list(rows)]).column(0).to_pylist()]
+    session.commit(files, removed=old, run_id=run_id, transform_version=version)
+
+
+def run_row(run_id: str, job: str, started: Any, *, params: dict[str, Any], counts: dict[str, Any],
+            code_version: str) -> dict[str, Any]:
+    """A succeeded run's row for the ``runs`` table."""
+    return {"run_id": run_id, "job": job, "started_at": started, "finished_at": now_utc(), "status": "succeeded",
+            "params": json_text(params), "counts": json_text(counts), "code_version": code_version, "error": None}
