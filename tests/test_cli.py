@@ -109,3 +109,13 @@ def test_synth_is_deterministic(tmp_path, cli_env):
     for name in files:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
     assert (tmp_path / "a" / files[0]).read_bytes() != (tmp_path / "c" / files[0]).read_bytes()
+
+
+def test_stats_and_audit_commands(built):
+    st = json.loads(run(built, "stats", "--json", "--by", "policy_name", "--interaction", "policy-alpha",
+                        "teacher-omega", "swe-loop", "shell-agent").stdout)
+    rates = {r["policy_name"]: r for r in st["effective_rate"]}
+    assert "teacher-omega" in rates and all(0 <= r["eta"] <= 1 for r in rates.values())
+    assert st["matrix"] and "delta" in st["interaction"]
+    audit = json.loads(run(built, "audit", "--json").stdout)
+    assert audit["groups_across_splits"] == 0 and audit["clusters_across_splits"] == 0
