@@ -464,6 +464,17 @@ def demo(episodes: int, seed: int, corpus: str, warehouse: str | None) -> None:
     c.print(f"episodes      {tot['episodes']:>10,}\nsteps         {tot['steps']:>10,}\n"
             f"tasks         {tot['tasks']:>10,}\nraw bytes     {render.human_bytes(tot['raw_bytes']):>10}\n"
             f"quarantined   {tot['quarantined']:>10,}\nwall time     {time.monotonic() - t0:>9.1f}s")
+    more = wh.query("""SELECT (SELECT count(*) FROM redaction_events) AS replacements,
+                              (SELECT count(DISTINCT cluster_id) FROM near_dup_clusters WHERE cluster_size > 1) AS dup_clusters,
+                              (SELECT count(DISTINCT group_id) FROM task_groups) AS groups,
+                              (SELECT string_agg(split || ' ' || n, ', ' ORDER BY split) FROM
+                                  (SELECT split, count(*) AS n FROM splits GROUP BY 1)) AS splits,
+                              (SELECT count(DISTINCT trajectory_key) FROM leak_flags WHERE step_index IS NOT NULL) AS leaky,
+                              (SELECT string_agg(kind || ' ' || n, ', ' ORDER BY kind) FROM
+                                  (SELECT kind, count(*) AS n FROM fragments GROUP BY 1)) AS fragments""").to_pylist()[0]
+    c.print(f"redactions    {more['replacements']:>10,}\nnear-dup clusters {more['dup_clusters']:>6,}\n"
+            f"task groups   {more['groups']:>10,}\nsplits        {more['splits']}\n"
+            f"time leaks    {more['leaky']:>10,} episodes flagged\nfragments     {more['fragments']}")
     c.print(f"warehouse     {wh.root}\ncatalog       {wh.catalog_path}")
     c.print("query it:     trajwh sql \"SELECT harness_name, policy_name, avg(resolved::INT) AS success, "
             "count(*) AS n FROM episodes GROUP BY ALL ORDER BY success DESC\"")
