@@ -28,12 +28,13 @@ from urllib.parse import unquote
 import orjson
 
 from redaction.detectors import ALL_SHAPES, PLACEHOLDER_RE
-from redaction.pii import PRESIDIO_ENTITY, keep_ip, pii_recognizers
+from redaction.pii import PRESIDIO_ENTITY, keep_ip, person_analyzer, pii_recognizers
 
 POLICY_VERSION = "1.0.0"
 SCOPE_KINDS = {"episode": "ep", "repository": "repo", "dataset": "ds"}
 
 _SHORT = 1024
+_NAME_TRIGGER = re.compile(r"\b[A-Z][a-z]{1,20}(?:\s+[A-Z][a-z]{1,20})+\b")
 _WORD = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"
 _PII_LEFT = {"IP_ADDRESS": _WORD + ".", "CREDIT_CARD": _WORD + ".-"}
 #: cheap shapes that must be present before presidio's (slow) recognizers are asked
@@ -53,7 +54,7 @@ _PRIORITY = {"PRIVATE_KEY": 0, "JWT": 1, "AWS_ACCESS_KEY": 1, "AWS_SECRET_KEY": 
              "OPENAI_KEY": 1, "GOOGLE_API_KEY": 1, "HF_TOKEN": 1, "NPM_TOKEN": 1, "PYPI_TOKEN": 1,
              "TWILIO_KEY": 1, "SENDGRID_KEY": 1, "PASSWORD": 2, "AUTH_HEADER": 3, "API_KEY_HEADER": 3,
              "BEARER_TOKEN": 3, "DOCKER_AUTH": 3, "SESSION_ID": 3, "COOKIE": 4, "SECRET": 4, "EMAIL": 5,
-             "CREDIT_CARD": 5, "PHONE": 6, "IP_ADDRESS": 6, "USERNAME": 6}
+             "CREDIT_CARD": 5, "PHONE": 6, "IP_ADDRESS": 6, "USERNAME": 6, "PERSON": 7}
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ class Detector:
         self.personal_data = personal_data
         self.decode = decode
         self.pii = pii_recognizers() if personal_data else {}
+        self.persons = person_analyzer() if personal_data else None
 
     def find(self, text: str, depth: int = 0) -> list[Finding]:
         if not text:
@@ -153,6 +155,8 @@ class Detector:
                 found += [Finding(*f) for f in shape.find(text[start:end], start)]
         if self.personal_data:
             found += self._personal(text, found)
+            if self.persons is not None:
+                found += self._person_names(text)
         if self.decode and depth == 0:
             found += self._decoded(text)
         return _resolve(found, text)
@@ -192,6 +196,16 @@ class Detector:
                 if entity == "PHONE" and not _phone_like(text, s, e):
                     continue
                 out.append(Finding(s, e, entity, f"presidio:{type(recognizer).__name__}"))
+        return out
+
+    def _person_names(self, text: str) -> list[Finding]:
+        """Person names by NER (when a model is installed), only around capitalized word pairs."""
+        out = []
+        for m in _NAME_TRIGGER.finditer(text):
+            start, end = max(0, m.start() - 60), min(len(text), m.end() + 60)
+            for r in self.persons.analyze(text[start:end], entities=["PERSON"], language="en"):
+                if r.score >= 0.5:
+                    out.append(Finding(start + r.start, start + r.end, "PERSON", "presidio:spacy-ner"))
         return out
 
     def _decoded(self, text: str) -> list[Finding]:

@@ -99,3 +99,28 @@ def presidio_analyzer():
     provider = NlpEngineProvider(nlp_configuration={
         "nlp_engine_name": "spacy", "models": [{"lang_code": "en", "model_name": model_dir}]})
     return AnalyzerEngine(nlp_engine=provider.create_engine(), supported_languages=["en"])
+
+
+ENV_NER = "TRAJWH_NER_MODEL"
+
+
+@cache
+def person_analyzer():
+    """Presidio with a NER-capable spaCy pipeline, when one is installed: ``$TRAJWH_NER_MODEL`` (a
+    package name or a folder), else ``en_core_web_sm`` if present. None otherwise (offline default:
+    person names are then not detected, and the docs say so)."""
+    import spacy
+
+    model = os.environ.get(ENV_NER) or ("en_core_web_sm" if spacy.util.is_package("en_core_web_sm") else None)
+    if not model:
+        return None
+    _offline_tldextract()
+    _register_lemma_component()
+    logging.getLogger("presidio-analyzer").setLevel(logging.ERROR)
+    from presidio_analyzer import AnalyzerEngine
+    from presidio_analyzer.nlp_engine import NlpEngineProvider
+
+    provider = NlpEngineProvider(nlp_configuration={
+        "nlp_engine_name": "spacy", "models": [{"lang_code": "en", "model_name": model}],
+        "ner_model_configuration": {"labels_to_ignore": [], "model_to_presidio_entity_mapping": {"PERSON": "PERSON", "PER": "PERSON"}}})
+    return AnalyzerEngine(nlp_engine=provider.create_engine(), supported_languages=["en"])

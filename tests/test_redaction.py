@@ -184,3 +184,29 @@ def test_redact_text_command(tmp_path, cli_env):
     src.write_text('{"id": "a", "text": "ok"}\nnot json\n')
     bad = subprocess.run([*trajwh_cmd(), "redact-text", str(src), str(dst)], env=cli_env, capture_output=True, text=True)
     assert bad.returncode == 2 and "in.jsonl:2" in bad.stderr
+
+
+def test_person_names_need_a_ner_model_and_use_it_when_installed(tmp_path, monkeypatch):
+    import spacy
+
+    from redaction.pii import _register_lemma_component, person_analyzer
+
+    text = "Thanks, Alice Smith reviewed it; the Python Package Index is up."
+    monkeypatch.delenv("TRAJWH_NER_MODEL", raising=False)
+    person_analyzer.cache_clear()
+    if not spacy.util.is_package("en_core_web_sm"):
+        assert Redactor(SALT).text(text, Redactor(SALT).scope("a"), "t", []) == text  # offline default: none
+    # a real spaCy pipeline whose NER component (an entity ruler) knows one name
+    _register_lemma_component()
+    nlp = spacy.blank("en")
+    nlp.add_pipe("trajwh_lemma")
+    nlp.add_pipe("entity_ruler").add_patterns([{"label": "PERSON", "pattern": "Alice Smith"}])
+    nlp.to_disk(tmp_path / "ner")
+    monkeypatch.setenv("TRAJWH_NER_MODEL", str(tmp_path / "ner"))
+    person_analyzer.cache_clear()
+    try:
+        red = Redactor(SALT)
+        out = red.text(text, red.scope("a"), "t", [])
+        assert "Alice Smith" not in out and "<PERSON:" in out and "Python Package Index" in out
+    finally:
+        person_analyzer.cache_clear()
