@@ -13,8 +13,9 @@ _MIN_PREFIX = 8
 
 @dataclass
 class Trace:
-    kind: str  # step | episode | raw_record
+    kind: str  # fragment | step | episode | raw_record
     id: str
+    fragment: dict[str, Any] | None = None
     step: dict[str, Any] | None = None
     episode: dict[str, Any] | None = None
     record: dict[str, Any] | None = None
@@ -29,15 +30,25 @@ def _one(wh: Warehouse, sql: str, value: str, what: str) -> dict[str, Any] | Non
     return rows[0] if rows else None
 
 
+def _has_rows(wh: Warehouse, table: str) -> bool:
+    return bool(wh.query("SELECT count(*) FROM table_files WHERE table_name = ?", [table]).column(0)[0].as_py())
+
+
 def trace(wh: Warehouse, ident: str) -> Trace:
-    """Resolve a step id, trajectory key or record id (or a unique prefix of 8+ characters)."""
+    """Resolve a fragment id, step id, trajectory key or record id (or a unique 8+ character prefix):
+    fragment -> its first step -> episode -> raw record (file, line, byte offset) and lineage edges."""
     ident = ident.strip().lower()
     if len(ident) < _MIN_PREFIX:
         raise ConfigError(f"id {ident!r} is too short", valid=f"at least {_MIN_PREFIX} hex characters of an id")
+    fragment = None
+    if _has_rows(wh, "fragments"):
+        fragment = _one(wh, """SELECT fragment_id, trajectory_key, kind, context_start, start_step, end_step, step_ids,
+                                      split, dedup_weight, selection_reason, _run_id, _transform_version
+                               FROM fragments WHERE fragment_id LIKE ? LIMIT 2""", ident, "fragment")
     step = _one(wh, """SELECT step_id, trajectory_key, step_index, role, author, _record_id, _batch_id, _run_id,
                               _transform, _transform_version FROM steps WHERE step_id LIKE ? LIMIT 2""",
-                ident, "step")
-    episode_key = step["trajectory_key"] if step else ident
+                fragment["step_ids"][0] if fragment and fragment["step_ids"] else ident, "step")
+    episode_key = fragment["trajectory_key"] if fragment else step["trajectory_key"] if step else ident
     episode = _one(wh, """SELECT trajectory_key, source_episode_id, task_id, policy_name, harness_name, attempt,
                                  n_steps, key_fields, _record_id, _record_index, _batch_id, _run_id, _transform,
                                  _transform_version FROM episodes WHERE trajectory_key LIKE ? LIMIT 2""",
@@ -49,10 +60,10 @@ def trace(wh: Warehouse, ident: str) -> Trace:
     if not (step or episode or record):
         raise ConfigError(f"no step, episode or raw record has id {ident!r}",
                           valid="a step_id, trajectory_key or record_id from `trajwh sql`")
-    kind = "step" if step else "episode" if episode else "raw_record"
-    t = Trace(kind, (step or episode or record or {}).get({"step": "step_id", "episode": "trajectory_key",
-                                                          "raw_record": "record_id"}[kind]),
-              step=step, episode=episode, record=record)
+    kind = "fragment" if fragment else "step" if step else "episode" if episode else "raw_record"
+    t = Trace(kind, (fragment or step or episode or record or {}).get(
+        {"fragment": "fragment_id", "step": "step_id", "episode": "trajectory_key", "raw_record": "record_id"}[kind]),
+        fragment=fragment, step=step, episode=episode, record=record)
     if record:
         rows = wh.query("SELECT batch_id, source, license, committed_at FROM batches WHERE batch_id = ?",
                         [record["batch_id"]]).to_pylist()

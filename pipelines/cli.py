@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.markup import escape
 
 from lineage.catalog import Warehouse
 from pipelines import render
@@ -84,7 +85,7 @@ def ingest(paths: tuple[str, ...], source: str, license_: str | None, format_: s
             f"— {len(s.files)} files, {render.human_bytes(s.bytes_read)} in {dt:.1f} s "
             f"({render.human_bytes(s.bytes_read / max(dt, 1e-9))}/s)")
     if s.quarantine_reasons:
-        c.print("quarantined: " + ", ".join(f"{k} ({v})" for k, v in sorted(s.quarantine_reasons.items())))
+        c.print(escape("quarantined: " + ", ".join(f"{k} ({v})" for k, v in sorted(s.quarantine_reasons.items()))))
         c.print(f"  see: trajwh sql \"SELECT file_path, line_no, reason FROM quarantine WHERE batch_id = '{s.batch_id}'\"")
     c.print(f"batch {s.batch_id} in {wh.root}; next: [bold]trajwh build[/]")
     if s.nothing_ingested:
@@ -206,12 +207,16 @@ def status(as_json: bool, formats: bool, warehouse: str | None) -> None:
 @warehouse_option
 @handle_errors
 def trace(ident: str, warehouse: str | None) -> None:
-    """Walk back from a step id, trajectory key or record id to the raw record it came from."""
+    """Walk back from a fragment id, step id, trajectory key or record id to the raw record it came from."""
     from lineage.trace import trace as do_trace
 
     t = do_trace(Warehouse(warehouse), ident)
     c = render.console
-    if t.step:
+    if t.fragment:
+        f = t.fragment
+        c.print(f"[bold]fragment[/] {f['fragment_id']}  {f['kind']}  steps {f['start_step']}..{f['end_step']} "
+                f"(context from {f['context_start']}; {len(f['step_ids'])} steps)  split {f['split']}  weight "
+                f"{render.fmt(f['dedup_weight'])}  rules {f['_transform_version'].split(';')[1]}\n  why: {f['selection_reason']}")
         s = t.step
         c.print(f"[bold]step[/] {s['step_id']}  #{s['step_index']} {s['role']}/{s['author']}  "
                 f"via {s['_transform']}@{s['_transform_version']} run {s['_run_id']}")
@@ -230,8 +235,8 @@ def trace(ident: str, warehouse: str | None) -> None:
         b = t.batch
         c.print(f"[bold]batch[/] {b['batch_id']} committed {render.fmt(b['committed_at'])}")
     for e in t.edges:
-        c.print(f"  edge {e['child_table']}:{e['child_id']} ← {e['parent_table']}:{e['parent_id']} "
-                f"[{e['transform']}@{e['transform_version']}, run {e['run_id']}]")
+        c.print(escape(f"  edge {e['child_table']}:{e['child_id']} ← {e['parent_table']}:{e['parent_id']} "
+                       f"[{e['transform']}@{e['transform_version']}, run {e['run_id']}]"))
 
 
 # --- export ------------------------------------------------------------------------------------

@@ -119,3 +119,11 @@ def test_stats_and_audit_commands(built):
     assert st["matrix"] and "delta" in st["interaction"]
     audit = json.loads(run(built, "audit", "--json").stdout)
     assert audit["groups_across_splits"] == 0 and audit["clusters_across_splits"] == 0
+
+
+def test_trace_walks_back_from_a_fragment(built):
+    fid = run(built, "sql", "SELECT fragment_id FROM fragments WHERE kind <> 'full_episode' ORDER BY 1 LIMIT 1",
+              "--format", "csv").stdout.splitlines()[1]
+    out = run(built, "trace", fid[:12]).stdout
+    assert f"fragment {fid}" in out and "raw record" in out and re.search(r"line \d+, byte offset \d+", out)
+    assert "[adapter:native@" in out  # lineage edges print their transform and version
