@@ -1,0 +1,73 @@
+"""`trajwh audit` and `trajwh stats`: the curated layer from the command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from lineage.catalog import Warehouse
+from pipelines import render
+from pipelines.cli import handle_errors, main, warehouse_option
+
+# --- audit -------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@warehouse_option
+@handle_errors
+def audit(as_json: bool, warehouse: str | None) -> None:
+    """Split audit: groups and near-duplicate clusters across splits (must be 0), time-flagged episodes."""
+    from dedup.layer import audit as run_audit
+
+    wh = Warehouse(warehouse)
+    wh.require()
+    a = run_audit(wh)
+    if as_json:
+        click.echo(json.dumps(a, default=str, indent=2))
+    else:
+        c = render.console
+        c.print(render.dict_table(a["splits"], f"splits ({a['episodes']} episodes)"))
+        ok = a["groups_across_splits"] == 0 and a["clusters_across_splits"] == 0
+        c.print(f"groups across splits: {a['groups_across_splits']}   near-duplicate clusters across splits: "
+                f"{a['clusters_across_splits']}   {'[green]OK[/]' if ok else '[red]LEAK[/]'}")
+        c.print(f"episodes in near-duplicate clusters: {a['near_dup_members']}; not eligible for evaluation (no usable "
+                f"times): {a['not_eligible_no_times']}; no repository: {a['no_repository']}; no grouping key: "
+                f"{a['no_grouping_key']}")
+        c.print(render.dict_table(a["time_flagged"][:40], f"time-flagged ({len(a['time_flagged'])} flags, first 40)"))
+    if a["groups_across_splits"] or a["clusters_across_splits"]:
+        sys.exit(1)
+
+
+@main.command()
+@click.option("--by", type=click.Choice(["harness_name", "policy_name", "source"]), default="harness_name",
+              show_default=True, help="Group the effective rate by this column.")
+@click.option("--interaction", nargs=4, default=None, metavar="P0 P1 HA HB",
+              help="Interaction term for two policies and two harnesses, paired by task.")
+@click.option("--json", "as_json", is_flag=True)
+@warehouse_option
+@handle_errors
+def stats(by: str, interaction: tuple[str, str, str, str] | None, as_json: bool, warehouse: str | None) -> None:
+    """Effective rate, the policy x harness success matrix and (optionally) their interaction."""
+    from fragments.task_stats import effective_rates, policy_harness_matrix
+    from fragments.task_stats import interaction as interaction_term
+
+    wh = Warehouse(warehouse)
+    wh.require()
+    rows = wh.query("""SELECT coalesce(e.task_id, e.instance_id, 'episode:' || e.trajectory_key) AS task_id, o.cause,
+                              e.policy_name, e.harness_name, e.source
+                       FROM outcomes o JOIN redacted_episodes e USING (trajectory_key)""").to_pylist()
+    out = {"effective_rate": effective_rates(rows, by),
+           "matrix": [{"policy": p, "harness": h, "success_rate": round(v, 4)}
+                      for (p, h), v in policy_harness_matrix(rows).items()]}
+    if interaction:
+        out["interaction"] = interaction_term(rows, *interaction)
+    if as_json:
+        click.echo(json.dumps(out, default=str, indent=2))
+        return
+    render.console.print(render.dict_table(out["effective_rate"], f"effective rate by {by}"))
+    render.console.print(render.dict_table(out["matrix"], "policy x harness success rate (no infrastructure failures)"))
+    if interaction:
+        render.console.print(f"interaction: {out['interaction']}")
