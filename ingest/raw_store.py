@@ -271,7 +271,7 @@ def ingest_paths(wh: Warehouse, paths: Iterable[str | os.PathLike[str]], opts: I
     """Ingest files or folders into a new batch of ``raw_records`` (+ ``quarantine``)."""
     opts = opts or IngestOptions()
     opts.validate()
-    files = find_input_files(paths)
+    files = [f for f in find_input_files(paths) if wh.root not in f.parents]  # never ingest the warehouse itself
     if on_files:
         on_files(files)
     started = now_utc()

@@ -128,3 +128,15 @@ def test_json_documents_are_one_record_each(wh, cases):
     idx = q(wh, "SELECT source_episode_id, _record_index FROM episodes ORDER BY source_episode_id")
     assert [(r["source_episode_id"], r["_record_index"]) for r in idx] == [
         ("case-ep-1", 0), ("case-ep-1-array", 0), ("case-ep-2-array", 1)]
+
+
+def test_a_warehouse_inside_the_input_folder_is_not_ingested(tmp_path, cases):
+    import shutil
+
+    from lineage.catalog import Warehouse
+
+    shutil.copy(cases / "two_episodes.jsonl", tmp_path / "a.jsonl")
+    wh = Warehouse(tmp_path / "wh")
+    ingest_paths(wh, [tmp_path], IngestOptions(source="x"))
+    again = ingest_paths(wh, [tmp_path], IngestOptions(source="x"))  # the folder now holds the warehouse too
+    assert [f.path for f in again.files] == [str(tmp_path / "a.jsonl")] and again.n_quarantined == 0
