@@ -18,9 +18,11 @@ from pipelines.cli import handle_errors, main, warehouse_option
 @click.argument("src", type=click.Path(exists=True, dir_okay=False))
 @click.argument("dst", type=click.Path(dir_okay=False))
 @click.option("--salt", envvar="TRAJWH_REDACT_SALT", default=None,
-              help="Placeholder salt (default: a random one per run, so ids are unlinkable across runs).")
+              help="Placeholder salt (default: the warehouse's salt when --warehouse names an existing warehouse, "
+                   "so ids match its redacted layer; else a random one per run).")
+@warehouse_option
 @handle_errors
-def redact_text(src: str, dst: str, salt: str | None) -> None:
+def redact_text(src: str, dst: str, salt: str | None, warehouse: str | None) -> None:
     """Redact free text: each input line {"id", "text"} becomes {"id", "redacted_text"}; one line = one scope."""
     import secrets as _secrets
 
@@ -29,7 +31,16 @@ def redact_text(src: str, dst: str, salt: str | None) -> None:
     from redaction.engine import Redactor
     from schemas.errors import InputFormatError
 
-    red = Redactor(salt.encode() if salt else _secrets.token_bytes(32))
+    wh = Warehouse(warehouse)
+    if salt:
+        key = salt.encode()
+    elif warehouse and wh.exists():
+        from redaction.vault import Vault
+
+        key = Vault(wh, None).salt()
+    else:
+        key = _secrets.token_bytes(32)
+    red = Redactor(key)
     n = replaced = 0
     lines = Path(src).read_bytes().splitlines()
     with open(dst, "wb") as out, render.count_progress("redacting", len(lines)) as advance:
