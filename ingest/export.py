@@ -41,17 +41,13 @@ def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
 
 
-def _available_tables(wh: Warehouse) -> set[str]:
-    return set(wh.query("SELECT table_name FROM information_schema.tables").column(0).to_pylist())
-
-
 def iter_episodes(wh: Warehouse, layer: str, where: str | None = None) -> Iterator[tuple[dict, list[dict]]]:
     """(episode row, its step rows) for every episode of ``layer``, in trajectory-key order."""
     if layer not in LAYERS:
         raise ConfigError(f"unknown layer {layer!r}", valid=", ".join(LAYERS))
     ep_table, step_table = LAYERS[layer]
     built = wh.query("SELECT count(*) FROM table_files WHERE table_name = ?", [ep_table]).column(0)[0].as_py()
-    if ep_table not in _available_tables(wh) or not built:
+    if not built:
         raise ConfigError(f"layer {layer!r} is not built in {wh.root}",
                           valid="a built layer: run `trajwh build` first (--layer normalized exports unredacted data)")
     filt = f"WHERE {where}" if where else ""

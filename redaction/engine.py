@@ -85,6 +85,7 @@ class Scope:
     key: bytes
     minted: dict[tuple[str, str], str] = field(default_factory=dict)
     values: dict[str, tuple[str, str]] = field(default_factory=dict)  # placeholder -> (entity, value)
+    learned: dict[str, list[Finding]] = field(default_factory=dict)  # findings of the learning pass, by text
 
     def placeholder(self, entity: str, value: str) -> str:
         got = self.minted.get((entity, value))
@@ -100,17 +101,15 @@ class Scope:
         return ph
 
 
-def _windows(lower: str, needles: tuple[str, ...], radius: int = 0) -> list[tuple[int, int]]:
-    """Line-sized windows around each occurrence of the needles, merged."""
+def _windows(lower: str, needles: tuple[str, ...]) -> list[tuple[int, int]]:
+    """The lines (at most 2,000 characters either side) around each occurrence of the needles, merged."""
     spans = []
     for needle in needles:
         i = lower.find(needle)
         while i >= 0:
-            start = lower.rfind("\n", 0, i) + 1 if radius == 0 else max(0, i - radius)
+            start = lower.rfind("\n", 0, i) + 1
             end = lower.find("\n", i)
             end = len(lower) if end < 0 else end
-            if radius:
-                end = min(len(lower), i + len(needle) + radius)
             spans.append((max(start, i - 2000), min(end, i + 2000)))
             i = lower.find(needle, i + len(needle))
     spans.sort()
@@ -315,7 +314,9 @@ class Redactor:
         even without the context that gave them away the first time."""
         if not value:
             return value
-        findings = self.detector.find(value)
+        findings = scope.learned.pop(value, None)  # detected once already in the learning pass
+        if findings is None:
+            findings = self.detector.find(value)
         for f in findings:  # register first, so a value repeated later in this text is caught too
             scope.placeholder(f.entity, value[f.start:f.end])
         findings = _resolve(findings + _known_values(value, scope), value)
@@ -333,7 +334,9 @@ class Redactor:
     def learn(self, value: str | None, scope: Scope) -> None:
         """Detect without replacing: register the values in the scope (first pass of an episode)."""
         if value:
-            for f in self.detector.find(value):
+            findings = self.detector.find(value)
+            scope.learned[value] = findings
+            for f in findings:
                 scope.placeholder(f.entity, value[f.start:f.end])
 
     def json_text(self, value: str | None, scope: Scope, field_name: str, events: list[Replacement]) -> str | None:

@@ -103,6 +103,7 @@ class EpisodeRedactor:
                                     for i, c in enumerate(s["tool_calls"])]
             events += self._events(ev, episode, s["step_id"], "steps")
             red_steps.append(rs)
+        scope.learned.clear()  # learning-pass findings (JSON documents are redacted leaf by leaf instead)
         return red_ep, red_steps, events
 
     def _events(self, ev: list[Replacement], episode: dict, step_id: str | None, table: str) -> list[dict]:
