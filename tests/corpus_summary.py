@@ -32,3 +32,35 @@ def corpus_summary(wh: Warehouse, corpus: Path) -> dict[str, list[dict]]:
             "policy": e["policy_name"], "harness": e["harness_name"],
         })
     return out
+
+
+def main() -> None:
+    """Regenerate the golden file after a deliberate change: ``python tests/corpus_summary.py``.
+
+    Review the diff (``git diff tests/golden``) before committing: each changed entry must be
+    explained by the change to the adapters or by new files in the corpus.
+    """
+    import json
+    import sys
+    import tempfile
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root))
+    from ingest.normalize import normalize_warehouse
+    from ingest.raw_store import IngestOptions, ingest_paths
+
+    corpus = (root.parent / "shared" / "corpus").resolve()
+    if not corpus.is_dir():
+        sys.exit(f"real corpus not found at {corpus}")
+    with tempfile.TemporaryDirectory() as tmp:
+        wh = Warehouse(Path(tmp) / "wh")
+        ingest_paths(wh, [corpus], IngestOptions(source="corpus"))
+        normalize_warehouse(wh, run_id="corpus")
+        summary = corpus_summary(wh, corpus)
+    out = root / "tests" / "golden" / "corpus.json"
+    out.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {out}: {len(summary)} files, {sum(len(v) for v in summary.values())} episodes")
+
+
+if __name__ == "__main__":
+    main()

@@ -50,11 +50,12 @@ def test_build_status_and_trace(built):
     rows = {t["table"]: t["rows"] for t in st["tables"]}
     # 150 synthetic + cases: 2+2+2+2+1+3+1 JSONL records (2 schema-invalid) + 2 JSON documents with
     # 3 episodes, one of which is the same episode as a JSONL line (same trajectory key): kept once;
-    # + harness/: one Claude Code and one Codex session; + redaction/: one episode
-    assert rows["episodes"] == 150 + 11 + 2 + 2 + 1 and rows["raw_records"] == 150 + 13 + 2 + 2 + 1
+    # + harness/: one Claude Code and one Codex session; + redaction/: one episode;
+    # + openhands_v1/: 3 output lines (one quarantined at normalize: empty history) and one event array
+    assert rows["episodes"] == 150 + 11 + 2 + 2 + 1 + 3 and rows["raw_records"] == 150 + 13 + 2 + 2 + 1 + 4
     assert rows["redacted_episodes"] == rows["episodes"] and rows["redacted_steps"] == rows["steps"]
     reasons = {(q["stage"], q["reason_code"]): q["n"] for q in st["quarantine"]}
-    assert reasons[("normalize", "invalid_record")] == 2
+    assert reasons[("normalize", "invalid_record")] == 3
     assert reasons[("normalize", "duplicate_episode")] == 1
     assert reasons[("ingest", "unknown_format")] == 2  # README.md and not_a_trajectory.txt
     human = run(built, "status")

@@ -1,9 +1,13 @@
 """mini-swe-agent ``.traj.json``: a plain message list; the verdict lives in companion files.
 
-The model answers with a THOUGHT and one fenced bash block; the harness replies as ``user``
-with ``<returncode>`` and ``<output>``. The first ``user`` message is the task prompt the
-harness built around the issue (``<pr_description>``). The verdict comes from the SWE-bench
-``report.json`` / ``results_summary.json`` of the same source, joined by instance id.
+1.x: the model answers with a THOUGHT and one fenced bash block; the harness replies as
+``user`` with ``<returncode>`` and ``<output>``. 2.x with tool calling: the assistant message
+carries ``tool_calls`` (arguments as JSON text; the harness also copies the commands to
+``extra.actions``) and each result is a ``role: tool`` message with its ``tool_call_id``; the
+run ends with a ``role: exit`` message (the submission, written by the harness). The first
+``user`` message is the task prompt the harness built around the issue (``<pr_description>``).
+The verdict comes from the SWE-bench ``report.json`` / ``results_summary.json`` of the same
+source, joined by instance id.
 """
 
 from __future__ import annotations
@@ -13,8 +17,18 @@ from typing import Any
 
 from ingest.actions import command_in_text
 from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
-from ingest.adapters.common import episode, exit_code_in, number_steps, step, ts
+from ingest.adapters.common import (
+    episode,
+    exit_code_in,
+    link_observations,
+    number_steps,
+    step,
+    text_of,
+    tool_call,
+    ts,
+)
 from ingest.adapters.swebench import verdict_for
+from schemas.errors import InputFormatError
 
 
 def _pr_description(prompt: str) -> str:
@@ -30,9 +44,27 @@ def _usage(extra: Any) -> tuple[int | None, int | None, Any]:
     return usage.get("prompt_tokens"), usage.get("completion_tokens"), ts(response.get("created"))
 
 
+def _calls(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """2.x tool calls (OpenAI shape); else the commands the harness copied to ``extra.actions``."""
+    calls = [tool_call((c.get("function") or {}).get("name") or "bash", (c.get("function") or {}).get("arguments"),
+                       c.get("id")) for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+    if calls:
+        return calls
+    extra = message.get("extra") if isinstance(message.get("extra"), dict) else {}
+    return [tool_call("bash", {"command": a["command"]}, a.get("tool_call_id")) for a in extra.get("actions") or []
+            if isinstance(a, dict) and isinstance(a.get("command"), str)]
+
+
+def _tool_result(message: dict[str, Any], text: str | None) -> dict[str, Any]:
+    extra = message.get("extra") if isinstance(message.get("extra"), dict) else {}
+    code = extra.get("returncode")
+    return step("tool", "environment", observation=text, tool_call_id=message.get("tool_call_id"),
+                exit_code=code if isinstance(code, int) else exit_code_in(text), started_at=ts(extra.get("timestamp")))
+
+
 class MiniSweAgentAdapter(Adapter):
     name = "mini-swe-agent"
-    version = "1.0.0"
+    version = "1.1.0"
     framing = "document"
     description = "mini-swe-agent .traj.json (+ SWE-bench report.json / results_summary.json)"
     consumes_facts = True
@@ -49,15 +81,25 @@ class MiniSweAgentAdapter(Adapter):
     def parse(self, obj: dict[str, Any], ctx: RecordContext) -> list[ParsedEpisode]:
         steps: list[dict[str, Any]] = []
         task_prompt = None
+        exit_extra: dict[str, Any] = {}
         for m in obj["messages"]:
-            role, content = m.get("role"), m.get("content")
-            text = content if isinstance(content, str) else None
+            if not isinstance(m, dict):
+                raise InputFormatError(f"messages hold a {type(m).__name__}", where=ctx.where(),
+                                       valid="objects with 'role' and 'content'")
+            role, text = m.get("role"), text_of(m.get("content"))
             if role == "system":
                 steps.append(step("system", "harness", text=text))
             elif role == "assistant":
                 t_in, t_out, created = _usage(m.get("extra"))
-                steps.append(step("assistant", "model", text=text, action_command=command_in_text(text),
+                calls = _calls(m)
+                steps.append(step("assistant", "model", text=text, tool_calls=calls,
+                                  action_command=None if calls else command_in_text(text),
                                   tokens_in=t_in, tokens_out=t_out, started_at=created))
+            elif role == "tool":
+                steps.append(_tool_result(m, text))
+            elif role == "exit":  # 2.x: the harness closes the run with the submission
+                exit_extra = m.get("extra") if isinstance(m.get("extra"), dict) else {}
+                steps.append(step("user", "harness", text=text, metadata={"exit": True}))
             elif task_prompt is None:
                 task_prompt = text
                 steps.append(step("user", "harness", text=text))
@@ -65,6 +107,7 @@ class MiniSweAgentAdapter(Adapter):
                 steps.append(step("user", "environment", observation=text, exit_code=exit_code_in(text)))
             else:  # format errors and reminders the harness sends back
                 steps.append(step("user", "harness", text=text))
+        counts = link_observations(steps)
         info = obj.get("info") or {}
         config = info.get("config") or {}
         model = config.get("model") or {}
@@ -78,7 +121,8 @@ class MiniSweAgentAdapter(Adapter):
             task_id=iid, instance_id=iid, task_text=_pr_description(task_prompt) if task_prompt else None,
             policy_name=model.get("model_name"), harness_name="mini-swe-agent",
             harness_version=info.get("mini_version"), sampling=sampling,
-            exit_status=info.get("exit_status"), termination_reason=info.get("exit_status"),
+            exit_status=info.get("exit_status") or exit_extra.get("exit_status"),
+            termination_reason=info.get("exit_status") or exit_extra.get("exit_status"),
             cost_usd=stats.get("instance_cost"),
             tokens_in=sum(s["tokens_in"] or 0 for s in steps) or None,
             tokens_out=sum(s["tokens_out"] or 0 for s in steps) or None,
@@ -87,7 +131,8 @@ class MiniSweAgentAdapter(Adapter):
             verifier_name=verdict.get("verifier_name"), test_results=verdict.get("test_results"),
             metadata={"trajectory_format": obj.get("trajectory_format"), "api_calls": stats.get("api_calls"),
                       "agent_type": config.get("agent_type"), "environment_type": config.get("environment_type"),
-                      "submission": info.get("submission"), "verdict_from": verdict.get("_verdict_from")},
+                      "submission": info.get("submission") or exit_extra.get("submission"),
+                      "verdict_from": verdict.get("_verdict_from"), **counts},
         )
         return [ParsedEpisode(ep, number_steps(steps))]
 

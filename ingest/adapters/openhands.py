@@ -28,6 +28,7 @@ from ingest.adapters.common import (
     tool_call,
     ts,
 )
+from ingest.adapters.openhands_v1 import V1_KINDS, is_v1, v1_events_to_steps
 from schemas.errors import InputFormatError
 
 _HARNESS_ACTIONS = {"system", "recall", "change_agent_state"}
@@ -68,6 +69,8 @@ def events_to_steps(events: list[dict[str, Any]], *, first_user_is_harness: bool
         source = e.get("source")
         if "action" in e:
             action = e["action"]
+            if not isinstance(action, str):  # an object here is a V1 event without its kind
+                action = action.get("kind", "unknown") if isinstance(action, dict) else str(action)
             text = args.get("thought") or args.get("content") or e.get("message")
             if action in _HARNESS_ACTIONS:
                 steps.append(step("system" if action == "system" else "user", "harness", text=args.get("content") or e.get("message"),
@@ -91,6 +94,8 @@ def events_to_steps(events: list[dict[str, Any]], *, first_user_is_harness: bool
                                   metadata={"event": eid, "action": action}))
         elif "observation" in e:
             obs = e["observation"]
+            if not isinstance(obs, str):
+                obs = obs.get("kind", "unknown") if isinstance(obs, dict) else str(obs)
             extras = e.get("extras") or {}
             exit_code = e.get("exit_code", (extras.get("metadata") or {}).get("exit_code"))
             meta_id = (e.get("tool_call_metadata") or {}).get("tool_call_id")
@@ -123,9 +128,22 @@ def _model_of(events: list[dict[str, Any]]) -> str | None:
     return None
 
 
+def _finished(events: list[dict[str, Any]]) -> bool:
+    """The agent called finish (V0 ``action: finish``, V1 ``FinishAction``)."""
+    return any(e.get("action") == "finish" or (isinstance(e.get("action"), dict)
+                                               and e["action"].get("kind") == "FinishAction") for e in events)
+
+
+def _finish_status(history: list[dict[str, Any]], v1: bool) -> str | None:
+    """``finished`` when the run ended without an error. V0 evaluation outputs record errors in
+    ``error``; a V1 history says it finished only through a ``FinishAction``, and without one
+    the status is not known (left missing, not invented as finished)."""
+    return "finished" if not v1 or _finished(history) else None
+
+
 class OpenHandsOutputAdapter(Adapter):
     name = "openhands-output"
-    version = "1.0.0"
+    version = "1.1.0"
     framing = "jsonl"
     description = "OpenHands evaluation or resolver output.jsonl (one episode per line)"
 
@@ -143,8 +161,19 @@ class OpenHandsOutputAdapter(Adapter):
         history = obj["history"]
         if history and isinstance(history[0], list):  # very old outputs: [action, observation] pairs
             history = [e for pair in history for e in pair if isinstance(e, dict)]
-        steps = events_to_steps(history, first_user_is_harness=True)
-        counts = link_observations(steps)
+        bad = [i for i, e in enumerate(history) if not isinstance(e, dict)]
+        if bad:
+            raise InputFormatError(f"history event {bad[0]} is a {type(history[bad[0]]).__name__}",
+                                   where=ctx.where(), valid="event objects")
+        if not history and not obj.get("error"):
+            raise InputFormatError("empty history and no error: nothing says what the agent did",
+                                   where=ctx.where(), valid="a history with events, or an 'error' for a failed run")
+        v1 = is_v1(history)
+        if v1:
+            steps, counts = v1_events_to_steps(history, first_user_is_harness=True)
+        else:
+            steps, counts = events_to_steps(history, first_user_is_harness=True), {}
+        counts.update(link_observations(steps))
         metrics = obj.get("metrics") or {}
         usage = metrics.get("accumulated_token_usage") or {}
         common = _common(steps)
@@ -163,7 +192,7 @@ class OpenHandsOutputAdapter(Adapter):
                           "comment_success": obj.get("comment_success"), "git_patch": obj.get("git_patch"), **counts})
             return [ParsedEpisode(ep, number_steps(steps))]
         meta = obj.get("metadata") or {}
-        llm = meta.get("llm_config") or {}
+        llm = meta.get("llm_config") or meta.get("llm") or {}
         instance = obj.get("instance") or {}
         error = obj.get("error")
         sampling = {k: llm[k] for k in ("temperature", "top_p", "max_output_tokens") if llm.get(k) is not None} or None
@@ -174,20 +203,23 @@ class OpenHandsOutputAdapter(Adapter):
             task_text=instance.get("problem_statement") or obj.get("instruction"),
             repository=github_repo(f"github.com/{instance['repo']}") if instance.get("repo") else None,
             base_commit=instance.get("base_commit"), policy_name=llm.get("model") or _model_of(history),
-            harness_name=f"openhands/{meta.get('agent_class')}" if meta.get("agent_class") else "openhands",
+            harness_name=f"openhands/{meta.get('agent_class')}" if meta.get("agent_class")
+            else "openhands-sdk" if v1 else "openhands",
             harness_commit=meta.get("git_commit"), sampling=sampling,
-            exit_status="error" if error else "finished", termination_reason=error,
+            exit_status="error" if error else _finish_status(history, v1), termination_reason=error,
             cost_usd=metrics.get("accumulated_cost"), **common,
             metadata={"max_iterations": meta.get("max_iterations"), "dataset": meta.get("dataset"),
                       "start_time": meta.get("start_time"),
                       "git_patch": (obj.get("test_result") or {}).get("git_patch"),
+                      "test_result": {k: v for k, v in (obj.get("test_result") or {}).items() if k != "git_patch"}
+                      or None, "details": meta.get("details"),
                       "fail_to_pass": instance.get("FAIL_TO_PASS"), "pass_to_pass": instance.get("PASS_TO_PASS"), **counts})
         return [ParsedEpisode(ep, number_steps(steps))]
 
 
 class OpenHandsEventStreamAdapter(Adapter):
     name = "openhands-events"
-    version = "1.0.0"
+    version = "1.1.0"
     framing = "document"
     description = "OpenHands exported event stream (JSON array of events)"
 
@@ -198,18 +230,22 @@ class OpenHandsEventStreamAdapter(Adapter):
     def check_record(self, obj: Any) -> str | None:
         if not isinstance(obj, list) or not all(isinstance(e, dict) for e in obj):
             return "expected a JSON array of event objects"
-        if not any("action" in e or "observation" in e for e in obj):
+        if not any("action" in e or "observation" in e or e.get("kind") in V1_KINDS for e in obj):
             return "no action or observation events"
         return None
 
     def parse(self, obj: list[dict[str, Any]], ctx: RecordContext) -> list[ParsedEpisode]:
         if not obj:
             raise InputFormatError("empty event stream", where=ctx.where(), valid="a JSON array of OpenHands events")
-        steps = events_to_steps(obj, first_user_is_harness=False)
-        counts = link_observations(steps)
+        v1 = is_v1(obj)
+        if v1:
+            steps, counts = v1_events_to_steps(obj, first_user_is_harness=False)
+        else:
+            steps, counts = events_to_steps(obj, first_user_is_harness=False), {}
+        counts.update(link_observations(steps))
         first_user = next((s["text"] for s in steps if s["author"] == "human"), None)
-        ep = episode(task_text=first_user, harness_name="openhands", policy_name=_model_of(obj),
-                     exit_status="finished" if any(e.get("action") == "finish" for e in obj) else None,
+        ep = episode(task_text=first_user, harness_name="openhands-sdk" if v1 else "openhands", policy_name=_model_of(obj),
+                     exit_status="finished" if _finished(obj) else None,
                      **_common(steps), metadata={"events": len(obj), **counts})
         return [ParsedEpisode(ep, number_steps(steps))]
 
