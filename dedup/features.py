@@ -36,6 +36,7 @@ class EpisodeFeatures:
     text: str = ""
     repository: str | None = None
     base_commit: str | None = None
+    base_commit_at: datetime | None = None
     task_id: str | None = None
     instance_id: str | None = None
     failing_tests: list[str] = field(default_factory=list)
@@ -54,7 +55,7 @@ _PATCH = re.compile(r"diff --git a/.*", re.S)
 def load_features(wh: Warehouse) -> list[EpisodeFeatures]:
     """Features of every redacted episode, ordered by trajectory key (input order never matters)."""
     eps = wh.query("""
-        SELECT trajectory_key, repository, base_commit, task_id, instance_id, issue_created_at, fix_merged_at,
+        SELECT trajectory_key, repository, base_commit, base_commit_at, task_id, instance_id, issue_created_at, fix_merged_at,
                started_at, resolved, n_steps, metadata,
                list_transform(list_filter(coalesce(test_results, []), lambda t: t.status <> 'passed'), lambda t: t.name)
                    AS failing
@@ -67,6 +68,7 @@ def load_features(wh: Warehouse) -> list[EpisodeFeatures]:
     by_key: dict[str, EpisodeFeatures] = {}
     for e in eps:
         f = EpisodeFeatures(e["trajectory_key"], repository=e["repository"], base_commit=e["base_commit"],
+                            base_commit_at=e["base_commit_at"],
                             task_id=e["task_id"], instance_id=e["instance_id"],
                             failing_tests=sorted(set(e["failing"] or [])), issue_created_at=e["issue_created_at"],
                             fix_merged_at=e["fix_merged_at"], started_at=e["started_at"], resolved=e["resolved"],

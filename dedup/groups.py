@@ -22,8 +22,14 @@ from dataclasses import dataclass, field
 from dedup.components import components_sql
 from dedup.features import EpisodeFeatures
 from schemas import ids
+from schemas.repository import normalize_repository
 
 DEFAULT_KEYS = ("repository_task", "base_commit", "task", "failing_test", "touched_file", "patch_symbol", "near_dup")
+
+
+#: keys that name one task (or the whole repository on purpose) are never capped; the others can
+#: be shared by unrelated tasks (README.md, conftest.py, a common test, a generic action pattern)
+WEAK_KEY_PREFIXES = ("commit:", "test:", "file:", "symbol:", "cluster:")
 
 
 @dataclass(frozen=True)
@@ -31,31 +37,16 @@ class GroupConfig:
     keys: tuple[str, ...] = DEFAULT_KEYS
     repository_fallback: bool = True  # a repository whose episodes cannot be told apart is one group
     whole_repository: bool = False  # put every repository in one group (the most conservative split)
+    # a weak key shared by more than this share of its repositories' tasks (and by more than
+    # min_key_tasks tasks) links unrelated tasks: it is dropped, not unioned. Measured on the
+    # synthetic corpus at 30,000 episodes: with every key kept 98.8 % of episodes sat in one group.
+    max_key_share: float = 0.2
+    min_key_tasks: int = 3
+    max_group_share: float = 0.25  # the audit warns when one group holds more of the episodes
 
-
-def normalize_repository(url: str | None, instance_id: str | None = None) -> str | None:
-    """``https://github.com/Org/Repo.git``, ``git@github.com:org/repo``, ``org/repo`` ->
-    ``github.com/org/repo``. A fork is mapped to its upstream when the SWE-bench-style instance
-    id names it (``owner__repo-123``): the instance id, not the URL, says which project it is."""
-    upstream = None
-    if instance_id:
-        m = re.match(r"^([A-Za-z0-9_.-]+?)__([A-Za-z0-9_.-]+)-\d+$", instance_id)
-        if m:
-            upstream = f"github.com/{m.group(1)}/{m.group(2)}".lower()
-    if not url:
-        return upstream
-    u = url.strip().lower()
-    u = re.sub(r"^(?:https?://|ssh://|git://)", "", u)
-    u = re.sub(r"^git@([^:]+):", r"\1/", u)
-    u = re.sub(r"^[^@/]+@", "", u)  # credentials or user@host
-    u = u.removesuffix("/").removesuffix(".git")
-    if "/" in u and "." not in u.split("/")[0]:  # "org/repo" without host
-        u = "github.com/" + u
-    parts = u.split("/")
-    normalized = "/".join(parts[:3]) if len(parts) >= 3 else u
-    if upstream and upstream.rsplit("/", 1)[-1] == normalized.rsplit("/", 1)[-1]:
-        return upstream  # same project name: a fork or mirror of the upstream the instance id names
-    return normalized
+    def describe(self) -> str:
+        return (f"{','.join(self.keys)}:{self.repository_fallback}:{self.whole_repository}:"
+                f"cap={self.max_key_share:g}/{self.min_key_tasks}")
 
 
 def patch_symbols(patch: str | None) -> list[str]:
@@ -94,6 +85,33 @@ class GroupResult:
     keys_of: dict[str, list[str]]
     flags_of: dict[str, list[str]] = field(default_factory=dict)
     repository_of: dict[str, str | None] = field(default_factory=dict)
+    dropped_keys: dict[str, int] = field(default_factory=dict)  # per key kind: weak keys dropped
+
+
+def _task_of(f: EpisodeFeatures) -> str:
+    return f.instance_id or f.task_id or f"episode:{f.key}"
+
+
+def weak_keys_to_drop(features: list[EpisodeFeatures], keys_of: dict[str, list[str]], repo_of: dict[str, str | None],
+                      cfg: GroupConfig) -> set[str]:
+    """Weak keys shared by more than ``max_key_share`` of the tasks of the repositories they
+    appear in (and by more than ``min_key_tasks`` tasks)."""
+    repo_tasks: dict[str | None, set[str]] = {}
+    key_tasks: dict[str, set[str]] = {}
+    key_repos: dict[str, set[str | None]] = {}
+    for f in features:
+        task, repo = _task_of(f), repo_of[f.key]
+        repo_tasks.setdefault(repo, set()).add(task)
+        for k in keys_of[f.key]:
+            if k.startswith(WEAK_KEY_PREFIXES):
+                key_tasks.setdefault(k, set()).add(task)
+                key_repos.setdefault(k, set()).add(repo)
+    drop = set()
+    for k, tasks in key_tasks.items():
+        total = sum(len(repo_tasks[r]) for r in key_repos[k])
+        if len(tasks) > cfg.min_key_tasks and len(tasks) > cfg.max_key_share * total:
+            drop.add(k)
+    return drop
 
 
 def episode_keys(f: EpisodeFeatures, repo: str | None, cfg: GroupConfig, cluster: str | None) -> list[str]:
@@ -127,10 +145,18 @@ def assign_groups(features: list[EpisodeFeatures], cfg: GroupConfig = GroupConfi
     for f in features:
         repo = normalize_repository(f.repository, f.instance_id)
         repo_of[f.key] = repo
-        keys = episode_keys(f, repo, cfg, clusters.get(f.key))
+        keys_of[f.key] = episode_keys(f, repo, cfg, clusters.get(f.key))
+    drop = weak_keys_to_drop(features, keys_of, repo_of, cfg)
+    dropped: dict[str, int] = {}
+    for k in drop:
+        kind = k.split(":", 1)[0]
+        dropped[kind] = dropped.get(kind, 0) + 1
+    for f in features:
+        keys = [k for k in keys_of[f.key] if k not in drop]
+        lost = len(keys) < len(keys_of[f.key])
         keys_of[f.key] = keys
-        flags = []
-        if not repo:
+        flags = ["weak_key_dropped"] if lost else []
+        if not repo_of[f.key]:
             flags.append("no_repository")
         if not [k for k in keys if not k.startswith("cluster:")]:
             flags.append("no_grouping_key")
@@ -147,4 +173,4 @@ def assign_groups(features: list[EpisodeFeatures], cfg: GroupConfig = GroupConfi
         gid = "g-" + ids.digest(min(keys))[:16]
         for k in keys:
             group_of[k] = gid
-    return GroupResult(group_of, keys_of, flags_of, repo_of)
+    return GroupResult(group_of, keys_of, flags_of, repo_of, dropped)

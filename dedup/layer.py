@@ -43,13 +43,13 @@ class CurateConfig:
     weight: str = "inverse_size"  # or "one"
     groups: GroupConfig = GroupConfig()
     splits: SplitConfig = SplitConfig()
+    digest: str | None = None  # of the trajwh.toml the settings came from, recorded on the run
 
     def version(self) -> str:
         s = self.splits
         return (f"{TRANSFORM}@{CURATE_VERSION};{self.minhash.describe()};k={self.action_k}/{self.text_k};"
-                f"weight={self.weight};groups={','.join(self.groups.keys)}:{self.groups.repository_fallback}:"
-                f"{self.groups.whole_repository};splits={SPLIT_VERSION}:{s.train}/{s.valid}/{s.test}:"
-                f"{s.cutoff.isoformat() if s.cutoff else 'none'};leaks={RULE_VERSION}")
+                f"weight={self.weight};groups={self.groups.describe()};splits={SPLIT_VERSION}:{s.train}/{s.valid}/{s.test}:"
+                f"{s.cutoff.isoformat() if s.cutoff else 'none'}:leaks-held-out={s.hold_out_leaks};leaks={RULE_VERSION}")
 
 
 @dataclass
@@ -111,7 +111,10 @@ def curate(features: list[EpisodeFeatures], leaks: list, cfg: CurateConfig, run_
     gsize = {}
     for g in groups.group_of.values():
         gsize[g] = gsize.get(g, 0) + 1
-    splits = assign_splits(features, groups.group_of, cfg.splits)
+    leaked: dict[str, list[str]] = {}
+    for leak in leaks:
+        leaked.setdefault(leak.trajectory_key, []).append(f"{leak.kind}@{leak.step_index}")
+    splits = assign_splits(features, groups.group_of, cfg.splits, repository_of=groups.repository_of, leaks=leaked)
     rows: dict[str, list[dict]] = {t: [] for t in TABLES}
     for f in features:
         c = clusters.cluster_of[f.key]
@@ -153,6 +156,9 @@ class CurateSummary:
     clusters: int = 0
     duplicates: int = 0
     groups: int = 0
+    largest_group: int = 0
+    weak_key_episodes: int = 0  # episodes that lost a weak grouping key to the cap
+    held_out: int = 0
     splits: dict[str, int] = field(default_factory=dict)
     leaks: int = 0
 
@@ -180,30 +186,16 @@ def curate_warehouse(wh: Warehouse, *, run_id: str, cfg: CurateConfig = CurateCo
         summary.clusters = len({r["cluster_id"] for r in rows["near_dup_clusters"]})
         summary.duplicates = sum(1 for r in rows["near_dup_clusters"] if r["cluster_size"] > 1)
         summary.groups = len({r["group_id"] for r in rows["task_groups"]})
+        summary.largest_group = max((r["group_size"] for r in rows["task_groups"]), default=0)
+        summary.weak_key_episodes = sum("weak_key_dropped" in r["flags"] for r in rows["task_groups"])
+        summary.held_out = sum(r["split"] == "held_out" for r in rows["splits"])
         for r in rows["splits"]:
             summary.splits[r["split"]] = summary.splits.get(r["split"], 0) + 1
         summary.leaks = len(rows["leak_flags"])
-        session.upsert_rows("runs", [run_row(run_id, "curate", started, params={"version": version},
+        sp = cfg.splits
+        requested = {"fractions": {"train": sp.train, "valid": sp.valid, "test": sp.test},
+                     "cutoff": sp.cutoff.isoformat() if sp.cutoff else None, "hold_out_leaks": sp.hold_out_leaks,
+                     "max_group_share": cfg.groups.max_group_share, "config_digest": cfg.digest}
+        session.upsert_rows("runs", [run_row(run_id, "curate", started, params={"version": version, "requested": requested},
                                              counts=summary.__dict__, code_version=f"{TRANSFORM}@{CURATE_VERSION}")])
     return summary
-
-
-def audit(wh: Warehouse) -> dict[str, Any]:
-    """Zero groups across splits, zero near-duplicate clusters across splits, time-flagged episodes."""
-    q = wh.query
-    return {
-        "episodes": q("SELECT count(*) FROM splits").column(0)[0].as_py(),
-        "splits": q("SELECT split, count(*) AS episodes, count(DISTINCT group_id) AS groups FROM splits "
-                    "GROUP BY 1 ORDER BY 1").to_pylist(),
-        "groups_across_splits": q("SELECT count(*) FROM (SELECT group_id FROM splits GROUP BY 1 "
-                                  "HAVING count(DISTINCT split) > 1)").column(0)[0].as_py(),
-        "clusters_across_splits": q("SELECT count(*) FROM (SELECT cluster_id FROM splits GROUP BY 1 "
-                                    "HAVING count(DISTINCT split) > 1)").column(0)[0].as_py(),
-        "not_eligible_no_times": q("SELECT count(*) FROM splits WHERE list_contains(flags, 'no_usable_times')").column(0)[0].as_py(),
-        "no_grouping_key": q("SELECT count(*) FROM task_groups WHERE list_contains(flags, 'no_grouping_key')").column(0)[0].as_py(),
-        "no_repository": q("SELECT count(*) FROM task_groups WHERE list_contains(flags, 'no_repository')").column(0)[0].as_py(),
-        "near_dup_members": q("SELECT count(*) FROM near_dup_clusters WHERE cluster_size > 1").column(0)[0].as_py(),
-        "time_flagged": q("""SELECT l.trajectory_key, l.step_index, l.kind, l.evidence, s.split
-                             FROM leak_flags l LEFT JOIN splits s USING (trajectory_key)
-                             ORDER BY l.trajectory_key, l.step_index""").to_pylist(),
-    }

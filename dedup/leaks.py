@@ -14,14 +14,17 @@ from dataclasses import dataclass
 
 from lineage.catalog import Warehouse
 
-RULE_VERSION = "1.0.0"
+RULE_VERSION = "1.1.0"  # 1.1: a local .patch/.diff file is not a fetched fix
 
 _COMMAND_RULES = [
     ("future_git_history", re.compile(r"\bgit\s+(?:--no-pager\s+)?log\b[^\n|;&]*(?:--all|--remotes|--branches|origin/|upstream/)")),
     ("future_git_history", re.compile(r"\bgit\s+reflog\b")),
     ("fetch_upstream", re.compile(r"\bgit\s+(?:fetch|pull)\b")),
     ("future_git_history", re.compile(r"\bgit\s+(?:show|checkout|diff|cherry-pick)\b[^\n|;&]*\b(?:origin|upstream)/")),
-    ("fix_diff", re.compile(r"https?://(?:www\.)?github\.com/[^\s/]+/[^\s/]+/(?:pull|commit|compare)/[^\s]*|\.(?:diff|patch)\b(?=[\s'\"]|$)")),
+    # the upstream fix fetched: a pull-request / commit / compare page, or a .diff/.patch URL;
+    # a local file (`git diff > model.patch`, `git apply fix.patch`) is the agent's own work
+    ("fix_diff", re.compile(r"https?://(?:www\.)?github\.com/[^\s/]+/[^\s/]+/(?:pull|commit|compare)/[^\s]*|"
+                            r"https?://\S+\.(?:diff|patch)\b")),
 ]
 _REMOTE_IN_OUTPUT = re.compile(r"\((?:HEAD -> [^)]*, )?(?:origin|upstream)/[\w./-]+\)")
 

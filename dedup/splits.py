@@ -1,12 +1,25 @@
-"""Leak-free, time-aware train / valid / test assignment of groups.
+"""Leak-free, time-aware train / valid / test assignment of groups, and the episodes held out.
 
-Time rule (with a cutoff date): evaluation splits hold only groups all of whose episodes have an
-issue created after the cutoff *and* were generated after it; every other group goes to train
-(train holds what predates the cutoff). Among eligible groups, a hash of the group id decides
-valid vs test by the configured fractions, so the assignment is deterministic and does not
-depend on input order. Episodes with no usable times are not eligible for evaluation (counted
-in the audit); a task whose issue predates the cutoff but whose fix merged after it is flagged
-``fix_after_cutoff``. Without the time rule, the group hash alone decides, by the fractions.
+Rules, in order (each episode's ``reason`` says which one decided; docs/dedup.md):
+
+1. Group level. With a cutoff, evaluation holds only groups all of whose episodes have an issue
+   created after the cutoff *and* were generated after it; a hash of the group id decides valid vs
+   test by the configured fractions (deterministic, input order never matters). Every other group
+   goes to train. Without a cutoff the group hash alone decides, by the fractions.
+2. Mixed groups. A train group that also holds tasks from after the cutoff (issue created after
+   it) keeps its pre-cutoff members in train; its post-cutoff members are **held out**: they are
+   the evaluation period's tasks and are trained on by no one.
+3. Leaks act. An episode whose agent saw the future (a leak flag) never enters an evaluation
+   split: it is held out (``SplitConfig.hold_out_leaks``).
+4. Repository state. No train episode may work on a repository state (base commit time, else
+   issue time) later than the fix of any evaluation task of the same repository (fix merge time,
+   else the issue time as the earliest the fix can be): such a state may already contain the
+   fix. Those train episodes are held out, with the evaluation task named in the reason.
+
+``held_out`` episodes are in no split a trainer or an evaluator reads; the audit counts them by
+reason. Episodes with no usable times are not eligible for evaluation (flag ``no_usable_times``);
+a task whose issue predates the cutoff but whose fix merged after it is flagged
+``fix_after_cutoff``.
 """
 
 from __future__ import annotations
@@ -17,7 +30,9 @@ from datetime import UTC, datetime
 
 from dedup.features import EpisodeFeatures
 
-SPLIT_VERSION = "1.0.0"
+SPLIT_VERSION = "2.0.0"  # 2.0: mixed groups, leak flags and repository state hold episodes out
+EVAL_SPLITS = ("valid", "test")
+HELD_OUT = "held_out"
 
 
 @dataclass(frozen=True)
@@ -27,6 +42,7 @@ class SplitConfig:
     test: float = 0.1
     cutoff: datetime | None = datetime(2025, 6, 1, tzinfo=UTC)
     salt: str = "trajwh-splits-v1"
+    hold_out_leaks: bool = True  # leak-flagged episodes never enter an evaluation split
 
     def validate(self) -> None:
         from schemas.errors import ConfigError
@@ -51,37 +67,94 @@ class SplitRow:
     flags: list[str]
 
 
-def assign_splits(features: list[EpisodeFeatures], group_of: dict[str, str], cfg: SplitConfig = SplitConfig()) -> list[SplitRow]:
+def state_time(f: EpisodeFeatures) -> datetime | None:
+    """When the repository state the agent worked on was made: base commit time, else issue time."""
+    return f.base_commit_at or f.issue_created_at
+
+
+def fix_time(f: EpisodeFeatures) -> datetime | None:
+    """When the task's fix entered the repository: merge time, else the issue time (the earliest
+    the fix can be, so an unknown merge time errs on the side of holding train episodes out)."""
+    return f.fix_merged_at or f.issue_created_at
+
+
+def _after_cutoff(f: EpisodeFeatures, cutoff: datetime) -> bool:
+    return f.issue_created_at is not None and f.issue_created_at > cutoff
+
+
+def _group_split(eps: list[EpisodeFeatures], gid: str, cfg: SplitConfig) -> tuple[str, str, bool]:
+    u = unit_hash(f"{cfg.salt}:{gid}")
+    if cfg.cutoff is None:
+        split = "train" if u < cfg.train else "valid" if u < cfg.train + cfg.valid else "test"
+        return split, f"hash {u:.4f} by fractions {cfg.train}/{cfg.valid}/{cfg.test}", True
+    eligible = all(f.issue_created_at and f.started_at and f.issue_created_at > cfg.cutoff
+                   and f.started_at > cfg.cutoff for f in eps)
+    if eligible and cfg.valid + cfg.test > 0:
+        share = cfg.valid / (cfg.valid + cfg.test)
+        return ("valid" if u < share else "test"), f"issue and generation after cutoff {cfg.cutoff.date()}; hash {u:.4f}", True
+    missing = any(f.issue_created_at is None or f.started_at is None for f in eps)
+    reason = ("no usable times: not eligible for evaluation" if missing else
+              f"issue or generation on/before cutoff {cfg.cutoff.date()}")
+    return "train", reason, eligible
+
+
+def assign_splits(features: list[EpisodeFeatures], group_of: dict[str, str], cfg: SplitConfig = SplitConfig(),
+                  *, repository_of: dict[str, str | None] | None = None,
+                  leaks: dict[str, list[str]] | None = None) -> list[SplitRow]:
+    """One row per episode. ``repository_of``: normalized repository per trajectory key (rule 4);
+    ``leaks``: leak evidence per trajectory key (rule 3)."""
     cfg.validate()
+    repository_of, leaks = repository_of or {}, leaks or {}
     members: dict[str, list[EpisodeFeatures]] = {}
     for f in features:
         members.setdefault(group_of[f.key], []).append(f)
-    out = []
+    rows: dict[str, SplitRow] = {}
+    feats = {f.key: f for f in features}
     for gid in sorted(members):
         eps = members[gid]
-        u = unit_hash(f"{cfg.salt}:{gid}")
-        flags_of = {f.key: [] for f in eps}
+        split, reason, eligible = _group_split(eps, gid, cfg)
+        mixed = (cfg.cutoff is not None and split == "train" and any(_after_cutoff(f, cfg.cutoff) for f in eps)
+                 and not all(_after_cutoff(f, cfg.cutoff) for f in eps))
         for f in eps:
+            flags = []
             if cfg.cutoff and f.issue_created_at and f.issue_created_at <= cfg.cutoff and f.fix_merged_at \
                     and f.fix_merged_at > cfg.cutoff:
-                flags_of[f.key].append("fix_after_cutoff")
+                flags.append("fix_after_cutoff")
             if cfg.cutoff and (f.issue_created_at is None or f.started_at is None):
-                flags_of[f.key].append("no_usable_times")
-        if cfg.cutoff is None:
-            split = "train" if u < cfg.train else "valid" if u < cfg.train + cfg.valid else "test"
-            reason, eligible = f"hash {u:.4f} by fractions {cfg.train}/{cfg.valid}/{cfg.test}", True
-        else:
-            eligible = all(f.issue_created_at and f.started_at and f.issue_created_at > cfg.cutoff
-                           and f.started_at > cfg.cutoff for f in eps)
-            if eligible:
-                share = cfg.valid / (cfg.valid + cfg.test) if cfg.valid + cfg.test else 0.5
-                split = "valid" if u < share else "test"
-                reason = f"issue and generation after cutoff {cfg.cutoff.date()}; hash {u:.4f}"
-            else:
-                missing = any(f.issue_created_at is None or f.started_at is None for f in eps)
-                split = "train"
-                reason = ("no usable times: not eligible for evaluation" if missing else
-                          f"issue or generation on/before cutoff {cfg.cutoff.date()}")
-        for f in eps:
-            out.append(SplitRow(f.key, gid, split, reason, eligible, flags_of[f.key]))
-    return out
+                flags.append("no_usable_times")
+            row = SplitRow(f.key, gid, split, reason, eligible, flags)
+            if mixed and _after_cutoff(f, cfg.cutoff):
+                row.split, row.reason = HELD_OUT, (f"held out: post-cutoff task in a group that also holds tasks from "
+                                                   f"on/before cutoff {cfg.cutoff.date()} (mixed group)")
+                row.flags.append("mixed_group_post_cutoff")
+            elif split in EVAL_SPLITS and cfg.hold_out_leaks and leaks.get(f.key):
+                row.split, row.reason = HELD_OUT, f"held out of {split}: leak flag {', '.join(sorted(leaks[f.key]))}"
+                row.flags.append("leak_held_out")
+            rows[f.key] = row
+    _hold_out_future_states(rows, feats, repository_of)
+    return [rows[k] for k in sorted(rows, key=lambda k: (rows[k].group_id, k))]
+
+
+def _hold_out_future_states(rows: dict[str, SplitRow], feats: dict[str, EpisodeFeatures],
+                            repository_of: dict[str, str | None]) -> None:
+    """Rule 4: a train episode whose repository state is later than the earliest fix of an
+    evaluation task of the same repository is held out."""
+    earliest: dict[str, tuple[datetime, str]] = {}
+    for key, row in rows.items():
+        repo, f = repository_of.get(key), feats[key]
+        t = fix_time(f)
+        if row.split in EVAL_SPLITS and repo and t is not None:
+            task = f.instance_id or f.task_id or key
+            if repo not in earliest or (t, task) < earliest[repo]:
+                earliest[repo] = (t, task)
+    for key, row in rows.items():
+        repo = repository_of.get(key)
+        if row.split != "train" or repo not in earliest:
+            continue
+        t = state_time(feats[key])
+        fixed_at, task = earliest[repo]
+        if t is not None and t > fixed_at:
+            row.split = HELD_OUT
+            row.reason = (f"held out of train: repository state {t.date()} is later than the fix of evaluation task "
+                          f"{task} ({fixed_at.date()}) of {repo}")
+            row.flags.append("state_after_eval_fix")

@@ -74,7 +74,7 @@ def to_native(e: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
     return _drop_none({
         "format": NATIVE_FORMAT, "format_version": NATIVE_FORMAT_VERSION, "episode_id": e["source_episode_id"],
         "task": _drop_none({"task_id": e["task_id"], "text": e["task_text"], "repository": e["repository"],
-                            "base_commit": e["base_commit"], "instance_id": e["instance_id"],
+                            "base_commit": e["base_commit"], "base_commit_at": e.get("base_commit_at"), "instance_id": e["instance_id"],
                             "issue_created_at": e["issue_created_at"], "fix_merged_at": e["fix_merged_at"],
                             "initial_state_digest": e["initial_state_digest"]}),
         "environment": _drop_none({"image_digest": e["env_image_digest"], "tool_schema_digest": e["tool_schema_digest"]}),

@@ -31,6 +31,7 @@ from lineage.storage import WrittenFile
 from schemas import ids
 from schemas.arrow import arrow_schema
 from schemas.errors import ConfigError, InputFormatError
+from schemas.repository import normalize_repository
 from schemas.tables import SCHEMA_VERSION, EpisodeRow, LineageEdgeRow, QuarantineRow, StepRow
 
 NORMALIZE_VERSION = "1.0.0"
@@ -157,7 +158,11 @@ class _BatchNormalizer:
              key: str, used: list[str], missing: list[str]) -> None:
         lineage = {"_record_id": rec["record_id"], "_batch_id": self.batch_id, "_run_id": self.run_id,
                    "_transform": f"adapter:{adapter}", "_transform_version": version}
-        episode = {**pe.episode, "trajectory_key": key, "key_fields": used, "key_fields_missing": missing,
+        written = pe.episode.get("repository")
+        repository = normalize_repository(written, pe.episode.get("instance_id"))
+        if written and repository != written:
+            pe.episode["metadata"] = _with_meta(pe.episode.get("metadata"), {"repository_as_written": written})
+        episode = {**pe.episode, "repository": repository, "trajectory_key": key, "key_fields": used, "key_fields_missing": missing,
                    "source": rec["source"], "license": rec["license"], "format": rec["format"],
                    "n_steps": len(pe.steps), "_record_index": index, "_schema_version": SCHEMA_VERSION, **lineage}
         self.episodes.append(episode)
@@ -192,6 +197,11 @@ class _BatchNormalizer:
             self.files.append(write("quarantine", pa.Table.from_pylist(self.quarantine, schema=arrow_schema(QuarantineRow))))
             self.quarantine = []
         self.episodes, self.steps, self.edges = [], [], []
+
+
+def _with_meta(metadata: str | dict | None, extra: dict[str, Any]) -> str:
+    current = orjson.loads(metadata) if isinstance(metadata, str) and metadata else metadata or {}
+    return orjson.dumps({**(current if isinstance(current, dict) else {"metadata": current}), **extra}).decode()
 
 
 def _edge(child: str, child_table: str, parent: str, parent_table: str, lineage: dict[str, str]) -> dict[str, str]:

@@ -316,8 +316,9 @@ class WriteSession:
             con.close()
 
 
-#: metadata tables whose rows are replaced by key rather than appended
-_ROW_KEYS = {"runs": "run_id", "batches": "batch_id"}
+#: metadata tables whose rows are replaced by key rather than appended (one Dagster run writes a
+#: row per job, so a run row's key is the run id and the job)
+_ROW_KEYS = {"runs": ("run_id", "job"), "batches": ("batch_id",)}
 
 
 def _replace_rows(con: duckdb.DuckDBPyConnection, table: str, rows: list[dict[str, Any]]) -> None:
@@ -325,7 +326,8 @@ def _replace_rows(con: duckdb.DuckDBPyConnection, table: str, rows: list[dict[st
     con.register("_rows", pa.Table.from_pylist(rows, schema=schema))
     key = _ROW_KEYS.get(table)
     if key:
-        con.execute(f"DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM _rows)")
+        match = " AND ".join(f"{table}.{k} = _rows.{k}" for k in key)
+        con.execute(f"DELETE FROM {table} USING _rows WHERE {match}")
     con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _rows")
     con.unregister("_rows")
 

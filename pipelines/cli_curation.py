@@ -6,6 +6,7 @@ import json
 import sys
 
 import click
+from rich.markup import escape
 
 from lineage.catalog import Warehouse
 from pipelines import render
@@ -19,8 +20,9 @@ from pipelines.cli import handle_errors, main, warehouse_option
 @warehouse_option
 @handle_errors
 def audit(as_json: bool, warehouse: str | None) -> None:
-    """Split audit: groups and near-duplicate clusters across splits (must be 0), time-flagged episodes."""
-    from dedup.layer import audit as run_audit
+    """Split audit: what must be 0 (groups / clusters across splits, train states after an evaluation
+    fix, leak-flagged evaluation episodes), held-out episodes, requested vs realized shares."""
+    from dedup.audit import audit as run_audit
 
     wh = Warehouse(warehouse)
     wh.require()
@@ -29,15 +31,23 @@ def audit(as_json: bool, warehouse: str | None) -> None:
         click.echo(json.dumps(a, default=str, indent=2))
     else:
         c = render.console
-        c.print(render.dict_table(a["splits"], f"splits ({a['episodes']} episodes)"))
-        ok = a["groups_across_splits"] == 0 and a["clusters_across_splits"] == 0
+        c.print(render.dict_table(a["splits"], f"splits ({a['episodes']} episodes; requested vs realized "
+                                                  "shares of the episodes not held out)"))
+        ok = a["violations"] == 0
         c.print(f"groups across splits: {a['groups_across_splits']}   near-duplicate clusters across splits: "
-                f"{a['clusters_across_splits']}   {'[green]OK[/]' if ok else '[red]LEAK[/]'}")
-        c.print(f"episodes in near-duplicate clusters: {a['near_dup_members']}; not eligible for evaluation (no usable "
-                f"times): {a['not_eligible_no_times']}; no repository: {a['no_repository']}; no grouping key: "
-                f"{a['no_grouping_key']}")
+                f"{a['clusters_across_splits']}   train states after an evaluation fix (pairs): "
+                f"{a['train_after_eval_fix_pairs']}   leak-flagged in evaluation: {a['leak_flagged_in_eval']}   "
+                f"{'[green]OK[/]' if ok else '[red]LEAK[/]'}")
+        c.print(f"groups: {a['groups']} (largest holds {a['largest_group_share']:.1%}); episodes that lost a weak "
+                f"grouping key: {a['weak_key_dropped']}; held out: {a['held_out']}; in near-duplicate clusters: "
+                f"{a['near_dup_members']}; not eligible for evaluation (no usable times): {a['not_eligible_no_times']}; "
+                f"no repository: {a['no_repository']}; no grouping key: {a['no_grouping_key']}")
+        for note in a["notes"]:
+            c.print(f"  - {escape(note)}")
+        for warning in a["warnings"]:
+            c.print(f"[bold red]WARNING[/]: {escape(warning)}")
         c.print(render.dict_table(a["time_flagged"][:40], f"time-flagged ({len(a['time_flagged'])} flags, first 40)"))
-    if a["groups_across_splits"] or a["clusters_across_splits"]:
+    if a["violations"]:
         sys.exit(1)
 
 

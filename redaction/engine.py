@@ -30,7 +30,7 @@ import orjson
 from redaction.detectors import ALL_SHAPES, PLACEHOLDER_RE
 from redaction.pii import PRESIDIO_ENTITY, keep_ip, person_analyzer, pii_recognizers
 
-POLICY_VERSION = "1.0.0"
+POLICY_VERSION = "1.1.0"  # 1.1: a normalized repository remote is kept (grouping identity)
 SCOPE_KINDS = {"episode": "ep", "repository": "repo", "dataset": "ds"}
 
 _SHORT = 1024

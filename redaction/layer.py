@@ -24,6 +24,7 @@ from redaction.vault import Vault, load_key
 from schemas import ids
 from schemas.arrow import arrow_schema
 from schemas.errors import ConfigError
+from schemas.repository import is_normalized_remote
 from schemas.tables import EpisodeRow, LineageEdgeRow, RedactionEventRow, StepRow
 
 TRANSFORM = "redact"
@@ -74,7 +75,11 @@ class EpisodeRedactor:
     def redact(self, episode: dict[str, Any], steps: list[dict[str, Any]]) -> tuple[dict, list[dict], list[dict]]:
         sid, scope = self.scope_for(episode)
         r = self.redactor
-        for name in _EPISODE_TEXT + _EPISODE_JSON:  # pass 1: learn every value of the episode
+        # a normalized remote (host/org/repo) is the grouping identity, not personal data: an ssh
+        # remote must not become a per-episode e-mail placeholder (schemas/repository.py)
+        episode_text = tuple(n for n in _EPISODE_TEXT
+                             if n != "repository" or not is_normalized_remote(episode.get("repository")))
+        for name in episode_text + _EPISODE_JSON:  # pass 1: learn every value of the episode
             r.learn(episode.get(name), scope)
         for s in steps:
             for name in _STEP_TEXT + _STEP_JSON:
@@ -84,7 +89,7 @@ class EpisodeRedactor:
         events: list[dict] = []
         red_ep = dict(episode)
         ev: list[Replacement] = []
-        for name in _EPISODE_TEXT:
+        for name in episode_text:
             red_ep[name] = r.text(episode.get(name), scope, name, ev)
         for name in _EPISODE_JSON:
             red_ep[name] = r.json_text(episode.get(name), scope, name, ev)

@@ -49,6 +49,8 @@ class NativeTask(_Strict):
     text: str | None = Field(None, description="The task statement the agent was given.")
     repository: str | None = Field(None, description="Upstream repository, e.g. github.com/org/repo.")
     base_commit: str | None = None
+    base_commit_at: datetime | None = Field(
+        None, description="Commit time of base_commit: the repository state the agent worked on.")
     instance_id: str | None = None
     issue_created_at: datetime | None = None
     fix_merged_at: datetime | None = None

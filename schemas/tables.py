@@ -12,7 +12,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = "1.1.0"  # 1.1: canonical actions on steps and tool calls
+SCHEMA_VERSION = "1.2.0"  # 1.1: canonical actions on steps and tool calls; 1.2: base_commit_at, normalized repository
 
 
 class _JsonMarker:
@@ -150,6 +150,7 @@ class EpisodeRow(_Row):
     task_text: str | None = None
     repository: str | None = None
     base_commit: str | None = None
+    base_commit_at: datetime | None = None
     instance_id: str | None = None
     issue_created_at: datetime | None = None
     fix_merged_at: datetime | None = None

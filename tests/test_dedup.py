@@ -15,10 +15,11 @@ from conftest import trajwh_cmd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dedup.audit import audit
 from dedup.components import components_sql, components_uf
 from dedup.features import EpisodeFeatures, load_features
 from dedup.groups import GroupConfig, assign_groups, normalize_repository, patch_symbols
-from dedup.layer import CurateConfig, audit, curate, curate_warehouse
+from dedup.layer import CurateConfig, curate, curate_warehouse
 from dedup.leaks import find_leaks
 from dedup.minhash import MinHashParams, optimal_bands, shingle_hash32, signatures
 from dedup.splits import SplitConfig, assign_splits

@@ -128,6 +128,7 @@ class NativeAdapter(Adapter):
             "task_text": task.text,
             "repository": task.repository,
             "base_commit": task.base_commit,
+            "base_commit_at": task.base_commit_at,
             "instance_id": task.instance_id,
             "issue_created_at": task.issue_created_at,
             "fix_merged_at": task.fix_merged_at,
