@@ -2,8 +2,12 @@
 
 Global, like curation: the three tables are rebuilt together and swapped in one commit; a run
 with unchanged inputs and rules is skipped. Each fragment carries its span, kind, reward,
-evidence source and confidence, selection reason, the dedup weight and split of its episode, and
-its step ids (lineage to ``redacted_steps``).
+evidence source and confidence, selection reason, the dedup weight, split and leak status of its
+episode, and its step ids (lineage to ``redacted_steps``).
+
+Which episodes give training fragments (ARCHITECTURE.md section 1): only ``train`` ones (or
+episodes not curated yet); evaluation splits and held-out episodes never do; leak-flagged
+episodes (an agent that saw the future) do not either, unless ``StatsConfig.leak_fragments``.
 """
 
 from __future__ import annotations
@@ -30,11 +34,17 @@ class FragmentSummary:
     causes: dict[str, int] = field(default_factory=dict)
     tasks: int = 0
     fragments: dict[str, int] = field(default_factory=dict)
+    withheld: dict[str, int] = field(default_factory=dict)  # episodes giving no fragments, by why
 
 
 def version(cfg: StatsConfig) -> str:
     return (f"{TRANSFORM}@outcomes={OUTCOME_RULES_VERSION};select={RULES_VERSION};"
-            f"prior={cfg.prior_alpha:g},{cfg.prior_beta:g};level={cfg.level}")
+            f"prior={cfg.prior_alpha:g},{cfg.prior_beta:g};level={cfg.level};recency={cfg.recency_half_life_days:g};"
+            f"pooled={cfg.pooled};refs={','.join(cfg.reference_policies)};leak_fragments={cfg.leak_fragments}")
+
+
+def gives_fragments(split: str | None, leak_kinds: list[str], cfg: StatsConfig) -> bool:
+    return split in (None, "train") and (cfg.leak_fragments or not leak_kinds)
 
 
 def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = None, full: bool = False,
@@ -43,17 +53,22 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
     summary = FragmentSummary(run_id)
     started = now_utc()
     with wh.write_session("fragments", timeout=lock_timeout) as session:
-        inputs = inputs_fingerprint(wh, ["redacted_episodes", "redacted_steps", "near_dup_clusters", "splits"])
+        inputs = inputs_fingerprint(wh, ["redacted_episodes", "redacted_steps", "near_dup_clusters", "splits",
+                                         "leak_flags"])
         v = f"{version(cfg)};inputs={inputs}"
         if not full and is_current(wh, "fragments", v):
             summary.skipped = True
             return summary
         lineage = {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": v}
-        eps = wh.query("""SELECT e.*, c.weight AS dedup_weight, s.split FROM redacted_episodes e
+        eps = wh.query("""SELECT e.*, c.weight AS dedup_weight, s.split,
+                                 coalesce((SELECT list(DISTINCT l.kind ORDER BY l.kind) FROM leak_flags l
+                                           WHERE l.trajectory_key = e.trajectory_key AND l.kind <> 'fix_after_cutoff'),
+                                          []) AS leak_kinds
+                          FROM redacted_episodes e
                           LEFT JOIN near_dup_clusters c USING (trajectory_key) LEFT JOIN splits s USING (trajectory_key)
                           ORDER BY e.trajectory_key""").to_pylist()
         steps_of: dict[str, list[dict]] = {}
-        for s in wh.query("""SELECT trajectory_key, step_id, step_index, author, role, text, observation, action_kind,
+        for s in wh.query("""SELECT trajectory_key, step_id, step_index, author, role, text, observation, exit_code, action_kind,
                                     test_results FROM redacted_steps ORDER BY trajectory_key, step_index""").to_pylist():
             steps_of.setdefault(s["trajectory_key"], []).append(s)
         rows: dict[str, list[dict]] = {t: [] for t in TABLES}
@@ -67,8 +82,13 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
                                      "evidence": o.evidence, "rules_version": OUTCOME_RULES_VERSION, **lineage})
             summary.causes[o.cause] = summary.causes.get(o.cause, 0) + 1
             stat_rows.append({"task_id": e["task_id"] or e["instance_id"] or f"episode:{e['trajectory_key']}",
-                              "cause": o.cause, "policy_name": e["policy_name"]})
+                              "cause": o.cause, "policy_name": e["policy_name"], "harness_name": e["harness_name"],
+                              "started_at": e["started_at"]})
             step_id = {s["step_index"]: s["step_id"] for s in steps}
+            if not gives_fragments(e["split"], e["leak_kinds"], cfg):
+                why = "leak_flagged" if e["split"] == "train" else e["split"]
+                summary.withheld[why] = summary.withheld.get(why, 0) + 1
+                continue
             for f in select_fragments(e, steps, o.cause, o.quarantined):
                 rows["fragments"].append({
                     "fragment_id": f.fragment_id, "trajectory_key": f.trajectory_key, "kind": f.kind,
@@ -76,7 +96,8 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
                     "step_ids": [step_id[i] for i in range(f.context_start, f.end + 1) if i in step_id],
                     "reward": f.reward, "evidence_source": f.evidence_source, "confidence": f.confidence,
                     "selection_reason": f.reason, "tests_before": list(f.tests_before), "tests_after": list(f.tests_after),
-                    "dedup_weight": e["dedup_weight"], "split": e["split"], "rules_version": RULES_VERSION, **lineage})
+                    "dedup_weight": e["dedup_weight"], "split": e["split"], "leak_kinds": e["leak_kinds"],
+                    "rules_version": RULES_VERSION, **lineage})
                 summary.fragments[f.kind] = summary.fragments.get(f.kind, 0) + 1
         rows["task_stats"] = [{**r, **lineage} for r in task_statistics(stat_rows, cfg)]
         replace_tables(session, rows, _MODELS, run_id=run_id, version=v)

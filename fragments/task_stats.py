@@ -1,31 +1,41 @@
-"""Per-task statistics: posterior success rate, unbiased pass@k and pass^k, all-fail diagnosis,
-effective rate per source / harness / policy, and the policy x harness interaction.
+"""Per-task statistics, per (task, policy) and per (task, policy, harness): posterior success
+rate, unbiased pass@k and pass^k, and the all-fail diagnosis. Effective rates and harness
+comparisons are in ``fragments.rates``.
 
-- Attempts exclude infrastructure failures (they say nothing about the policy).
+- Populations: one row per (task, policy) (``level = task_policy``) and per (task, policy,
+  harness) (``task_policy_harness``); the pooled row over every policy (``task``) only when
+  asked (``StatsConfig.pooled``): pooling policies mixes populations whose rates differ.
+- Attempts exclude infrastructure failures (they say nothing about the policy) and ``unknown``
+  outcomes (no verdict is not a failure).
 - Posterior: Beta(alpha + successes, beta + failures), prior Beta(1, 1) by default; mean and a
-  90 % equal-tailed interval.
+  90 % equal-tailed interval. With a recency half-life, each attempt weighs
+  ``0.5 ** (age / half_life)`` (age from the cell's newest attempt), so the posterior follows a
+  policy that changes (yesterday's 50 % task may be easy today); pass@k stays on raw counts.
 - pass@k = 1 - C(n - c, k) / C(n, k) (the unbiased estimator of Chen et al. 2021, "Evaluating
   Large Language Models Trained on Code"); pass^k = C(c, k) / C(n, k) (all k of k succeed, as in
   tau-bench); undefined (None) when n < k.
-- All-fail tasks: ``likely_broken`` when infrastructure failures dominate the task's episodes or a
-  reference / teacher policy also fails, else ``too_hard``.
-- Effective rate eta = (N - environment errors - rebuild failures - verifier errors) / N per group;
-  harnesses do not report rebuild failures apart from environment errors here, so they are
-  counted inside environment errors.
-- Interaction Delta = (S1B - S0B) - (S1A - S0A) for policies 0, 1 and harnesses A, B, on the tasks
-  all four combinations attempted (paired by task).
+- All-fail diagnosis per (task, policy), with its evidence: ``likely_broken`` only with evidence
+  against the task (a reference-solution policy also fails it, or every policy's episodes of the
+  task fail and most of them with infrastructure causes); ``usable_hard`` when another policy
+  solves the task this policy always fails (a stronger policy shows it is solvable);
+  ``too_hard`` otherwise; ``no_attempts`` when nothing countable remains. A teacher's failed
+  rollout is not a reference solution: only policies named in ``reference_policies`` are.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import datetime
 from math import comb
 from typing import Any
 
 from scipy.stats import beta as beta_dist
 
+from fragments.outcomes import INFRASTRUCTURE
+
 KS = (1, 3, 5)
+NOT_AN_ATTEMPT = INFRASTRUCTURE | {"unknown"}
 
 
 @dataclass(frozen=True)
@@ -33,7 +43,11 @@ class StatsConfig:
     prior_alpha: float = 1.0
     prior_beta: float = 1.0
     level: float = 0.9
-    reference_policies: tuple[str, ...] = ("teacher", "reference", "oracle")
+    reference_policies: tuple[str, ...] = ("reference", "oracle", "gold")
+    recency_half_life_days: float = 0.0  # 0: every attempt weighs 1
+    pooled: bool = False  # also one row per task over every policy
+    leak_fragments: bool = False  # leak-flagged episodes give training fragments
+    config_digest: str | None = None
 
 
 def pass_at_k(n: int, c: int, k: int) -> float | None:
@@ -50,84 +64,85 @@ def pass_hat_k(n: int, c: int, k: int) -> float | None:
     return comb(c, k) / comb(n, k)
 
 
+def is_reference(policy: str | None, cfg: StatsConfig) -> bool:
+    return any(r in (policy or "").lower() for r in cfg.reference_policies)
+
+
+def _weights(eps: list[dict[str, Any]], half_life: float) -> list[float]:
+    if half_life <= 0:
+        return [1.0] * len(eps)
+    times = [e.get("started_at") for e in eps]
+    newest = max((t for t in times if isinstance(t, datetime)), default=None)
+    if newest is None:
+        return [1.0] * len(eps)
+    return [0.5 ** (((newest - t).total_seconds() / 86400) / half_life) if isinstance(t, datetime) else 1.0
+            for t in times]
+
+
+def _cell(eps: list[dict[str, Any]], cfg: StatsConfig) -> dict[str, Any]:
+    counted = [e for e in eps if e["cause"] not in NOT_AN_ATTEMPT]
+    n = len(counted)
+    c = sum(e["cause"] == "resolved" for e in counted)
+    w = _weights(counted, cfg.recency_half_life_days)
+    wn, wc = sum(w), sum(wi for wi, e in zip(w, counted, strict=True) if e["cause"] == "resolved")
+    a, b = cfg.prior_alpha + wc, cfg.prior_beta + wn - wc
+    row: dict[str, Any] = {
+        "episodes": len(eps), "attempts": n, "successes": c,
+        "infrastructure_failures": sum(e["cause"] in INFRASTRUCTURE for e in eps),
+        "unknown_outcomes": sum(e["cause"] == "unknown" for e in eps),
+        "weighted_attempts": wn, "weighted_successes": wc,
+        "posterior_mean": a / (a + b), "posterior_low": float(beta_dist.ppf((1 - cfg.level) / 2, a, b)),
+        "posterior_high": float(beta_dist.ppf(1 - (1 - cfg.level) / 2, a, b)),
+        "prior": f"Beta({cfg.prior_alpha:g},{cfg.prior_beta:g})", "recency_half_life_days": cfg.recency_half_life_days,
+    }
+    for k in KS:
+        row[f"pass_at_{k}"] = pass_at_k(n, c, k)
+        row[f"pass_hat_{k}"] = pass_hat_k(n, c, k)
+    return row
+
+
+def diagnose_all_fail(task_eps: list[dict[str, Any]], policy: str | None, cell: dict[str, Any],
+                      cfg: StatsConfig) -> tuple[str | None, str | None]:
+    """(diagnosis, evidence) for one (task, policy) cell whose counted attempts never succeed."""
+    if cell["successes"]:
+        return None, None
+    others = [e for e in task_eps if e.get("policy_name") != policy]
+    if any(e["cause"] == "resolved" for e in others):
+        solver = sorted({e.get("policy_name") or "(none)" for e in others if e["cause"] == "resolved"})
+        return "usable_hard", f"solved by {', '.join(solver)}"
+    refs = [e for e in task_eps if is_reference(e.get("policy_name"), cfg) and e["cause"] not in NOT_AN_ATTEMPT]
+    if refs:
+        return "likely_broken", f"reference solution fails ({len(refs)} attempt(s) by {refs[0].get('policy_name')})"
+    infra = sum(e["cause"] in INFRASTRUCTURE for e in task_eps)
+    policies = {e.get("policy_name") for e in task_eps}
+    if task_eps and infra * 2 > len(task_eps) and not any(e["cause"] == "resolved" for e in task_eps):
+        return "likely_broken", f"every policy ({len(policies)}) fails; {infra} of {len(task_eps)} episodes with infrastructure causes"
+    if not cell["attempts"]:
+        return "no_attempts", "no countable attempt (only infrastructure or unknown outcomes)"
+    return "too_hard", f"{cell['attempts']} attempt(s), none solved, by any policy"
+
+
 def task_statistics(rows: list[dict[str, Any]], cfg: StatsConfig = StatsConfig()) -> list[dict[str, Any]]:
-    """``rows``: one per episode with task_id, cause, policy_name. One row per task out."""
+    """``rows``: one per episode with task_id, cause, policy_name, harness_name (started_at for
+    recency). Rows out per (task, policy), per (task, policy, harness), and pooled if asked."""
     by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         by_task[r["task_id"]].append(r)
     out = []
     for task in sorted(by_task):
         eps = by_task[task]
-        counted = [e for e in eps if e["cause"] not in ("harness_crash", "environment_failure", "verifier_unavailable")]
-        n = len(counted)
-        c = sum(e["cause"] == "resolved" for e in counted)
-        a, b = cfg.prior_alpha + c, cfg.prior_beta + n - c
-        infra = len(eps) - n
-        row: dict[str, Any] = {
-            "task_id": task, "episodes": len(eps), "attempts": n, "successes": c, "infrastructure_failures": infra,
-            "posterior_mean": a / (a + b), "posterior_low": float(beta_dist.ppf((1 - cfg.level) / 2, a, b)),
-            "posterior_high": float(beta_dist.ppf(1 - (1 - cfg.level) / 2, a, b)),
-            "prior": f"Beta({cfg.prior_alpha:g},{cfg.prior_beta:g})",
-        }
-        for k in KS:
-            row[f"pass_at_{k}"] = pass_at_k(n, c, k)
-            row[f"pass_hat_{k}"] = pass_hat_k(n, c, k)
-        if c == 0:
-            reference_failed = any(any(r in (e.get("policy_name") or "").lower() for r in cfg.reference_policies)
-                                   for e in counted)
-            row["all_fail"] = "likely_broken" if infra > n or reference_failed or n == 0 else "too_hard"
-        else:
-            row["all_fail"] = None
-        out.append(row)
+        cells: dict[tuple[str | None, str | None], list[dict[str, Any]]] = defaultdict(list)
+        for e in eps:
+            cells[(e.get("policy_name"), None)].append(e)
+            cells[(e.get("policy_name"), e.get("harness_name") or "(none)")].append(e)
+        if cfg.pooled:
+            cells[("(all)", "(all)")] = eps
+        for (policy, harness), members in sorted(cells.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
+            cell = _cell(members, cfg)
+            pooled = policy == "(all)"
+            diagnosis, evidence = (None, None) if pooled else diagnose_all_fail(eps, policy, cell, cfg)
+            out.append({"task_id": task, "level": "task" if pooled else "task_policy" if harness is None
+                        else "task_policy_harness", "policy_name": None if pooled else policy,
+                        "harness_name": None if pooled else harness, **cell, "all_fail": diagnosis,
+                        "all_fail_evidence": evidence})
     return out
-
-
-def effective_rates(rows: list[dict[str, Any]], by: str) -> list[dict[str, Any]]:
-    """eta per value of ``by`` (source, harness_name or policy_name)."""
-    groups: dict[str, list[str]] = defaultdict(list)
-    for r in rows:
-        groups[r.get(by) or "(none)"].append(r["cause"])
-    out = []
-    for key in sorted(groups):
-        causes = groups[key]
-        n = len(causes)
-        env = causes.count("environment_failure")
-        ver = causes.count("verifier_unavailable")
-        out.append({by: key, "episodes": n, "environment_errors": env, "rebuild_failures": 0, "verifier_errors": ver,
-                    "eta": (n - env - ver) / n if n else None})
-    return out
-
-
-def policy_harness_matrix(rows: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
-    """Success rate per (policy, harness) over non-infrastructure attempts."""
-    acc: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-    for r in rows:
-        if r["cause"] in ("harness_crash", "environment_failure", "verifier_unavailable"):
-            continue
-        cell = acc[(r.get("policy_name") or "(none)", r.get("harness_name") or "(none)")]
-        cell[0] += r["cause"] == "resolved"
-        cell[1] += 1
-    return {k: s / n for k, (s, n) in sorted(acc.items()) if n}
-
-
-def interaction(rows: list[dict[str, Any]], p0: str, p1: str, h_a: str, h_b: str) -> dict[str, Any]:
-    """Delta = (S1B - S0B) - (S1A - S0A) on tasks attempted under all four (policy, harness) cells."""
-    cells = [(p0, h_a), (p1, h_a), (p0, h_b), (p1, h_b)]
-    per: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0])
-    for r in rows:
-        if r["cause"] in ("harness_crash", "environment_failure", "verifier_unavailable"):
-            continue
-        key = (r.get("policy_name"), r.get("harness_name"))
-        if key in cells:
-            acc = per[(r["task_id"], *key)]
-            acc[0] += r["cause"] == "resolved"
-            acc[1] += 1
-    tasks = sorted({t for t, *_ in per if all((t, *c) in per for c in cells)})
-    if not tasks:
-        return {"tasks": 0, "delta": None}
-
-    def rate(policy: str, harness: str) -> float:  # mean over tasks of the per-task rate (paired)
-        return sum(per[(t, policy, harness)][0] / per[(t, policy, harness)][1] for t in tasks) / len(tasks)
-
-    s = {f"S{i}{h}": rate(p, hh) for i, p in ((0, p0), (1, p1)) for h, hh in (("A", h_a), ("B", h_b))}
-    return {"tasks": len(tasks), **s, "delta": (s["S1B"] - s["S0B"]) - (s["S1A"] - s["S0A"])}

@@ -2,18 +2,13 @@
 
 # no `from __future__ import annotations`: Dagster reads these annotations at runtime
 
-from datetime import UTC, datetime
-
 import dagster as dg
 
-from dedup.groups import GroupConfig
 from dedup.layer import CurateConfig, curate_warehouse
-from dedup.minhash import MinHashParams
-from dedup.splits import SplitConfig
 from fragments.layer import build_fragments
-from fragments.task_stats import StatsConfig
 from ingest.normalize import normalize_warehouse
 from ingest.raw_store import IngestOptions, ingest_paths
+from pipelines import settings as settings_mod
 from pipelines.render import count_progress
 from pipelines.resources import WarehouseResource
 from redaction.layer import redact_warehouse
@@ -104,20 +99,19 @@ def redacted(context: dg.AssetExecutionContext, config: RedactConfig, warehouse:
 
 
 class CurateAssetConfig(dg.Config):
+    """Overrides of trajwh.toml's [splits] / [near_dup] for one run; unset keeps the file's value."""
+
     full: bool = False
-    cutoff: str | None = "2025-06-01"  # ISO date; None/"" turns the time rule off
-    train: float = 0.8
-    valid: float = 0.1
-    test: float = 0.1
-    threshold: float = 0.8  # Jaccard threshold for near duplicates
-    whole_repository: bool = False
+    cutoff: str | None = None  # ISO date, or "none" to turn the time rule off
+    fractions: str | None = None  # "train,valid,test", e.g. "0.8,0.1,0.1"
+    threshold: float | None = None  # Jaccard threshold for near duplicates
+    whole_repository: bool | None = None
 
 
-def curate_config(config: CurateAssetConfig) -> CurateConfig:
-    cutoff = datetime.fromisoformat(config.cutoff).replace(tzinfo=UTC) if config.cutoff else None
-    return CurateConfig(minhash=MinHashParams(threshold=config.threshold),
-                        groups=GroupConfig(whole_repository=config.whole_repository),
-                        splits=SplitConfig(train=config.train, valid=config.valid, test=config.test, cutoff=cutoff))
+def curate_config(config: CurateAssetConfig, warehouse: WarehouseResource) -> CurateConfig:
+    return settings_mod.curate_config(settings_mod.with_overrides(
+        warehouse.settings(), cutoff=config.cutoff, fractions=config.fractions,
+        whole_repository=config.whole_repository, threshold=config.threshold))
 
 
 @dg.multi_asset(
@@ -134,7 +128,7 @@ def curate_config(config: CurateAssetConfig) -> CurateConfig:
     can_subset=False,
 )
 def curated(context: dg.AssetExecutionContext, config: CurateAssetConfig, warehouse: WarehouseResource):
-    s = curate_warehouse(warehouse.get(), run_id=context.run_id, cfg=curate_config(config), full=config.full,
+    s = curate_warehouse(warehouse.get(), run_id=context.run_id, cfg=curate_config(config, warehouse), full=config.full,
                          lock_timeout=warehouse.lock_timeout, progress=context.log.info)
     common = {"skipped_unchanged": s.skipped, "episodes": s.episodes}
     yield dg.MaterializeResult(asset_key="near_dup_clusters", metadata={**common, "clusters": s.clusters,
@@ -146,8 +140,6 @@ def curated(context: dg.AssetExecutionContext, config: CurateAssetConfig, wareho
 
 class FragmentsConfig(dg.Config):
     full: bool = False
-    prior_alpha: float = 1.0
-    prior_beta: float = 1.0
 
 
 @dg.multi_asset(
@@ -163,7 +155,7 @@ class FragmentsConfig(dg.Config):
 )
 def fragment_layer(context: dg.AssetExecutionContext, config: FragmentsConfig, warehouse: WarehouseResource):
     s = build_fragments(warehouse.get(), run_id=context.run_id, full=config.full,
-                        cfg=StatsConfig(prior_alpha=config.prior_alpha, prior_beta=config.prior_beta),
+                        cfg=settings_mod.stats_config(warehouse.settings()),
                         lock_timeout=warehouse.lock_timeout)
     common = {"skipped_unchanged": s.skipped, "episodes": s.episodes}
     yield dg.MaterializeResult(asset_key="outcomes", metadata={**common, **{f"cause:{k}": v for k, v in sorted(s.causes.items())}})

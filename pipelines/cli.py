@@ -100,21 +100,38 @@ def ingest(paths: tuple[str, ...], source: str, license_: str | None, format_: s
 @click.option("--full", is_flag=True, help="Rebuild every batch, not only those whose adapters changed.")
 @click.option("--scope", type=click.Choice(["episode", "repository", "dataset"]), default="episode", show_default=True,
               help="Where one sensitive value keeps one placeholder.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="trajwh.toml to use (else $TRAJWH_CONFIG, <warehouse>/trajwh.toml, ./trajwh.toml).")
+@click.option("--cutoff", default=None, metavar="DATE|none",
+              help="Split cutoff: evaluation holds only tasks (issue and generation) after it. Overrides the config.")
+@click.option("--fractions", default=None, metavar="TRAIN,VALID,TEST", help="Requested split shares, e.g. 0.8,0.1,0.1.")
+@click.option("--whole-repository", is_flag=True, default=None,
+              help="Put every repository in one group (the most conservative split).")
 @warehouse_option
 @handle_errors
-def build(full: bool, scope: str, warehouse: str | None) -> None:
-    """(Re)materialize the derived layers through the Dagster graph, in-process."""
+def build(full: bool, scope: str, config_path: str | None, cutoff: str | None, fractions: str | None,
+          whole_repository: bool | None, warehouse: str | None) -> None:
+    """(Re)materialize the derived layers through the Dagster graph, in-process, with the
+    settings of trajwh.toml (docs/config.md) and the overrides given here."""
     from pipelines.definitions import build as run_build
+    from pipelines.settings import with_overrides
     from redaction.vault import load_key
+    from schemas.config import load_settings
 
     wh = Warehouse(warehouse)
     wh.require()
     if load_key() is None:
         render.err_console.print("[yellow]note:[/] no vault key ($TRAJWH_VAULT_KEY / $TRAJWH_VAULT_KEY_FILE): "
                                  "the redacted layer is built, but the vault (placeholder -> value) is not written")
+    # validate the file and the overrides before anything runs: a bad key fails here, clearly
+    settings = with_overrides(load_settings(config_path, wh.root), cutoff=cutoff, fractions=fractions,
+                              whole_repository=whole_repository)
+    render.console.print(f"settings: {settings.source or 'defaults'} (digest {settings.digest()})")
     t0 = time.monotonic()
-    result = run_build(str(wh.root), full=full, scope=scope)
+    result = run_build(str(wh.root), full=full, scope=scope, config=config_path,
+                       curate={"cutoff": cutoff, "fractions": fractions, "whole_repository": whole_repository})
     print_build(result, time.monotonic() - t0)
+    print_split_summary(wh)
 
 
 def print_build(result: Any, seconds: float) -> None:
@@ -133,6 +150,22 @@ def print_build(result: Any, seconds: float) -> None:
     if failed:
         render.err_console.print(f"[bold red]checks failed:[/] {', '.join(failed)}")
         sys.exit(1)
+
+
+def print_split_summary(wh: Warehouse) -> None:
+    """Requested vs realized split shares, with the reasons and loud warnings (the audit's)."""
+    from dedup.audit import audit
+
+    if not wh.query("SELECT count(*) FROM table_files WHERE table_name = 'splits'").column(0)[0].as_py():
+        return
+    a = audit(wh)
+    parts = [f"{r['split']} {r['episodes']} ({r['realized'] if r['realized'] is not None else r['share']:.1%}"
+             + (f" of {r['requested']:.0%} asked)" if r["requested"] is not None else ")") for r in a["splits"]]
+    render.console.print("splits: " + ", ".join(parts))
+    for note in a["notes"]:
+        render.console.print(escape(f"  - {note}"))
+    for warning in a["warnings"]:
+        render.err_console.print(f"[bold red]WARNING:[/] {escape(warning)}")
 
 
 # --- sql ---------------------------------------------------------------------------------------

@@ -56,28 +56,40 @@ def audit(as_json: bool, warehouse: str | None) -> None:
               show_default=True, help="Group the effective rate by this column.")
 @click.option("--interaction", nargs=4, default=None, metavar="P0 P1 HA HB",
               help="Interaction term for two policies and two harnesses, paired by task.")
+@click.option("--compare", nargs=2, default=None, metavar="HA HB",
+              help="Harness B minus harness A, paired by task, with a bootstrap interval.")
+@click.option("--policy", default=None, help="With --compare: only this policy's episodes.")
 @click.option("--json", "as_json", is_flag=True)
 @warehouse_option
 @handle_errors
-def stats(by: str, interaction: tuple[str, str, str, str] | None, as_json: bool, warehouse: str | None) -> None:
-    """Effective rate, the policy x harness success matrix and (optionally) their interaction."""
-    from fragments.task_stats import effective_rates, policy_harness_matrix
-    from fragments.task_stats import interaction as interaction_term
+def stats(by: str, interaction: tuple[str, str, str, str] | None, compare: tuple[str, str] | None,
+          policy: str | None, as_json: bool, warehouse: str | None) -> None:
+    """Effective rate (with cost per effective trajectory), the policy x harness success matrix,
+    and (optionally) the interaction and a paired harness comparison. Unknown outcomes never
+    count as failures; a harness crash counts against its harness (docs/fragments.md)."""
+    from fragments.rates import compare_harnesses, effective_rates, policy_harness_matrix
+    from fragments.rates import interaction as interaction_term
 
     wh = Warehouse(warehouse)
     wh.require()
     rows = wh.query("""SELECT coalesce(e.task_id, e.instance_id, 'episode:' || e.trajectory_key) AS task_id, o.cause,
-                              e.policy_name, e.harness_name, e.source
+                              o.evidence, e.policy_name, e.harness_name, e.source, e.cost_usd,
+                              epoch(e.ended_at) - epoch(e.started_at) AS duration_s
                        FROM outcomes o JOIN redacted_episodes e USING (trajectory_key)""").to_pylist()
     out = {"effective_rate": effective_rates(rows, by),
            "matrix": [{"policy": p, "harness": h, "success_rate": round(v, 4)}
                       for (p, h), v in policy_harness_matrix(rows).items()]}
     if interaction:
         out["interaction"] = interaction_term(rows, *interaction)
+    if compare:
+        out["compare"] = compare_harnesses(rows, *compare, policy=policy)
     if as_json:
         click.echo(json.dumps(out, default=str, indent=2))
         return
     render.console.print(render.dict_table(out["effective_rate"], f"effective rate by {by}"))
-    render.console.print(render.dict_table(out["matrix"], "policy x harness success rate (no infrastructure failures)"))
+    render.console.print(render.dict_table(out["matrix"], "policy x harness success rate (harness crashes count; "
+                                                          "environment, verifier and unknown outcomes do not)"))
     if interaction:
         render.console.print(f"interaction: {out['interaction']}")
+    if compare:
+        render.console.print(f"{compare[1]} - {compare[0]}: {out['compare']}")

@@ -52,23 +52,26 @@ defs = dg.Definitions(
     jobs=[build_job, ingest_landing_job],
     schedules=[daily_build],
     sensors=[landing_sensor],
-    resources={"warehouse": WarehouseResource(path=os.environ.get("TRAJWH_WAREHOUSE", ""))},
+    resources={"warehouse": WarehouseResource(path=os.environ.get("TRAJWH_WAREHOUSE", ""),
+                                              config=os.environ.get("TRAJWH_CONFIG", ""))},
 )
 
 
 def build(warehouse: str, *, full: bool = False, include_ingest: bool = False,
           ingest_config: dict | None = None, instance: dg.DagsterInstance | None = None,
-          log_level: str = "WARNING", scope: str = "episode", curate: dict | None = None) -> dg.ExecuteInProcessResult:
+          log_level: str = "WARNING", scope: str = "episode", curate: dict | None = None,
+          config: str | None = None) -> dg.ExecuteInProcessResult:
     """Materialize the graph in-process (``trajwh build`` and the tests use this)."""
     selection = dg.AssetSelection.all() if include_ingest else BUILD_SELECTION
     ops: dict = {"normalized": {"config": {"full": full}}, "redacted": {"config": {"full": full, "scope": scope}},
-                 "curated": {"config": {"full": full, **(curate or {})}}, "fragment_layer": {"config": {"full": full}}}
+                 "curated": {"config": {"full": full, **{k: v for k, v in (curate or {}).items() if v is not None}}},
+                 "fragment_layer": {"config": {"full": full}}}
     if include_ingest:
         ops["raw_records"] = {"config": ingest_config or {}}
     return dg.materialize(
         [*ASSETS, *ALL_CHECKS],
         selection=selection,
-        resources={"warehouse": WarehouseResource(path=str(warehouse))},
+        resources={"warehouse": WarehouseResource(path=str(warehouse), config=config or "")},
         run_config={"ops": ops, "loggers": {"console": {"config": {"log_level": log_level}}}},
         instance=instance,
         raise_on_error=True,

@@ -5,6 +5,7 @@
 import dagster as dg
 
 from lineage.catalog import Warehouse, resolve_warehouse
+from schemas.config import Settings, load_settings
 
 
 class WarehouseResource(dg.ConfigurableResource):
@@ -12,6 +13,10 @@ class WarehouseResource(dg.ConfigurableResource):
 
     path: str = ""
     lock_timeout: float = 600.0
+    config: str = ""  # trajwh.toml; else $TRAJWH_CONFIG, <warehouse>/trajwh.toml, ./trajwh.toml
 
     def get(self) -> Warehouse:
         return Warehouse(resolve_warehouse(self.path or None))
+
+    def settings(self) -> Settings:
+        return load_settings(self.config or None, self.get().root)

@@ -338,10 +338,17 @@ class OutcomeRow(_Row):
 
 class TaskStatsRow(_Row):
     task_id: str
+    level: str  # task_policy | task_policy_harness | task (pooled over policies, only when asked)
+    policy_name: str | None = None
+    harness_name: str | None = None
     episodes: int
     attempts: int
     successes: int
     infrastructure_failures: int
+    unknown_outcomes: int
+    weighted_attempts: float
+    weighted_successes: float
+    recency_half_life_days: float
     posterior_mean: float
     posterior_low: float
     posterior_high: float
@@ -352,7 +359,8 @@ class TaskStatsRow(_Row):
     pass_hat_1: float | None = None
     pass_hat_3: float | None = None
     pass_hat_5: float | None = None
-    all_fail: str | None = None  # too_hard | likely_broken
+    all_fail: str | None = None  # too_hard | usable_hard | likely_broken | no_attempts
+    all_fail_evidence: str | None = None
     lin_run_id: str = _lineage("_run_id")
     lin_transform: str = _lineage("_transform")
     lin_transform_version: str = _lineage("_transform_version")
@@ -374,6 +382,7 @@ class FragmentRow(_Row):
     tests_after: list[str]
     dedup_weight: float | None = None
     split: str | None = None
+    leak_kinds: list[str] = []  # in-episode leak flags of the episode (kept only when configured)
     rules_version: str
     lin_run_id: str = _lineage("_run_id")
     lin_transform: str = _lineage("_transform")

@@ -251,6 +251,14 @@ class PlanBuilder:
             "    raise FormatError('could not parse model output')\nharness.errors.FormatError: could not parse model output"),
             exit_code=None, author="harness"))
 
+    def pip_noise(self) -> None:
+        """An install that retries once and succeeds (exit 0): noise, not an environment failure."""
+        self.add(Action("run", "pip install -e .", "Install the package in development mode.", "pip install -e .",
+                        "WARNING: Retrying (Retry(total=4, connect=None, read=None, redirect=None, status=None)) after "
+                        "connection broken by 'ReadTimeoutError(\"HTTPSConnectionPool(host='pypi.org', port=443): Read "
+                        "timed out. (read timeout=15)\")': /simple/setuptools/\nSuccessfully installed "
+                        f"{self.task.repo.package}-0.1.dev0", exit_code=0))
+
     def env_failure(self) -> None:
         msg = self.rng.choice([
             "docker: Error response from daemon: container 3f2a9c is not running.",
@@ -282,6 +290,8 @@ def plan_episode(rng: random.Random, task: Task, style: str, cause: str, truth: 
         b.plant_secrets(secret_kinds)
     if cause != "environment_failure" and rng.random() < 0.6:
         b.reproduce()
+    if cause == "tests_failed" and rng.random() < 0.3:
+        b.pip_noise()
     n_f2p = len(task.fail_to_pass)
     if cause == "environment_failure":
         b.env_failure()
@@ -303,6 +313,8 @@ def plan_episode(rng: random.Random, task: Task, style: str, cause: str, truth: 
     elif cause == "harness_crash":
         b.edit(good=True)
         b.crash()
+    elif cause == "resource_exhausted":  # killed mid-run: the status says why, no step does
+        b.edit(good=True)
     return b.actions
 
 

@@ -43,6 +43,15 @@ EXIT_STATUS = {  # (cause, harness style) -> (exit_status, termination_reason); 
     ("harness_crash", "function"): ("exit_format", "harness_exception"),
     ("harness_crash", "bash"): ("FormatError", "harness_exception"),
     ("harness_crash", "text"): ("error", "harness_exception"),
+    ("resource_exhausted", "function"): ("OOMKilled", "container OOMKilled (memory limit 8Gi)"),
+    ("resource_exhausted", "bash"): ("preempted", "pod preempted: spot instance interruption"),
+    ("resource_exhausted", "text"): ("resource_exhausted", "resource_exhausted: sandbox CPU quota"),
+}
+#: infrastructure reported in words that also mean an agent limit ("timeout"): the taxonomy must
+#: still call them infrastructure (cause -> (exit_status, termination_reason, verifier_status))
+INFRA_VARIANTS = {
+    "verifier_unavailable": ("submitted", "verifier timeout after submit", "error"),
+    "environment_failure": ("sandbox start timeout", "sandbox start timeout", "not_run"),
 }
 
 
@@ -76,8 +85,12 @@ class SynthSummary:
 ALL_CAUSES = ["resolved"] + [c for c, _ in FAILURE_CAUSES]
 
 
-def _outcome(cause: str, style: str, task: Task) -> dict[str, Any]:
+def _outcome(cause: str, style: str, task: Task, variant: bool = False) -> dict[str, Any]:
     f2p, p2p = task.fail_to_pass, task.pass_to_pass
+    if variant and cause in INFRA_VARIANTS:
+        status, reason, verifier = INFRA_VARIANTS[cause]
+        return {"resolved": None if cause == "verifier_unavailable" else False, "exit_status": status,
+                "termination_reason": reason, "verifier_status": verifier}
     if cause == "resolved":
         tests = [{"name": t, "status": "passed"} for t in f2p + p2p]
         return {"resolved": True, "exit_status": "submitted", "termination_reason": "submit", "reward": 1.0,
@@ -156,6 +169,7 @@ class _Generator:
                 planted = (list(truth.secrets), list(truth.leak_steps), list(truth.segments))
                 self.teacher_runs[key[:1] + (hname,)] = (cause, actions, episode_id, planted)
         truth.broken_task = task.broken
+        variant = rng.random() < 0.4
         truth.action_signature = [f"{a.kind}:{a.obj}" for a in actions]
         steps, where = render_steps(rng, actions, style, task, start, paraphrase)
         if rng.random() < 0.05 and len(steps) > 4:  # a human steps in
@@ -171,7 +185,8 @@ class _Generator:
         episode = {
             "format": "trajwh.native", "format_version": "1.0", "episode_id": episode_id,
             "task": {"task_id": task.task_id, "text": task.text, "repository": task.repo_spelling,
-                     "base_commit": task.base_commit, "instance_id": task.task_id,
+                     "base_commit": task.base_commit, "base_commit_at": task.base_commit_at,
+                     "instance_id": task.task_id,
                      "issue_created_at": task.issue_created_at, "fix_merged_at": task.fix_merged_at,
                      "initial_state_digest": ids.digest(task.repo.url + task.base_commit)},
             "environment": {"image_digest": "sha256:" + ids.sha256_hex(f"{task.repo.url}{hname}".encode()),
@@ -181,7 +196,7 @@ class _Generator:
             "verifier": {"name": "swebench-harness", "commit": self.verifier_commit},
             "sampling": {"temperature": temperature, "top_p": 0.95, "max_tokens": 4096},
             "attempt": attempt, "started_at": start, "ended_at": ended,
-            "outcome": _outcome(cause, style, task),
+            "outcome": _outcome(cause, style, task, variant),
             "usage": {"tokens_in": tokens_in, "tokens_out": tokens_out,
                       "cost_usd": round(tokens_in * 3e-6 + tokens_out * 1.5e-5, 6)},
             "steps": steps,

@@ -51,6 +51,7 @@ FAILURE_CAUSES = [  # cause, weight among unresolved episodes
     ("environment_failure", 0.13),
     ("harness_crash", 0.09),
     ("verifier_unavailable", 0.10),
+    ("resource_exhausted", 0.05),
 ]
 GEN_START = datetime(2024, 1, 1, tzinfo=UTC)
 GEN_END = datetime(2026, 10, 1, tzinfo=UTC)
@@ -101,6 +102,7 @@ class Task:
     issue_number: int
     issue_created_at: datetime
     fix_merged_at: datetime | None
+    base_commit_at: datetime  # the repository state the task starts from: before the issue
     fail_to_pass: list[str]
     pass_to_pass: list[str]
     difficulty: float
@@ -169,7 +171,8 @@ def make_tasks(rng: random.Random, repos: list[Repo], n: int) -> list[Task]:
             task_id=f"{repo.org}__{repo.name}-{number}", repo=repo, repo_spelling=_spelling(rng, repo),
             base_commit=hexstr(rng, 40), fix_commit=hexstr(rng, 40), module=module, function=function,
             bug=bug.format(noun=rng.choice(NOUNS), exc=exc), exception=exc, issue_number=number,
-            issue_created_at=created, fix_merged_at=merged, fail_to_pass=tests[: rng.randint(1, 3)],
+            issue_created_at=created, fix_merged_at=merged, base_commit_at=created - timedelta(hours=number % 240),
+            fail_to_pass=tests[: rng.randint(1, 3)],
             pass_to_pass=[t for t in p2p if t not in tests][: rng.randint(3, 8)],
             difficulty=rng.betavariate(2, 3), broken=rng.random() < 0.03,
         ))

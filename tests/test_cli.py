@@ -51,8 +51,9 @@ def test_build_status_and_trace(built):
     # 150 synthetic + cases: 2+2+2+2+1+3+1 JSONL records (2 schema-invalid) + 2 JSON documents with
     # 3 episodes, one of which is the same episode as a JSONL line (same trajectory key): kept once;
     # + harness/: one Claude Code and one Codex session; + redaction/: one episode;
-    # + openhands_v1/: 3 output lines (one quarantined at normalize: empty history) and one event array
-    assert rows["episodes"] == 150 + 11 + 2 + 2 + 1 + 3 and rows["raw_records"] == 150 + 13 + 2 + 2 + 1 + 4
+    # + openhands_v1/: 3 output lines (one quarantined at normalize: empty history) and one event array;
+    # + curation/: 8 episodes of one repository
+    assert rows["episodes"] == 150 + 11 + 2 + 2 + 1 + 3 + 8 and rows["raw_records"] == 150 + 13 + 2 + 2 + 1 + 4 + 8
     assert rows["redacted_episodes"] == rows["episodes"] and rows["redacted_steps"] == rows["steps"]
     reasons = {(q["stage"], q["reason_code"]): q["n"] for q in st["quarantine"]}
     assert reasons[("normalize", "invalid_record")] == 3
@@ -116,10 +117,11 @@ def test_stats_and_audit_commands(built):
     st = json.loads(run(built, "stats", "--json", "--by", "policy_name", "--interaction", "policy-alpha",
                         "teacher-omega", "swe-loop", "shell-agent").stdout)
     rates = {r["policy_name"]: r for r in st["effective_rate"]}
-    assert "teacher-omega" in rates and all(0 <= r["eta"] <= 1 for r in rates.values())
+    assert "teacher-omega" in rates and all(0 <= r["eta"] <= 1 for r in rates.values() if r["known"])
+    assert all(r["eta"] is None for r in rates.values() if not r["known"])  # only unknown outcomes: no rate
     assert st["matrix"] and "delta" in st["interaction"]
     audit = json.loads(run(built, "audit", "--json").stdout)
-    assert audit["groups_across_splits"] == 0 and audit["clusters_across_splits"] == 0
+    assert audit["groups_across_splits"] == 0 and audit["clusters_across_splits"] == 0 and audit["violations"] == 0
 
 
 def test_trace_walks_back_from_a_fragment(built):

@@ -14,7 +14,8 @@ from dedup.layer import curate_warehouse
 from fragments import select as select_mod
 from fragments.layer import build_fragments
 from fragments.outcomes import classify_outcome
-from fragments.task_stats import interaction, pass_at_k, pass_hat_k, task_statistics
+from fragments.rates import interaction
+from fragments.task_stats import pass_at_k, pass_hat_k, task_statistics
 from ingest.normalize import normalize_warehouse
 from ingest.raw_store import IngestOptions, ingest_paths
 from lineage.catalog import Warehouse
@@ -53,7 +54,8 @@ def test_every_episode_gets_the_planted_cause(synth_wh, small_corpus):
     assert wrong == []
     for r in got.values():
         assert r["policy_failure"] == (r["cause"] in ("model_gave_up", "budget_exhausted", "tests_failed"))
-        assert r["quarantined"] == (r["cause"] in ("harness_crash", "environment_failure", "verifier_unavailable", "unknown"))
+        assert r["quarantined"] == (r["cause"] in ("harness_crash", "environment_failure", "resource_exhausted",
+                                                   "verifier_unavailable", "unknown"))
         assert r["cause"] == "resolved" or r["evidence"]
 
 
@@ -64,10 +66,17 @@ def test_planted_segments_are_selected_and_nothing_else(synth_wh, small_corpus):
     by_key: dict[str, list] = {}
     for f in frags:
         by_key.setdefault(f["trajectory_key"], []).append(f)
-    planted = set()
+    split = {r["trajectory_key"]: r["split"] for r in synth_wh.query("SELECT trajectory_key, split FROM splits").to_pylist()}
+    leaked = {r["trajectory_key"] for r in synth_wh.query(
+        "SELECT DISTINCT trajectory_key FROM leak_flags WHERE kind <> 'fix_after_cutoff'").to_pylist()}
+    planted, withheld = set(), Counter()
     for t in _truth(small_corpus):
         k = key[t["episode_id"]]
         o = outcomes[k]
+        if split[k] != "train" or k in leaked:  # evaluation, held-out and leak-flagged episodes never train
+            assert k not in by_key
+            withheld["leak" if k in leaked else split[k]] += 1
+            continue
         if o["cause"] == "resolved":
             assert [f["kind"] for f in by_key[k]] == ["full_episode"]
             continue
@@ -80,8 +89,9 @@ def test_planted_segments_are_selected_and_nothing_else(synth_wh, small_corpus):
                        for f in by_key.get(k, [])), (t["episode_id"], seg)
     extra = [(f["trajectory_key"], f["kind"], f["end_step"]) for f in frags if f["kind"] != "full_episode"]
     assert set(extra) <= planted and Counter(k for _, k, _ in extra)["recovery"] > 0
+    assert withheld["leak"] > 0 and withheld["valid"] + withheld["test"] > 0  # the corpus plants both
     for f in frags:
-        assert f["step_ids"] and f["split"] in ("train", "valid", "test") and 0 < f["dedup_weight"] <= 1
+        assert f["step_ids"] and f["split"] == "train" and f["leak_kinds"] == [] and 0 < f["dedup_weight"] <= 1
         assert f["context_start"] <= f["start_step"] <= f["end_step"]
 
 
@@ -124,14 +134,22 @@ def test_task_statistics_posterior_and_all_fail_classes():
             [{"task_id": "hard", "cause": "tests_failed", "policy_name": "p"}] * 5 +
             [{"task_id": "broken", "cause": "environment_failure", "policy_name": "p"}] * 4 +
             [{"task_id": "broken", "cause": "tests_failed", "policy_name": "p"}] +
-            [{"task_id": "ref", "cause": "tests_failed", "policy_name": "teacher-omega"}] * 2)
-    stats = {r["task_id"]: r for r in task_statistics(rows)}
-    easy = stats["easy"]
+            [{"task_id": "ref", "cause": "tests_failed", "policy_name": "p"}] * 2 +
+            [{"task_id": "ref", "cause": "tests_failed", "policy_name": "reference-solution"}] +
+            [{"task_id": "teach", "cause": "tests_failed", "policy_name": "p"}] * 2 +
+            [{"task_id": "teach", "cause": "tests_failed", "policy_name": "teacher-omega"}] * 2 +
+            [{"task_id": "solvable", "cause": "tests_failed", "policy_name": "p"}] * 3 +
+            [{"task_id": "solvable", "cause": "resolved", "policy_name": "strong"}])
+    stats = {(r["task_id"], r["policy_name"]): r for r in task_statistics(rows) if r["level"] == "task_policy"}
+    easy = stats[("easy", "p")]
     assert (easy["attempts"], easy["successes"]) == (10, 8)
     assert easy["posterior_mean"] == pytest.approx(9 / 12) and easy["posterior_low"] < 0.75 < easy["posterior_high"]
-    assert stats["hard"]["all_fail"] == "too_hard"
-    assert stats["broken"]["all_fail"] == "likely_broken" and stats["broken"]["attempts"] == 1
-    assert stats["ref"]["all_fail"] == "likely_broken"  # a reference policy fails too
+    assert stats[("hard", "p")]["all_fail"] == "too_hard"
+    assert stats[("broken", "p")]["all_fail"] == "likely_broken" and stats[("broken", "p")]["attempts"] == 1
+    assert stats[("ref", "p")]["all_fail"] == "likely_broken"  # the reference solution fails too
+    assert stats[("teach", "p")]["all_fail"] == "too_hard"  # a teacher's failed rollout is not a reference solution
+    assert stats[("solvable", "p")]["all_fail"] == "usable_hard" and "strong" in stats[("solvable", "p")]["all_fail_evidence"]
+    assert stats[("solvable", "strong")]["all_fail"] is None
     assert easy["all_fail"] is None and easy["pass_at_1"] == pytest.approx(0.8)
 
 

@@ -1,0 +1,63 @@
+"""From ``trajwh.toml`` settings (plus command-line overrides) to the library's config objects.
+
+The library packages take plain frozen dataclasses (``CurateConfig``, ``StatsConfig``); this
+module is the one place that maps the validated file onto them, so the CLI and the Dagster
+assets cannot read the settings two ways.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from dedup.groups import GroupConfig
+from dedup.layer import CurateConfig
+from dedup.minhash import MinHashParams
+from dedup.splits import SplitConfig
+from fragments.outcomes import OUTCOME_RULES_VERSION
+from fragments.task_stats import StatsConfig
+from schemas.config import Settings, parse_cutoff, parse_fractions, settings_from
+from schemas.errors import ConfigError
+
+
+def with_overrides(settings: Settings, *, cutoff: str | None = None, fractions: str | None = None,
+                   whole_repository: bool | None = None, threshold: float | None = None) -> Settings:
+    """Command-line / run-config values win over the file; None leaves the file's value."""
+    data: dict[str, Any] = settings.model_dump(exclude={"source"})
+    try:
+        if cutoff is not None:
+            data["splits"]["cutoff"] = parse_cutoff(cutoff)
+        if fractions is not None:
+            data["splits"]["fractions"] = parse_fractions(fractions)
+    except ValueError as exc:
+        raise ConfigError(str(exc), where="command line") from None
+    if whole_repository is not None:
+        data["splits"]["whole_repository"] = whole_repository
+    if threshold is not None:
+        data["near_dup"]["threshold"] = threshold
+    changed = any(v is not None for v in (cutoff, fractions, whole_repository, threshold))
+    where = settings.source or "defaults"
+    return settings_from(data, f"{where} + command line" if changed else where)
+
+
+def curate_config(settings: Settings) -> CurateConfig:
+    sp, g = settings.splits, settings.groups
+    return CurateConfig(
+        minhash=MinHashParams(threshold=settings.near_dup.threshold),
+        groups=GroupConfig(keys=g.keys, whole_repository=sp.whole_repository, max_key_share=g.max_key_share,
+                           min_key_tasks=g.min_key_tasks, max_group_share=g.max_group_share),
+        splits=SplitConfig(train=sp.fractions[0], valid=sp.fractions[1], test=sp.fractions[2], cutoff=sp.cutoff,
+                           salt=sp.salt, hold_out_leaks=settings.leaks.hold_out_of_eval),
+        digest=settings.digest())
+
+
+def stats_config(settings: Settings) -> StatsConfig:
+    want = settings.outcomes.rules_version
+    if want and want != OUTCOME_RULES_VERSION:
+        raise ConfigError(f"outcomes.rules_version {want!r} is not the installed taxonomy's", where=settings.source,
+                          valid=f"{OUTCOME_RULES_VERSION!r} (or leave the key out)")
+    st = settings.stats
+    return replace(StatsConfig(), prior_alpha=st.prior[0], prior_beta=st.prior[1], level=st.level,
+                   reference_policies=st.reference_policies, recency_half_life_days=st.recency_half_life_days,
+                   pooled=st.pooled,
+                   leak_fragments=settings.leaks.train_fragments, config_digest=settings.digest())

@@ -1,0 +1,201 @@
+"""``trajwh.toml``: the one settings file the CLI and the Dagster assets both read.
+
+Where it is found, first match wins: ``--config FILE`` (``TRAJWH_CONFIG``), then
+``<warehouse>/trajwh.toml``, then ``./trajwh.toml``; with none, the defaults below hold. Unknown
+keys and bad values are errors that name the key and say what is valid. Every run that uses the
+settings records their digest (``runs.params``), so two builds can be told apart by their rules.
+
+Example (all keys optional)::
+
+    [splits]
+    cutoff = "2025-06-01"          # ISO date or time; "none" turns the time rule off
+    fractions = [0.8, 0.1, 0.1]    # train, valid, test
+    whole_repository = false       # every repository one group (the most conservative split)
+
+    [groups]
+    keys = ["repository_task", "base_commit", "task", "failing_test", "touched_file", "patch_symbol", "near_dup"]
+    max_key_share = 0.2            # a weak key shared by more of a repository's tasks is dropped
+    min_key_tasks = 3              # ... unless it is shared by at most this many tasks
+    max_group_share = 0.25         # the audit warns when one group holds more of the episodes
+
+    [near_dup]
+    threshold = 0.8                # Jaccard similarity for near-duplicate episodes
+
+    [leaks]
+    hold_out_of_eval = true        # leak-flagged episodes never enter valid / test
+    train_fragments = false        # leak-flagged episodes give no training fragments
+
+    [outcomes]
+    rules_version = "2.0.0"        # the taxonomy rules this file was written for (checked)
+
+    [stats]
+    prior = [1.0, 1.0]             # Beta prior of the task success rate
+    level = 0.9                    # posterior interval
+    recency_half_life_days = 0     # > 0: older attempts weigh less (a changing policy)
+    pooled = false                 # also one task_stats row per task over every policy
+    reference_policies = ["reference", "oracle", "gold"]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tomllib
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from schemas.errors import ConfigError
+
+CONFIG_NAME = "trajwh.toml"
+GROUP_KEYS = ("repository_task", "base_commit", "task", "failing_test", "touched_file", "patch_symbol", "near_dup")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SplitSettings(_Section):
+    cutoff: datetime | None = datetime(2025, 6, 1, tzinfo=UTC)
+    fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
+    whole_repository: bool = False
+    salt: str = "trajwh-splits-v1"
+
+    @field_validator("cutoff", mode="before")
+    @classmethod
+    def _cutoff(cls, v: Any) -> Any:
+        return parse_cutoff(v)
+
+    @field_validator("fractions", mode="before")
+    @classmethod
+    def _fractions(cls, v: Any) -> Any:
+        return parse_fractions(v)
+
+
+class GroupSettings(_Section):
+    keys: tuple[str, ...] = GROUP_KEYS
+    max_key_share: float = Field(0.2, gt=0, le=1)
+    min_key_tasks: int = Field(3, ge=1)
+    max_group_share: float = Field(0.25, gt=0, le=1)
+
+    @field_validator("keys")
+    @classmethod
+    def _keys(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [k for k in v if k not in GROUP_KEYS]
+        if bad:
+            raise ValueError(f"unknown grouping key(s) {bad}; valid: {', '.join(GROUP_KEYS)}")
+        return v
+
+
+class NearDupSettings(_Section):
+    threshold: float = Field(0.8, gt=0, lt=1)
+
+
+class LeakSettings(_Section):
+    hold_out_of_eval: bool = True
+    train_fragments: bool = False
+
+
+class OutcomeSettings(_Section):
+    rules_version: str | None = None
+
+
+class StatsSettings(_Section):
+    prior: tuple[float, float] = (1.0, 1.0)
+    level: float = Field(0.9, gt=0, lt=1)
+    recency_half_life_days: float = Field(0.0, ge=0)
+    pooled: bool = False
+    reference_policies: tuple[str, ...] = ("reference", "oracle", "gold")
+
+    @field_validator("prior")
+    @classmethod
+    def _prior(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if min(v) <= 0:
+            raise ValueError("both Beta prior parameters must be > 0, e.g. [1.0, 1.0]")
+        return v
+
+
+class Settings(_Section):
+    splits: SplitSettings = SplitSettings()
+    groups: GroupSettings = GroupSettings()
+    near_dup: NearDupSettings = NearDupSettings()
+    leaks: LeakSettings = LeakSettings()
+    outcomes: OutcomeSettings = OutcomeSettings()
+    stats: StatsSettings = StatsSettings()
+    source: str | None = Field(None, exclude=True)  # the file it came from, if any
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.model_dump_json(exclude={"source"}).encode()).hexdigest()[:16]
+
+
+def parse_cutoff(v: Any) -> datetime | None:
+    """ISO date or time (no zone = UTC), or none / off / "" for no time rule."""
+    if v is None or isinstance(v, datetime):
+        return v if v is None or v.tzinfo else v.replace(tzinfo=UTC)
+    if isinstance(v, date):
+        return datetime(v.year, v.month, v.day, tzinfo=UTC)
+    text = str(v).strip()
+    if text.lower() in ("", "none", "off", "no"):
+        return None
+    try:
+        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"cutoff {text!r} is not a date; valid: an ISO date such as 2025-06-01, or 'none'") from None
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+def parse_fractions(v: Any) -> tuple[float, float, float]:
+    """``"0.8,0.1,0.1"``, ``[0.8, 0.1, 0.1]`` or ``{train, valid, test}``: three shares summing to 1."""
+    if isinstance(v, dict):
+        v = [v.get("train", 0), v.get("valid", 0), v.get("test", 0)]
+    if isinstance(v, str):
+        v = [p for p in v.replace("/", ",").split(",") if p.strip()]
+    try:
+        t = tuple(float(x) for x in v)
+    except (TypeError, ValueError):
+        raise ValueError(f"fractions {v!r} are not numbers; valid: three shares such as 0.8,0.1,0.1") from None
+    if len(t) != 3 or min(t) < 0 or abs(sum(t) - 1) > 1e-6:
+        raise ValueError(f"fractions {v!r} must be three non-negative shares (train, valid, test) summing to 1, "
+                         "e.g. 0.8,0.1,0.1")
+    return t  # type: ignore[return-value]
+
+
+def find_config(explicit: str | None = None, warehouse: Path | None = None) -> Path | None:
+    named = explicit or os.environ.get("TRAJWH_CONFIG")
+    if named:
+        if not Path(named).is_file():
+            raise ConfigError(f"config file {named} does not exist", valid="a readable trajwh.toml")
+        return Path(named)
+    for candidate in (warehouse / CONFIG_NAME if warehouse else None, Path.cwd() / CONFIG_NAME):
+        if candidate is not None and candidate.is_file():
+            return candidate
+    return None
+
+
+def load_settings(explicit: str | None = None, warehouse: Path | None = None) -> Settings:
+    """The settings in force: the file found by ``find_config``, else the defaults."""
+    path = find_config(explicit, warehouse)
+    if path is None:
+        return Settings()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}", valid="a TOML file (docs/config.md)") from None
+    return settings_from(data, str(path))
+
+
+def settings_from(data: dict[str, Any], where: str = "settings") -> Settings:
+    try:
+        return Settings(**data, source=where)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            key = ".".join(str(p) for p in err["loc"]) or "(file)"
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key"
+            problems.append(f"{key}: {msg}")
+        raise ConfigError("; ".join(problems), where=where,
+                          valid="the keys and values documented in docs/config.md") from None

@@ -1,0 +1,170 @@
+"""Issue 9's split and grouping rules, each on a small hand-made case built from the rule itself.
+
+Episodes are EpisodeFeatures (the pure functions' input) except for the ssh-remote case, which
+goes through ingest, normalize and redaction from tests/cases/curation/ssh_remotes.jsonl.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from dedup.features import EpisodeFeatures
+from dedup.groups import GroupConfig, assign_groups
+from dedup.leaks import _COMMAND_RULES
+from dedup.splits import SplitConfig, assign_splits, fix_time, state_time
+
+REPO = "github.com/acme/widgetlib"
+CUTOFF = datetime(2025, 6, 1, tzinfo=UTC)
+
+
+def d(text: str) -> datetime:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+def ep(key: str, task: str, issue: str, *, fix: str | None = None, started: str | None = None,
+       base_at: str | None = None, repo: str = REPO, tests: list[str] | None = None,
+       files: list[str] | None = None) -> EpisodeFeatures:
+    return EpisodeFeatures(key, repository=repo, task_id=task, issue_created_at=d(issue),
+                           fix_merged_at=d(fix) if fix else None, started_at=d(started or issue),
+                           base_commit_at=d(base_at) if base_at else None, failing_tests=tests or [],
+                           touched_files=files or [])
+
+
+def split_of(features, cfg=None, leaks=None):
+    cfg = cfg or SplitConfig(cutoff=CUTOFF)
+    groups = assign_groups(features, GroupConfig())
+    rows = assign_splits(features, groups.group_of, cfg, repository_of=groups.repository_of, leaks=leaks)
+    return {r.trajectory_key: r for r in rows}, groups
+
+
+def train_after_eval_fix(features, rows) -> list[tuple[str, str]]:
+    """The audit's rule 1 on features: (train, eval) pairs of one repository where the train
+    episode's repository state is later than the evaluation task's fix."""
+    by = {f.key: f for f in features}
+    evals = [by[k] for k, r in rows.items() if r.split in ("valid", "test")]
+    return [(k, v.key) for k, r in rows.items() if r.split == "train" for v in evals
+            if by[k].repository == v.repository and state_time(by[k]) and fix_time(v)
+            and state_time(by[k]) > fix_time(v)]
+
+
+def test_mixed_group_post_cutoff_member_is_held_out_not_trained():
+    """The issue's case: an evaluation task fixed in October; a train task of the same repository
+    opened in November sits in a group that also holds 2024 tasks."""
+    features = [
+        ep("old", "acme__widgetlib-1", "2024-03-01", fix="2024-03-10", tests=["tests/test_io.py::test_read"]),
+        ep("nov", "acme__widgetlib-9", "2025-11-02", fix="2025-11-20", tests=["tests/test_io.py::test_read"]),
+        ep("eval", "acme__widgetlib-7", "2025-09-01", fix="2025-10-15", started="2025-10-20"),
+        ep("spring", "acme__widgetlib-3", "2025-04-01", fix="2025-04-05"),
+    ]
+    rows, groups = split_of(features)
+    assert groups.group_of["old"] == groups.group_of["nov"]  # the shared failing test joins them
+    assert rows["eval"].split in ("valid", "test")
+    assert rows["old"].split == "train" and rows["spring"].split == "train"
+    assert rows["nov"].split == "held_out" and "mixed group" in rows["nov"].reason
+    assert "mixed_group_post_cutoff" in rows["nov"].flags
+    assert train_after_eval_fix(features, rows) == []
+
+
+def test_train_state_after_an_evaluation_fix_is_held_out():
+    """Issue before the cutoff, but the repository state the agent worked on (base commit time)
+    is later than an evaluation task's fix: that state may contain the fix."""
+    features = [
+        ep("eval", "acme__widgetlib-7", "2025-09-01", fix="2025-10-15", started="2025-10-20"),
+        ep("late-base", "acme__widgetlib-4", "2025-05-01", base_at="2025-11-01"),
+        ep("early-base", "acme__widgetlib-5", "2025-05-02", base_at="2025-05-01"),
+        ep("other-repo", "zeta__core-2", "2025-05-03", base_at="2025-12-01", repo="github.com/zeta/core"),
+    ]
+    rows, _ = split_of(features)
+    assert rows["eval"].split in ("valid", "test")
+    assert rows["late-base"].split == "held_out" and "acme__widgetlib-7" in rows["late-base"].reason
+    assert rows["early-base"].split == "train" and rows["other-repo"].split == "train"
+    assert train_after_eval_fix(features, rows) == []
+    # without the rule the pair would exist: the check is not vacuous
+    rows["late-base"].split = "train"
+    assert train_after_eval_fix(features, rows) == [("late-base", "eval")]
+
+
+def test_unknown_fix_time_errs_on_the_side_of_holding_out():
+    features = [ep("eval", "acme__widgetlib-7", "2025-09-01", started="2025-10-20"),  # fix time unknown
+                ep("t", "acme__widgetlib-4", "2025-05-01", base_at="2025-09-02")]
+    rows, _ = split_of(features)
+    assert rows["t"].split == "held_out"
+
+
+def test_leak_flags_act_on_evaluation_splits():
+    features = [ep("a", "acme__widgetlib-7", "2025-09-01", fix="2025-10-15", started="2025-10-20"),
+                ep("b", "acme__widgetlib-7", "2025-09-01", fix="2025-10-15", started="2025-10-21")]
+    leaks = {"b": ["future_git_history@6"]}
+    rows, _ = split_of(features, leaks=leaks)
+    assert rows["a"].split in ("valid", "test")
+    assert rows["b"].split == "held_out" and "future_git_history" in rows["b"].reason
+    kept, _ = split_of(features, cfg=SplitConfig(cutoff=CUTOFF, hold_out_leaks=False), leaks=leaks)
+    assert kept["b"].split == rows["a"].split
+
+
+@pytest.mark.parametrize("command, leak", [
+    ("git diff > model.patch", False), ("git diff HEAD > /tmp/fix.diff && cat /tmp/fix.diff", False),
+    ("git apply /tmp/test.patch", False), ("curl -sL https://github.com/acme/widgetlib/pull/88.diff", True),
+    ("wget https://example.org/fix-88.patch", True), ("git log --all --oneline", True),
+    ("git log --oneline -5", False), ("git fetch origin", True),
+])
+def test_leak_rules_tell_the_agents_own_diff_from_the_upstream_fix(command, leak):
+    assert any(rule.search(command) for _, rule in _COMMAND_RULES) == leak
+
+
+def test_weak_keys_do_not_chain_unrelated_tasks_into_one_group():
+    """Twenty tasks of one repository each touch README.md and conftest.py and share one test
+    name; each also has its own file. With the cap they are twenty groups, without it one."""
+    features = [ep(f"e{i}", f"acme__widgetlib-{i}", "2025-01-01", files=["README.md", "conftest.py", f"src/m{i}.py"],
+                   tests=["tests/test_smoke.py::test_import", f"tests/test_m{i}.py::test_x"]) for i in range(20)]
+    features += [ep("e0-retry", "acme__widgetlib-0", "2025-01-02", files=["src/m0.py"])]  # same task: same group
+    capped = assign_groups(features, GroupConfig())
+    assert len(set(capped.group_of.values())) == 20
+    assert capped.group_of["e0"] == capped.group_of["e0-retry"]
+    assert all("weak_key_dropped" in capped.flags_of[f"e{i}"] for i in range(20))
+    assert capped.dropped_keys == {"file": 2, "test": 1}
+    uncapped = assign_groups(features, GroupConfig(max_key_share=1.0))
+    assert len(set(uncapped.group_of.values())) == 1
+
+
+def test_a_key_shared_by_a_few_tasks_still_groups_them():
+    """Two tasks that edit the same uncommon file stay together (that is what groups are for)."""
+    features = [ep(f"e{i}", f"acme__widgetlib-{i}", "2025-01-01", files=[f"src/m{i}.py"]) for i in range(10)]
+    features[1].touched_files.append("src/m0.py")
+    g = assign_groups(features, GroupConfig())
+    assert g.group_of["e0"] == g.group_of["e1"] and len(set(g.group_of.values())) == 9
+
+
+def test_whole_repository_puts_each_repository_in_one_group():
+    features = [ep(f"e{i}", f"acme__widgetlib-{i}", "2025-01-01") for i in range(5)]
+    features.append(ep("z", "zeta__core-1", "2025-01-01", repo="github.com/zeta/core"))
+    g = assign_groups(features, GroupConfig(whole_repository=True))
+    assert len({g.group_of[f"e{i}"] for i in range(5)}) == 1 and g.group_of["z"] != g.group_of["e0"]
+
+
+def test_repository_key_survives_redaction(tmp_path, cases):
+    """ssh, https, token-bearing and short spellings of one remote: one repository after
+    redaction, one group (they carry no task id, so the repository is the grouping key)."""
+    from dedup.layer import curate_warehouse
+    from ingest.normalize import normalize_warehouse
+    from ingest.raw_store import IngestOptions, ingest_paths
+    from lineage.catalog import Warehouse
+    from redaction.layer import redact_warehouse
+
+    wh = Warehouse(tmp_path / "wh")
+    ingest_paths(wh, [cases / "curation" / "ssh_remotes.jsonl"], IngestOptions(source="cases"))
+    normalize_warehouse(wh, run_id="n")
+    redact_warehouse(wh, run_id="r")
+    curate_warehouse(wh, run_id="c")
+    repos = wh.query("SELECT DISTINCT repository FROM redacted_episodes").to_pylist()
+    assert repos == [{"repository": "github.com/acme/widgetlib"}]
+    groups = wh.query("SELECT count(DISTINCT group_id) AS g, count(DISTINCT split) AS s FROM splits").to_pylist()[0]
+    assert groups == {"g": 1, "s": 1}
+    text = " ".join(r["t"] or "" for r in wh.query(
+        "SELECT concat_ws(' ', e.metadata, s.text, list_transform(s.tool_calls, lambda c: c.arguments)::VARCHAR) AS t "
+        "FROM redacted_episodes e JOIN redacted_steps s USING (trajectory_key)").to_pylist())
+    assert "ghp_4f9Qx7LmN2pR8sT1vW3yZ5bC6dE9gH0jK2mN" not in text and "<GITHUB_TOKEN" in text
+    assert "ops@acme-widgets.com" not in " ".join(r["task_text"] for r in wh.query(
+        "SELECT task_text FROM redacted_episodes").to_pylist())  # e-mail in text is still redacted
