@@ -1,7 +1,7 @@
 """The split audit: what must be zero, what was held out and why, and requested vs realized shares.
 
-Must be zero (``violations``): task groups and near-duplicate clusters that cross train and an
-evaluation split; (train, evaluation) pairs of one repository where the train episode's
+Must be zero (``violations``): task groups, near-duplicate clusters and grouping keys (a file, a
+test, a symbol, a task) shared by train and an evaluation split; (train, evaluation) pairs of one repository where the train episode's
 repository state is later than the evaluation task's fix; leak-flagged episodes in an
 evaluation split. ``held_out`` episodes are in no split and do not count as crossing.
 
@@ -18,6 +18,8 @@ import orjson
 from lineage.catalog import Warehouse
 
 _STATE = "coalesce(e.base_commit_at, e.issue_created_at)"
+#: a group or cluster crosses when it has members in train and in an evaluation split
+_CROSS = "bool_or(split = 'train') AND bool_or(split IN ('valid', 'test'))"
 _FIX = "coalesce(e.fix_merged_at, e.issue_created_at)"
 
 
@@ -36,10 +38,11 @@ def requested(wh: Warehouse) -> dict[str, Any]:
 def violations(wh: Warehouse) -> dict[str, int]:
     q = lambda sql: _one(wh, sql)  # noqa: E731
     return {
-        "groups_across_splits": q("SELECT count(*) FROM (SELECT group_id FROM splits WHERE split <> 'held_out' "
-                                  "GROUP BY 1 HAVING count(DISTINCT split) > 1)"),
-        "clusters_across_splits": q("SELECT count(*) FROM (SELECT cluster_id FROM splits WHERE split <> 'held_out' "
-                                    "GROUP BY 1 HAVING count(DISTINCT split) > 1)"),
+        "groups_across_splits": q(f"SELECT count(*) FROM (SELECT group_id FROM splits GROUP BY 1 HAVING {_CROSS})"),
+        "clusters_across_splits": q(f"SELECT count(*) FROM (SELECT cluster_id FROM splits GROUP BY 1 HAVING {_CROSS})"),
+        "train_eval_shared_keys": q(f"""
+            WITH k AS (SELECT s.split, unnest(g.keys) AS key FROM splits s JOIN task_groups g USING (trajectory_key))
+            SELECT count(*) FROM (SELECT key FROM k GROUP BY key HAVING {_CROSS})"""),
         "train_after_eval_fix_pairs": q(f"""
             WITH ep AS (SELECT s.trajectory_key, s.split, g.repository, {_STATE} AS state_at, {_FIX} AS fix_at
                         FROM splits s JOIN task_groups g USING (trajectory_key)
@@ -79,7 +82,9 @@ def _shares(wh: Warehouse, req: dict[str, Any]) -> tuple[list[dict[str, Any]], l
             notes.append("no task after the cutoff has usable times (issue and generation)")
     for flag, why in (("mixed_group_post_cutoff", "post-cutoff tasks of groups that also hold older tasks"),
                       ("state_after_eval_fix", "train episodes whose repository state is later than an evaluation fix"),
-                      ("leak_held_out", "leak-flagged episodes of evaluation groups")):
+                      ("leak_held_out", "leak-flagged episodes of evaluation groups"),
+                      ("weak_link_to_eval", "train episodes sharing a file, test, symbol or near-duplicate cluster "
+                                            "with an evaluation episode")):
         n = _one(wh, f"SELECT count(*) FROM splits WHERE list_contains(flags, '{flag}')")
         if n:
             notes.append(f"held out: {n} {why}")

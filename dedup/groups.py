@@ -15,9 +15,11 @@ no task-level key (task id, instance id, base commit) cannot be told apart, so w
 from __future__ import annotations
 
 import ast
+import math
 import re
 import textwrap
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from dedup.components import components_sql
 from dedup.features import EpisodeFeatures
@@ -43,10 +45,13 @@ class GroupConfig:
     max_key_share: float = 0.2
     min_key_tasks: int = 3
     max_group_share: float = 0.25  # the audit warns when one group holds more of the episodes
+    # weak keys merge groups up to max(min_merge_tasks, max_merge_share of all tasks) tasks
+    max_merge_share: float = 0.02
+    min_merge_tasks: int = 8
 
     def describe(self) -> str:
         return (f"{','.join(self.keys)}:{self.repository_fallback}:{self.whole_repository}:"
-                f"cap={self.max_key_share:g}/{self.min_key_tasks}")
+                f"cap={self.max_key_share:g}/{self.min_key_tasks};merge={self.max_merge_share:g}/{self.min_merge_tasks}")
 
 
 def patch_symbols(patch: str | None) -> list[str]:
@@ -86,6 +91,7 @@ class GroupResult:
     flags_of: dict[str, list[str]] = field(default_factory=dict)
     repository_of: dict[str, str | None] = field(default_factory=dict)
     dropped_keys: dict[str, int] = field(default_factory=dict)  # per key kind: weak keys dropped
+    cut_keys: set[str] = field(default_factory=set)  # weak keys left spanning groups (size cap)
 
 
 def _task_of(f: EpisodeFeatures) -> str:
@@ -137,11 +143,58 @@ def episode_keys(f: EpisodeFeatures, repo: str | None, cfg: GroupConfig, cluster
     return keys
 
 
+def _merge_weak(strong: dict[str, str], task_of: dict[str, str], keys_of: dict[str, list[str]], cap: int,
+                era_of: dict[str, str]) -> tuple[dict[str, str], set[str]]:
+    """Union strong groups through weak keys, most specific key first, never past ``cap`` tasks
+    and never across eras (before / after the cutoff); returns the final label per strong group
+    and the keys left spanning groups."""
+    tasks: dict[str, set[str]] = {}
+    era: dict[str, frozenset[str]] = {}
+    for ep, g in strong.items():
+        tasks.setdefault(g, set()).add(task_of[ep])
+        era[g] = era.get(g, frozenset()) | {era_of.get(ep, "")}
+    size = {g: len(t) for g, t in tasks.items()}  # a task is one strong group: the sets are disjoint
+    key_groups: dict[str, set[str]] = {}
+    for ep, keys in keys_of.items():
+        for k in keys:
+            if k.startswith(WEAK_KEY_PREFIXES):
+                key_groups.setdefault(k, set()).add(strong[ep])
+    parent = {g: g for g in size}
+
+    def find(g: str) -> str:
+        while parent[g] != g:
+            parent[g] = parent[parent[g]]
+            g = parent[g]
+        return g
+
+    for k in sorted(key_groups, key=lambda k: (len(key_groups[k]), k)):
+        members = sorted(key_groups[k])
+        for g in members[1:]:
+            a, b = find(members[0]), find(g)
+            if a != b and size[a] + size[b] <= cap and era[a] == era[b]:
+                a, b = min(a, b), max(a, b)
+                parent[b] = a
+                size[a] += size[b]
+    label = {g: find(g) for g in parent}
+    cut = {k for k, gs in key_groups.items() if len({label[g] for g in gs}) > 1}
+    return label, cut
+
+
 def assign_groups(features: list[EpisodeFeatures], cfg: GroupConfig = GroupConfig(),
-                  clusters: dict[str, str] | None = None) -> GroupResult:
+                  clusters: dict[str, str] | None = None, cutoff: datetime | None = None) -> GroupResult:
+    """Groups in two passes. Strong keys (task, repository + task, a whole repository when asked
+    or when nothing else tells its tasks apart) are unioned without limit, in SQL. Weak keys then
+    merge those groups, the most specific key first, as long as the merged group holds at most
+    ``max(min_merge_tasks, max_merge_share x tasks)`` tasks: unioning
+    every weak link chains a repository's tasks into one group (percolation: 20 small corpora
+    became one group of 79 %). A weak key left spanning groups is *cut*; the split step holds out
+    the train episodes that share a cut key with an evaluation episode, so no train / evaluation
+    pair shares a key either way. With a ``cutoff``, a weak key never merges a group of tasks from
+    before it with one from after it: the merge would make the later tasks a mixed group's
+    held-out members (evaluation is the scarce side), while a cut costs only the train episodes
+    that share the key."""
     clusters = clusters or {}
     keys_of, flags_of, repo_of = {}, {}, {}
-    edges = []
     for f in features:
         repo = normalize_repository(f.repository, f.instance_id)
         repo_of[f.key] = repo
@@ -151,6 +204,7 @@ def assign_groups(features: list[EpisodeFeatures], cfg: GroupConfig = GroupConfi
     for k in drop:
         kind = k.split(":", 1)[0]
         dropped[kind] = dropped.get(kind, 0) + 1
+    edges = []
     for f in features:
         keys = [k for k in keys_of[f.key] if k not in drop]
         lost = len(keys) < len(keys_of[f.key])
@@ -161,16 +215,29 @@ def assign_groups(features: list[EpisodeFeatures], cfg: GroupConfig = GroupConfi
         if not [k for k in keys if not k.startswith("cluster:")]:
             flags.append("no_grouping_key")
         flags_of[f.key] = flags
-        edges += [(f"ep:{f.key}", f"key:{k}") for k in keys]
+        edges += [(f"ep:{f.key}", f"key:{k}") for k in keys if not k.startswith(WEAK_KEY_PREFIXES)]
     nodes = [f"ep:{f.key}" for f in features] + [b for _, b in edges]
     label = components_sql(nodes, edges)
-    # a group's id: digest of its smallest member key (independent of input order)
-    members: dict[str, list[str]] = {}
+    strong = {f.key: label[f"ep:{f.key}"] for f in features}
+    task_of = {f.key: _task_of(f) for f in features}
+    cap = max(cfg.min_merge_tasks, math.ceil(cfg.max_merge_share * len(set(task_of.values()))))
+    era_of = {f.key: "post" if cutoff and f.issue_created_at and f.issue_created_at > cutoff else "pre"
+              for f in features}
+    merged, cut = _merge_weak(strong, task_of, keys_of, cap, era_of)
     for f in features:
-        members.setdefault(label[f"ep:{f.key}"], []).append(f.key)
+        if any(k in cut for k in keys_of[f.key]):
+            flags_of[f.key].append("weak_link_cut")
+    # a group's id: digest of its smallest member key (independent of input order)
     group_of = {}
-    for keys in members.values():
+    for keys in _members({k: merged[g] for k, g in strong.items()}).values():
         gid = "g-" + ids.digest(min(keys))[:16]
         for k in keys:
             group_of[k] = gid
-    return GroupResult(group_of, keys_of, flags_of, repo_of, dropped)
+    return GroupResult(group_of, keys_of, flags_of, repo_of, dropped, cut)
+
+
+def _members(label_of: dict[str, str]) -> dict[str, list[str]]:
+    members: dict[str, list[str]] = {}
+    for key, label in label_of.items():
+        members.setdefault(label, []).append(key)
+    return members

@@ -30,7 +30,7 @@ from schemas import ids
 from schemas.tables import LeakFlagRow, NearDupClusterRow, SplitRow, TaskGroupRow
 
 TRANSFORM = "curate"
-CURATE_VERSION = "1.0.0"
+CURATE_VERSION = "2.0.0"  # 2.0: capped weak merges, held-out rules
 TABLES = ("near_dup_clusters", "task_groups", "splits", "leak_flags")
 
 
@@ -107,14 +107,15 @@ def curate(features: list[EpisodeFeatures], leaks: list, cfg: CurateConfig, run_
     for c in clusters.cluster_of.values():
         size[c] = size.get(c, 0) + 1
     reps = _representatives(features, clusters.cluster_of)
-    groups = assign_groups(features, cfg.groups, clusters.cluster_of)
+    groups = assign_groups(features, cfg.groups, clusters.cluster_of, cutoff=cfg.splits.cutoff)
     gsize = {}
     for g in groups.group_of.values():
         gsize[g] = gsize.get(g, 0) + 1
     leaked: dict[str, list[str]] = {}
     for leak in leaks:
         leaked.setdefault(leak.trajectory_key, []).append(f"{leak.kind}@{leak.step_index}")
-    splits = assign_splits(features, groups.group_of, cfg.splits, repository_of=groups.repository_of, leaks=leaked)
+    splits = assign_splits(features, groups.group_of, cfg.splits, repository_of=groups.repository_of, leaks=leaked,
+                           keys_of=groups.keys_of, cut_keys=groups.cut_keys)
     rows: dict[str, list[dict]] = {t: [] for t in TABLES}
     for f in features:
         c = clusters.cluster_of[f.key]

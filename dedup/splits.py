@@ -11,7 +11,11 @@ Rules, in order (each episode's ``reason`` says which one decided; docs/dedup.md
    the evaluation period's tasks and are trained on by no one.
 3. Leaks act. An episode whose agent saw the future (a leak flag) never enters an evaluation
    split: it is held out (``SplitConfig.hold_out_leaks``).
-4. Repository state. No train episode may work on a repository state (base commit time, else
+4. Weak links. Groups merge through weak keys only up to a size (``dedup.groups``); a weak key
+   left spanning groups (a *cut* key: a shared file, test, symbol or near-duplicate cluster) must
+   not join train to evaluation either, so a train episode that holds a cut key also held by an
+   evaluation episode is held out (``weak_link_to_eval``).
+5. Repository state. No train episode may work on a repository state (base commit time, else
    issue time) later than the fix of any evaluation task of the same repository (fix merge time,
    else the issue time as the earliest the fix can be): such a state may already contain the
    fix. Those train episodes are held out, with the evaluation task named in the reason.
@@ -30,7 +34,7 @@ from datetime import UTC, datetime
 
 from dedup.features import EpisodeFeatures
 
-SPLIT_VERSION = "2.0.0"  # 2.0: mixed groups, leak flags and repository state hold episodes out
+SPLIT_VERSION = "2.0.0"  # 2.0: mixed groups, leak flags, weak links and repository state hold episodes out
 EVAL_SPLITS = ("valid", "test")
 HELD_OUT = "held_out"
 
@@ -100,9 +104,11 @@ def _group_split(eps: list[EpisodeFeatures], gid: str, cfg: SplitConfig) -> tupl
 
 def assign_splits(features: list[EpisodeFeatures], group_of: dict[str, str], cfg: SplitConfig = SplitConfig(),
                   *, repository_of: dict[str, str | None] | None = None,
-                  leaks: dict[str, list[str]] | None = None) -> list[SplitRow]:
-    """One row per episode. ``repository_of``: normalized repository per trajectory key (rule 4);
-    ``leaks``: leak evidence per trajectory key (rule 3)."""
+                  leaks: dict[str, list[str]] | None = None, keys_of: dict[str, list[str]] | None = None,
+                  cut_keys: set[str] | None = None) -> list[SplitRow]:
+    """One row per episode. ``repository_of``: normalized repository per trajectory key (rule 5);
+    ``leaks``: leak evidence per trajectory key (rule 3); ``keys_of`` and ``cut_keys``: grouping
+    keys per episode and the weak keys left spanning groups (rule 4)."""
     cfg.validate()
     repository_of, leaks = repository_of or {}, leaks or {}
     members: dict[str, list[EpisodeFeatures]] = {}
@@ -131,13 +137,32 @@ def assign_splits(features: list[EpisodeFeatures], group_of: dict[str, str], cfg
                 row.split, row.reason = HELD_OUT, f"held out of {split}: leak flag {', '.join(sorted(leaks[f.key]))}"
                 row.flags.append("leak_held_out")
             rows[f.key] = row
+    _hold_out_weak_links(rows, keys_of or {}, cut_keys or set())
     _hold_out_future_states(rows, feats, repository_of)
     return [rows[k] for k in sorted(rows, key=lambda k: (rows[k].group_id, k))]
 
 
+def _hold_out_weak_links(rows: dict[str, SplitRow], keys_of: dict[str, list[str]], cut_keys: set[str]) -> None:
+    """Rule 4: a train episode holding a cut key that an evaluation episode also holds."""
+    in_eval: dict[str, str] = {}
+    for key, row in sorted(rows.items()):
+        if row.split in EVAL_SPLITS:
+            for k in keys_of.get(key, []):
+                if k in cut_keys:
+                    in_eval.setdefault(k, key)
+    for key, row in rows.items():
+        if row.split != "train":
+            continue
+        shared = sorted(k for k in keys_of.get(key, []) if k in in_eval)
+        if shared:
+            row.split = HELD_OUT
+            row.reason = f"held out of train: shares {shared[0]} with evaluation episode {in_eval[shared[0]][:12]}"
+            row.flags.append("weak_link_to_eval")
+
+
 def _hold_out_future_states(rows: dict[str, SplitRow], feats: dict[str, EpisodeFeatures],
                             repository_of: dict[str, str | None]) -> None:
-    """Rule 4: a train episode whose repository state is later than the earliest fix of an
+    """Rule 5: a train episode whose repository state is later than the earliest fix of an
     evaluation task of the same repository is held out."""
     earliest: dict[str, tuple[datetime, str]] = {}
     for key, row in rows.items():

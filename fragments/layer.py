@@ -101,7 +101,7 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
                 summary.fragments[f.kind] = summary.fragments.get(f.kind, 0) + 1
         rows["task_stats"] = [{**r, **lineage} for r in task_statistics(stat_rows, cfg)]
         replace_tables(session, rows, _MODELS, run_id=run_id, version=v)
-        summary.episodes, summary.tasks = len(eps), len(rows["task_stats"])
+        summary.episodes, summary.tasks = len(eps), len({r["task_id"] for r in rows["task_stats"]})
         session.upsert_rows("runs", [run_row(run_id, "fragments", started, params={"version": v},
                                              counts=summary.__dict__, code_version=f"{TRANSFORM}@{RULES_VERSION}")])
     return summary

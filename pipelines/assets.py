@@ -133,7 +133,8 @@ def curated(context: dg.AssetExecutionContext, config: CurateAssetConfig, wareho
     common = {"skipped_unchanged": s.skipped, "episodes": s.episodes}
     yield dg.MaterializeResult(asset_key="near_dup_clusters", metadata={**common, "clusters": s.clusters,
                                                                         "episodes_in_dup_clusters": s.duplicates})
-    yield dg.MaterializeResult(asset_key="task_groups", metadata={**common, "groups": s.groups})
+    yield dg.MaterializeResult(asset_key="task_groups", metadata={
+        **common, "groups": s.groups, "largest_group": s.largest_group, "episodes_with_weak_key_dropped": s.weak_key_episodes})
     yield dg.MaterializeResult(asset_key="splits", metadata={**common, **{f"split:{k}": v for k, v in sorted(s.splits.items())}})
     yield dg.MaterializeResult(asset_key="leak_flags", metadata={**common, "flags": s.leaks})
 
@@ -160,4 +161,6 @@ def fragment_layer(context: dg.AssetExecutionContext, config: FragmentsConfig, w
     common = {"skipped_unchanged": s.skipped, "episodes": s.episodes}
     yield dg.MaterializeResult(asset_key="outcomes", metadata={**common, **{f"cause:{k}": v for k, v in sorted(s.causes.items())}})
     yield dg.MaterializeResult(asset_key="task_stats", metadata={**common, "tasks": s.tasks})
-    yield dg.MaterializeResult(asset_key="fragments", metadata={**common, **{f"kind:{k}": v for k, v in sorted(s.fragments.items())}})
+    yield dg.MaterializeResult(asset_key="fragments", metadata={
+        **common, **{f"kind:{k}": v for k, v in sorted(s.fragments.items())},
+        **{f"withheld:{k}": v for k, v in sorted(s.withheld.items())}})

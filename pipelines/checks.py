@@ -72,4 +72,20 @@ def one_outcome_per_episode(warehouse: WarehouseResource) -> dg.AssetCheckResult
     return _result(r)
 
 
-ALL_CHECKS = [one_outcome_per_episode, no_group_crosses_splits, redacted_layer_has_no_secrets, redacted_steps_have_lineage, episodes_have_lineage, steps_have_lineage, normalized_reconciles_with_raw]
+@dg.asset_check(asset="fragments", blocking=True,
+                description="Training fragments come only from train episodes: none from valid, test or held-out "
+                            "episodes, none from leak-flagged ones unless [leaks] train_fragments allows it.")
+def fragments_only_from_train(warehouse: WarehouseResource) -> dg.AssetCheckResult:
+    allow_leaks = warehouse.settings().leaks.train_fragments
+    r = warehouse.get().query("""
+        SELECT (SELECT count(*) FROM fragments f JOIN splits s USING (trajectory_key) WHERE s.split <> 'train')
+                   AS not_train_violations,
+               (SELECT count(DISTINCT f.fragment_id) FROM fragments f JOIN leak_flags l USING (trajectory_key)
+                 WHERE l.kind <> 'fix_after_cutoff') AS leak_flagged_fragments,
+               (SELECT count(*) FROM fragments) AS fragments""").to_pylist()[0]
+    if not allow_leaks:
+        r["leak_flagged_violations"] = r.pop("leak_flagged_fragments")
+    return _result(r)
+
+
+ALL_CHECKS = [fragments_only_from_train, one_outcome_per_episode, no_group_crosses_splits, redacted_layer_has_no_secrets, redacted_steps_have_lineage, episodes_have_lineage, steps_have_lineage, normalized_reconciles_with_raw]

@@ -45,7 +45,8 @@ def curate_config(settings: Settings) -> CurateConfig:
     return CurateConfig(
         minhash=MinHashParams(threshold=settings.near_dup.threshold),
         groups=GroupConfig(keys=g.keys, whole_repository=sp.whole_repository, max_key_share=g.max_key_share,
-                           min_key_tasks=g.min_key_tasks, max_group_share=g.max_group_share),
+                           min_key_tasks=g.min_key_tasks, max_group_share=g.max_group_share,
+                           max_merge_share=g.max_merge_share, min_merge_tasks=g.min_merge_tasks),
         splits=SplitConfig(train=sp.fractions[0], valid=sp.fractions[1], test=sp.fractions[2], cutoff=sp.cutoff,
                            salt=sp.salt, hold_out_leaks=settings.leaks.hold_out_of_eval),
         digest=settings.digest())

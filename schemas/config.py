@@ -17,6 +17,8 @@ Example (all keys optional)::
     max_key_share = 0.2            # a weak key shared by more of a repository's tasks is dropped
     min_key_tasks = 3              # ... unless it is shared by at most this many tasks
     max_group_share = 0.25         # the audit warns when one group holds more of the episodes
+    max_merge_share = 0.02         # weak keys merge groups up to this share of the tasks ...
+    min_merge_tasks = 8            # ... or this many tasks, whichever is larger
 
     [near_dup]
     threshold = 0.8                # Jaccard similarity for near-duplicate episodes
@@ -79,6 +81,8 @@ class GroupSettings(_Section):
     max_key_share: float = Field(0.2, gt=0, le=1)
     min_key_tasks: int = Field(3, ge=1)
     max_group_share: float = Field(0.25, gt=0, le=1)
+    max_merge_share: float = Field(0.02, gt=0, le=1)
+    min_merge_tasks: int = Field(8, ge=1)
 
     @field_validator("keys")
     @classmethod

@@ -100,7 +100,8 @@ def test_build_takes_split_controls_and_reports_realized_shares(tmp_path, small_
     hashed = run("build", "--cutoff", "none", "--fractions", "0.6,0.2,0.2")
     a = json.loads(run("audit", "--json").stdout)
     realized = {r["split"]: r["realized"] for r in a["splits"] if r["split"] != "held_out"}
-    assert set(realized) == {"train", "valid", "test"} and a["requested"]["fractions"]["train"] == 0.6
+    assert "train" in realized and set(realized) & {"valid", "test"} and a["requested"]["fractions"]["train"] == 0.6
+    assert abs(sum(realized.values()) - 1) < 1e-3  # shares of the episodes not held out
     assert a["violations"] == 0 and "splits: " in hashed.stdout
     whole = run("build", "--cutoff", "none", "--whole-repository")
     assert whole.returncode == 0

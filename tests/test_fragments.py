@@ -175,6 +175,13 @@ def test_outcome_rules_per_real_harness_format(tmp_path):
     assert by[("swe-agent", "pydicom__pydicom-1458")] == "verifier_unavailable"  # submitted, no verdict
     # aider logs report no outcome; the one session that ends in Aider's own Python traceback is a crash
     assert Counter(r["cause"] for r in rows if r["format"] == "aider") == {"unknown": 30, "harness_crash": 1}
+    # no unknown outcome is counted as a failed attempt (chat sessions have no verdict)
+    stats = wh.query("SELECT * FROM task_stats WHERE level = 'task_policy'").to_pylist()
+    counted = wh.query("SELECT count(*) AS n FROM outcomes WHERE cause NOT IN ('unknown', 'harness_crash', "
+                       "'environment_failure', 'resource_exhausted', 'verifier_unavailable')").to_pylist()[0]["n"]
+    assert sum(r["attempts"] for r in stats) == counted
+    assert sum(r["unknown_outcomes"] for r in stats) == Counter(r["cause"] for r in rows)["unknown"] > 0
+    assert not [r for r in stats if r["all_fail"] == "too_hard" and r["attempts"] == 0]
 
 
 def test_classify_outcome_reads_the_harness_words():

@@ -33,7 +33,7 @@ def test_graph_ingests_builds_and_passes_checks(wh, small_corpus):
     assert checks_of(result) == {"episodes_have_lineage": True, "steps_have_lineage": True,
                                  "normalized_reconciles_with_raw": True, "redacted_layer_has_no_secrets": True,
                                  "redacted_steps_have_lineage": True, "no_group_crosses_splits": True,
-                                 "one_outcome_per_episode": True}
+                                 "one_outcome_per_episode": True, "fragments_only_from_train": True}
     counts = wh.query("SELECT (SELECT count(*) FROM episodes) AS e, (SELECT count(*) FROM steps) AS s, "
                       "(SELECT sum(n_steps) FROM episodes) AS n").to_pylist()[0]
     assert counts["e"] == 150 and counts["s"] == counts["n"] > 150 * 5

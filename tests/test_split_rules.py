@@ -6,6 +6,7 @@ goes through ingest, normalize and redaction from tests/cases/curation/ssh_remot
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import UTC, datetime
 
 import pytest
@@ -125,8 +126,53 @@ def test_weak_keys_do_not_chain_unrelated_tasks_into_one_group():
     assert capped.group_of["e0"] == capped.group_of["e0-retry"]
     assert all("weak_key_dropped" in capped.flags_of[f"e{i}"] for i in range(20))
     assert capped.dropped_keys == {"file": 2, "test": 1}
-    uncapped = assign_groups(features, GroupConfig(max_key_share=1.0))
+    uncapped = assign_groups(features, GroupConfig(max_key_share=1.0, max_merge_share=1.0))
     assert len(set(uncapped.group_of.values())) == 1
+    merge_capped = assign_groups(features, GroupConfig(max_key_share=1.0))  # keys kept, merges bounded
+    sizes = Counter(merge_capped.group_of.values())
+    assert max(sizes.values()) <= 8 + 1 and len(sizes) > 1  # at most 8 tasks (+ the retry) per group
+    assert "file:github.com/acme/widgetlib:README.md" in merge_capped.cut_keys
+
+
+def test_weak_links_past_the_merge_cap_never_join_train_to_evaluation():
+    """A weak key the merge cap left spanning two groups (src/core.py) must not join a train
+    episode to an evaluation episode: the train episodes that share it are held out."""
+    core = "file:github.com/acme/widgetlib:src/core.py"
+    features = [ep(f"old{i}", f"acme__widgetlib-{i}", "2025-01-01") for i in range(3)]
+    features.append(ep("new", "acme__widgetlib-99", "2025-09-01", fix="2025-09-10", started="2025-09-11"))
+    group_of = {"old0": "g-a", "old1": "g-a", "old2": "g-b", "new": "g-c"}
+    keys_of = {"old0": [core], "old1": ["file:x"], "old2": [], "new": [core]}
+    rows = {r.trajectory_key: r for r in assign_splits(features, group_of, SplitConfig(cutoff=CUTOFF),
+                                                       keys_of=keys_of, cut_keys={core})}
+    assert rows["new"].split in ("valid", "test")
+    assert rows["old0"].split == "held_out" and "src/core.py" in rows["old0"].reason
+    assert "weak_link_to_eval" in rows["old0"].flags
+    assert rows["old1"].split == rows["old2"].split == "train"
+
+
+def test_no_train_and_evaluation_episode_share_a_grouping_key():
+    """The invariant behind groups, on a random repository where tasks share files at random
+    (enough to percolate into one group without the merge cap)."""
+    import random
+
+    rng = random.Random(5)
+    features, issued = [], [f"2025-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}" for _ in range(60)]
+    for i in range(120):
+        issue = issued[i % 60]
+        files = [f"src/m{rng.randint(0, 40)}.py" for _ in range(2)]
+        features.append(ep(f"e{i}", f"acme__widgetlib-{i % 60}", issue, fix=None, started="2025-12-30", files=files))
+    groups = assign_groups(features, GroupConfig(max_key_share=1.0))
+    assert max(Counter(groups.group_of.values()).values()) < 60  # not one giant group
+    chained = assign_groups(features, GroupConfig(max_key_share=1.0, max_merge_share=1.0))
+    assert max(Counter(chained.group_of.values()).values()) > 100  # without the merge cap: percolation
+    rows = assign_splits(features, groups.group_of, SplitConfig(cutoff=CUTOFF), repository_of=groups.repository_of,
+                         keys_of=groups.keys_of, cut_keys=groups.cut_keys)
+    split = {r.trajectory_key: r.split for r in rows}
+    evals = [k for k, v in split.items() if v in ("valid", "test")]
+    assert evals
+    for t in (k for k, v in split.items() if v == "train"):
+        for e in evals:
+            assert not set(groups.keys_of[t]) & set(groups.keys_of[e]), (t, e)
 
 
 def test_a_key_shared_by_a_few_tasks_still_groups_them():

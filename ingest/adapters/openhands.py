@@ -128,6 +128,17 @@ def _model_of(events: list[dict[str, Any]]) -> str | None:
     return None
 
 
+def _steps_of(events: list[dict[str, Any]], *, first_user_is_harness: bool) -> tuple[list[dict], dict[str, int], bool]:
+    """Steps of V0 or V1 (SDK) events, the episode's link / event counts, and which it was."""
+    v1 = is_v1(events)
+    if v1:
+        steps, counts = v1_events_to_steps(events, first_user_is_harness=first_user_is_harness)
+    else:
+        steps, counts = events_to_steps(events, first_user_is_harness=first_user_is_harness), {}
+    counts.update(link_observations(steps))
+    return steps, counts, v1
+
+
 def _finished(events: list[dict[str, Any]]) -> bool:
     """The agent called finish (V0 ``action: finish``, V1 ``FinishAction``)."""
     return any(e.get("action") == "finish" or (isinstance(e.get("action"), dict)
@@ -168,12 +179,7 @@ class OpenHandsOutputAdapter(Adapter):
         if not history and not obj.get("error"):
             raise InputFormatError("empty history and no error: nothing says what the agent did",
                                    where=ctx.where(), valid="a history with events, or an 'error' for a failed run")
-        v1 = is_v1(history)
-        if v1:
-            steps, counts = v1_events_to_steps(history, first_user_is_harness=True)
-        else:
-            steps, counts = events_to_steps(history, first_user_is_harness=True), {}
-        counts.update(link_observations(steps))
+        steps, counts, v1 = _steps_of(history, first_user_is_harness=True)
         metrics = obj.get("metrics") or {}
         usage = metrics.get("accumulated_token_usage") or {}
         common = _common(steps)
@@ -237,12 +243,7 @@ class OpenHandsEventStreamAdapter(Adapter):
     def parse(self, obj: list[dict[str, Any]], ctx: RecordContext) -> list[ParsedEpisode]:
         if not obj:
             raise InputFormatError("empty event stream", where=ctx.where(), valid="a JSON array of OpenHands events")
-        v1 = is_v1(obj)
-        if v1:
-            steps, counts = v1_events_to_steps(obj, first_user_is_harness=False)
-        else:
-            steps, counts = events_to_steps(obj, first_user_is_harness=False), {}
-        counts.update(link_observations(steps))
+        steps, counts, v1 = _steps_of(obj, first_user_is_harness=False)
         first_user = next((s["text"] for s in steps if s["author"] == "human"), None)
         ep = episode(task_text=first_user, harness_name="openhands-sdk" if v1 else "openhands", policy_name=_model_of(obj),
                      exit_status="finished" if _finished(obj) else None,
