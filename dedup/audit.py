@@ -1,7 +1,9 @@
 """The split audit: what must be zero, what was held out and why, and requested vs realized shares.
 
-Must be zero (``violations``): task groups, near-duplicate clusters and grouping keys (a file, a
-test, a symbol, a task) shared by train and an evaluation split; (train, evaluation) pairs of one repository where the train episode's
+Must be zero (``violations``): task groups and near-duplicate clusters with members in train and
+in an evaluation split; grouping keys (a file, a test, a symbol) shared by a train episode and an
+evaluation episode whose task it could have seen (its repository state is not before the task's
+issue); (train, evaluation) pairs of one repository where the train episode's
 repository state is later than the evaluation task's fix; leak-flagged episodes in an
 evaluation split. ``held_out`` episodes are in no split and do not count as crossing.
 
@@ -40,9 +42,19 @@ def violations(wh: Warehouse) -> dict[str, int]:
     return {
         "groups_across_splits": q(f"SELECT count(*) FROM (SELECT group_id FROM splits GROUP BY 1 HAVING {_CROSS})"),
         "clusters_across_splits": q(f"SELECT count(*) FROM (SELECT cluster_id FROM splits GROUP BY 1 HAVING {_CROSS})"),
+        # a key held by a train and an evaluation episode, where the train episode could have seen
+        # the evaluation task (its state is not before the task's issue), or a shared near-dup cluster
         "train_eval_shared_keys": q(f"""
-            WITH k AS (SELECT s.split, unnest(g.keys) AS key FROM splits s JOIN task_groups g USING (trajectory_key))
-            SELECT count(*) FROM (SELECT key FROM k GROUP BY key HAVING {_CROSS})"""),
+            WITH k AS (SELECT s.split, unnest(g.keys) AS key, {_STATE} AS state_at, e.issue_created_at
+                       FROM splits s JOIN task_groups g USING (trajectory_key)
+                       JOIN redacted_episodes e USING (trajectory_key) WHERE s.split IN ('train', 'valid', 'test'))
+            SELECT count(*) FROM (
+                SELECT key FROM k GROUP BY key HAVING {_CROSS} AND (
+                    key LIKE 'cluster:%'
+                    OR bool_or(split = 'train' AND state_at IS NULL)
+                    OR bool_or(split <> 'train' AND issue_created_at IS NULL)
+                    OR max(state_at) FILTER (WHERE split = 'train')
+                       >= min(issue_created_at) FILTER (WHERE split <> 'train')))"""),
         "train_after_eval_fix_pairs": q(f"""
             WITH ep AS (SELECT s.trajectory_key, s.split, g.repository, {_STATE} AS state_at, {_FIX} AS fix_at
                         FROM splits s JOIN task_groups g USING (trajectory_key)

@@ -13,8 +13,10 @@ Rules, in order (each episode's ``reason`` says which one decided; docs/dedup.md
    split: it is held out (``SplitConfig.hold_out_leaks``).
 4. Weak links. Groups merge through weak keys only up to a size (``dedup.groups``); a weak key
    left spanning groups (a *cut* key: a shared file, test, symbol or near-duplicate cluster) must
-   not join train to evaluation either, so a train episode that holds a cut key also held by an
-   evaluation episode is held out (``weak_link_to_eval``).
+   not join train to evaluation either: a train episode that holds a cut key also held by an
+   evaluation episode is held out (``weak_link_to_eval``), unless its repository state predates
+   the evaluation task's issue (it cannot have seen that task; with a cutoff this is the common
+   case). A shared near-duplicate cluster is held out whatever the times (contamination).
 5. Repository state. No train episode may work on a repository state (base commit time, else
    issue time) later than the fix of any evaluation task of the same repository (fix merge time,
    else the issue time as the earliest the fix can be): such a state may already contain the
@@ -137,23 +139,36 @@ def assign_splits(features: list[EpisodeFeatures], group_of: dict[str, str], cfg
                 row.split, row.reason = HELD_OUT, f"held out of {split}: leak flag {', '.join(sorted(leaks[f.key]))}"
                 row.flags.append("leak_held_out")
             rows[f.key] = row
-    _hold_out_weak_links(rows, keys_of or {}, cut_keys or set())
+    _hold_out_weak_links(rows, feats, keys_of or {}, cut_keys or set())
     _hold_out_future_states(rows, feats, repository_of)
     return [rows[k] for k in sorted(rows, key=lambda k: (rows[k].group_id, k))]
 
 
-def _hold_out_weak_links(rows: dict[str, SplitRow], keys_of: dict[str, list[str]], cut_keys: set[str]) -> None:
-    """Rule 4: a train episode holding a cut key that an evaluation episode also holds."""
-    in_eval: dict[str, str] = {}
+def _hold_out_weak_links(rows: dict[str, SplitRow], feats: dict[str, EpisodeFeatures], keys_of: dict[str, list[str]],
+                         cut_keys: set[str]) -> None:
+    """Rule 4: a train episode holding a cut key that an evaluation episode also holds, unless
+    the train episode's repository state predates that evaluation task's issue (it cannot have
+    seen the task: a shared file or test is not a leak then). A near-duplicate cluster is
+    contamination whatever the times: always held out."""
+    in_eval: dict[str, tuple[datetime | None, str]] = {}  # key -> (earliest issue, None if unknown; episode)
     for key, row in sorted(rows.items()):
-        if row.split in EVAL_SPLITS:
-            for k in keys_of.get(key, []):
-                if k in cut_keys:
-                    in_eval.setdefault(k, key)
+        if row.split not in EVAL_SPLITS:
+            continue
+        issued = feats[key].issue_created_at
+        for k in keys_of.get(key, []):
+            if k in cut_keys:
+                known = in_eval.get(k, (issued, key))
+                earliest = None if known[0] is None or issued is None else min(known[0], issued)
+                in_eval[k] = (earliest, known[1])
+
+    def leaks(train_key: str, k: str) -> bool:
+        issued, state = in_eval[k][0], state_time(feats[train_key])
+        return k.startswith("cluster:") or issued is None or state is None or state >= issued
+
     for key, row in rows.items():
         if row.split != "train":
             continue
-        shared = sorted(k for k in keys_of.get(key, []) if k in in_eval)
+        shared = sorted(k for k in keys_of.get(key, []) if k in in_eval and leaks(key, k))
         if shared:
             row.split = HELD_OUT
             row.reason = f"held out of train: shares {shared[0]} with evaluation episode {in_eval[shared[0]][:12]}"

@@ -7,15 +7,18 @@ episode, and its step ids (lineage to ``redacted_steps``).
 
 Which episodes give training fragments (ARCHITECTURE.md section 1): only ``train`` ones (or
 episodes not curated yet); evaluation splits and held-out episodes never do; leak-flagged
-episodes (an agent that saw the future) do not either, unless ``StatsConfig.leak_fragments``.
+episodes (an agent that saw the future) do not either, unless ``SelectConfig.leak_fragments``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import orjson
+
+from fragments.context import choose_context
 from fragments.outcomes import OUTCOME_RULES_VERSION, classify_outcome
-from fragments.select import RULES_VERSION, select_fragments
+from fragments.select import RULES_VERSION, Fragment, SelectConfig, select_fragments
 from fragments.task_stats import StatsConfig, task_statistics
 from lineage.catalog import Warehouse, now_utc
 from lineage.rebuild import inputs_fingerprint, is_current, replace_tables, run_row
@@ -37,25 +40,50 @@ class FragmentSummary:
     withheld: dict[str, int] = field(default_factory=dict)  # episodes giving no fragments, by why
 
 
-def version(cfg: StatsConfig) -> str:
+def version(cfg: StatsConfig, sel: SelectConfig) -> str:
     return (f"{TRANSFORM}@outcomes={OUTCOME_RULES_VERSION};select={RULES_VERSION};"
             f"prior={cfg.prior_alpha:g},{cfg.prior_beta:g};level={cfg.level};recency={cfg.recency_half_life_days:g};"
-            f"pooled={cfg.pooled};refs={','.join(cfg.reference_policies)};leak_fragments={cfg.leak_fragments}")
+            f"pooled={cfg.pooled};refs={','.join(cfg.reference_policies)};leak_fragments={sel.leak_fragments};"
+            f"controls={sel.controls};context={sel.context_budget_chars}")
 
 
-def gives_fragments(split: str | None, leak_kinds: list[str], cfg: StatsConfig) -> bool:
-    return split in (None, "train") and (cfg.leak_fragments or not leak_kinds)
+def gives_fragments(split: str | None, leak_kinds: list[str], sel: SelectConfig) -> bool:
+    return split in (None, "train") and (sel.leak_fragments or not leak_kinds)
+
+
+def json_text(value: dict) -> str:
+    return orjson.dumps(value).decode()
+
+
+def fragment_row(f: Fragment, steps: list[dict], step_id: dict[int, str], sel: SelectConfig) -> dict:
+    """A fragment's row: its span, its chosen context (with reasons) and its phases, by step id."""
+    ctx = choose_context(f, steps, sel.context_budget_chars)
+    span = [step_id[i] for i in range(f.start, f.end + 1) if i in step_id]
+    context_ids = [step_id[i] for i in ctx.included if i in step_id]
+    return {
+        "fragment_id": f.fragment_id, "trajectory_key": f.trajectory_key, "kind": f.kind,
+        "context_start": min([f.start, *ctx.included]), "start_step": f.start, "end_step": f.end,
+        "step_ids": context_ids + span, "span_step_ids": span, "context_step_ids": context_ids,
+        "context_reasons": json_text({step_id[i]: r for i, r in ctx.included.items() if i in step_id}) or None,
+        "context_dropped": json_text({step_id[i]: r for i, r in ctx.dropped.items() if i in step_id})
+        if ctx.dropped else None, "context_chars": ctx.chars,
+        "phases": json_text({p: [step_id[i] for i in idx if i in step_id] for p, idx in f.phases.items()})
+        if f.phases else None,
+        "verdict_reward": f.verdict_reward, "progress_score": f.progress_score, "evidence_source": f.evidence_source,
+        "confidence": f.confidence, "trainable": f.trainable, "selection_reason": f.reason,
+        "tests_before": list(f.tests_before), "tests_after": list(f.tests_after), "rules_version": RULES_VERSION}
 
 
 def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = None, full: bool = False,
-                    lock_timeout: float = 60.0) -> FragmentSummary:
+                    lock_timeout: float = 60.0, select: SelectConfig | None = None) -> FragmentSummary:
     cfg = cfg or StatsConfig()
+    sel = select or SelectConfig()
     summary = FragmentSummary(run_id)
     started = now_utc()
     with wh.write_session("fragments", timeout=lock_timeout) as session:
         inputs = inputs_fingerprint(wh, ["redacted_episodes", "redacted_steps", "near_dup_clusters", "splits",
                                          "leak_flags"])
-        v = f"{version(cfg)};inputs={inputs}"
+        v = f"{version(cfg, sel)};inputs={inputs}"
         if not full and is_current(wh, "fragments", v):
             summary.skipped = True
             return summary
@@ -68,8 +96,12 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
                           LEFT JOIN near_dup_clusters c USING (trajectory_key) LEFT JOIN splits s USING (trajectory_key)
                           ORDER BY e.trajectory_key""").to_pylist()
         steps_of: dict[str, list[dict]] = {}
-        for s in wh.query("""SELECT trajectory_key, step_id, step_index, author, role, text, observation, exit_code, action_kind,
-                                    test_results FROM redacted_steps ORDER BY trajectory_key, step_index""").to_pylist():
+        for s in wh.query("""SELECT trajectory_key, step_id, step_index, author, role, text, observation, exit_code,
+                                    action_kind, action_object, action_command, test_results,
+                                    json_extract(metadata, '$.tests_summary') AS tests_summary
+                             FROM redacted_steps ORDER BY trajectory_key, step_index""").to_pylist():
+            if s["tests_summary"]:
+                s["tests_summary"] = orjson.loads(s["tests_summary"])
             steps_of.setdefault(s["trajectory_key"], []).append(s)
         rows: dict[str, list[dict]] = {t: [] for t in TABLES}
         stat_rows = []
@@ -85,23 +117,18 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
                               "cause": o.cause, "policy_name": e["policy_name"], "harness_name": e["harness_name"],
                               "started_at": e["started_at"]})
             step_id = {s["step_index"]: s["step_id"] for s in steps}
-            if not gives_fragments(e["split"], e["leak_kinds"], cfg):
+            if not gives_fragments(e["split"], e["leak_kinds"], sel):
                 why = "leak_flagged" if e["split"] == "train" else e["split"]
                 summary.withheld[why] = summary.withheld.get(why, 0) + 1
                 continue
-            for f in select_fragments(e, steps, o.cause, o.quarantined):
-                rows["fragments"].append({
-                    "fragment_id": f.fragment_id, "trajectory_key": f.trajectory_key, "kind": f.kind,
-                    "context_start": f.context_start, "start_step": f.start, "end_step": f.end,
-                    "step_ids": [step_id[i] for i in range(f.context_start, f.end + 1) if i in step_id],
-                    "reward": f.reward, "evidence_source": f.evidence_source, "confidence": f.confidence,
-                    "selection_reason": f.reason, "tests_before": list(f.tests_before), "tests_after": list(f.tests_after),
-                    "dedup_weight": e["dedup_weight"], "split": e["split"], "leak_kinds": e["leak_kinds"],
-                    "rules_version": RULES_VERSION, **lineage})
+            for f in select_fragments(e, steps, o.cause, o.quarantined, sel):
+                rows["fragments"].append({**fragment_row(f, steps, step_id, sel), "dedup_weight": e["dedup_weight"],
+                                          "split": e["split"], "leak_kinds": e["leak_kinds"], **lineage})
                 summary.fragments[f.kind] = summary.fragments.get(f.kind, 0) + 1
         rows["task_stats"] = [{**r, **lineage} for r in task_statistics(stat_rows, cfg)]
         replace_tables(session, rows, _MODELS, run_id=run_id, version=v)
         summary.episodes, summary.tasks = len(eps), len({r["task_id"] for r in rows["task_stats"]})
-        session.upsert_rows("runs", [run_row(run_id, "fragments", started, params={"version": v},
+        params = {"version": v, "config_digest": cfg.config_digest}
+        session.upsert_rows("runs", [run_row(run_id, "fragments", started, params=params,
                                              counts=summary.__dict__, code_version=f"{TRANSFORM}@{RULES_VERSION}")])
     return summary

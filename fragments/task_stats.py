@@ -46,7 +46,6 @@ class StatsConfig:
     reference_policies: tuple[str, ...] = ("reference", "oracle", "gold")
     recency_half_life_days: float = 0.0  # 0: every attempt weighs 1
     pooled: bool = False  # also one row per task over every policy
-    leak_fragments: bool = False  # leak-flagged episodes give training fragments
     config_digest: str | None = None
 
 

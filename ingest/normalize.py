@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from ingest.actions import annotate_step
 from ingest.adapters.base import ParsedEpisode, RecordContext, adapters, get_adapter
 from ingest.raw_store import quarantine_row
+from ingest.test_output import parse_test_output
 from lineage.catalog import Warehouse, WriteSession, now_utc
 from lineage.rebuild import run_row
 from lineage.storage import WrittenFile
@@ -169,6 +170,7 @@ class _BatchNormalizer:
         self.edges.append(_edge(key, "episodes", rec["record_id"], "raw_records", lineage))
         for step in pe.steps:
             annotate_step(step)
+            _read_test_output(step)
             sid = ids.step_id(key, step["step_index"])
             self.steps.append({**step, "step_id": sid, "trajectory_key": key, **lineage})
             self.edges.append(_edge(sid, "steps", key, "episodes", lineage))
@@ -199,9 +201,21 @@ class _BatchNormalizer:
         self.episodes, self.steps, self.edges = [], [], []
 
 
+def _read_test_output(step: dict[str, Any]) -> None:
+    """Per-test results from a runner's output, when the source gave none (ingest/test_output.py)."""
+    if step.get("author") != "environment" or step.get("test_results") or not step.get("observation"):
+        return
+    parsed = parse_test_output(step["observation"])
+    if parsed:
+        runner, results, summary = parsed
+        step["test_results"] = results or None
+        step["metadata"] = _with_meta(step.get("metadata"), {"tests_parsed_from": runner, "tests_summary": summary})
+
+
 def _with_meta(metadata: str | dict | None, extra: dict[str, Any]) -> str:
     current = orjson.loads(metadata) if isinstance(metadata, str) and metadata else metadata or {}
-    return orjson.dumps({**(current if isinstance(current, dict) else {"metadata": current}), **extra}).decode()
+    merged = {**(current if isinstance(current, dict) else {"metadata": current}), **extra}
+    return orjson.dumps(merged, option=orjson.OPT_SORT_KEYS).decode()  # as adapters write it (json_text)
 
 
 def _edge(child: str, child_table: str, parent: str, parent_table: str, lineage: dict[str, str]) -> dict[str, str]:

@@ -43,6 +43,8 @@ def trace(wh: Warehouse, ident: str) -> Trace:
     fragment = None
     if _has_rows(wh, "fragments"):
         fragment = _one(wh, """SELECT fragment_id, trajectory_key, kind, context_start, start_step, end_step, step_ids,
+                                      span_step_ids, context_step_ids, context_reasons, context_dropped, context_chars,
+                                      phases, evidence_source, confidence, verdict_reward, progress_score, trainable,
                                       split, dedup_weight, selection_reason, _run_id, _transform_version
                                FROM fragments WHERE fragment_id LIKE ? LIMIT 2""", ident, "fragment")
     step = _one(wh, """SELECT step_id, trajectory_key, step_index, role, author, _record_id, _batch_id, _run_id,

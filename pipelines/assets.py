@@ -157,6 +157,7 @@ class FragmentsConfig(dg.Config):
 def fragment_layer(context: dg.AssetExecutionContext, config: FragmentsConfig, warehouse: WarehouseResource):
     s = build_fragments(warehouse.get(), run_id=context.run_id, full=config.full,
                         cfg=settings_mod.stats_config(warehouse.settings()),
+                        select=settings_mod.select_config(warehouse.settings()),
                         lock_timeout=warehouse.lock_timeout)
     common = {"skipped_unchanged": s.skipped, "episodes": s.episodes}
     yield dg.MaterializeResult(asset_key="outcomes", metadata={**common, **{f"cause:{k}": v for k, v in sorted(s.causes.items())}})

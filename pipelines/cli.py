@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import click
+import orjson
 from rich.markup import escape
 
 from lineage.catalog import Warehouse
@@ -168,6 +169,20 @@ def print_split_summary(wh: Warehouse) -> None:
         render.err_console.print(f"[bold red]WARNING:[/] {escape(warning)}")
 
 
+def print_fragment_context(f: dict[str, Any]) -> None:
+    """The phases of a recovery and the context choice of a fragment, step by step."""
+    c = render.console
+    for phase, step_ids in orjson.loads(f["phases"] or "{}").items():
+        c.print(f"  phase {phase}: {len(step_ids)} step(s) {', '.join(s[:8] for s in step_ids)}")
+    reasons = orjson.loads(f["context_reasons"] or "{}")
+    c.print(f"  context: {len(f['context_step_ids'])} step(s), {f['context_chars']:,} characters (input only)")
+    for sid in f["context_step_ids"]:
+        c.print(escape(f"    {sid[:12]}  {reasons.get(sid, '')}"))
+    for sid, why in orjson.loads(f["context_dropped"] or "{}").items():
+        c.print(escape(f"    dropped {sid[:12]}  {why}"))
+    c.print(f"  trained span: {len(f['span_step_ids'])} step(s), loss on the model's own tokens")
+
+
 # --- sql ---------------------------------------------------------------------------------------
 
 
@@ -248,6 +263,10 @@ def trace(ident: str, warehouse: str | None) -> None:
         c.print(f"[bold]fragment[/] {f['fragment_id']}  {f['kind']}  steps {f['start_step']}..{f['end_step']} "
                 f"(context from {f['context_start']}; {len(f['step_ids'])} steps)  split {f['split']}  weight "
                 f"{render.fmt(f['dedup_weight'])}  rules {f['_transform_version'].split(';')[1]}\n  why: {f['selection_reason']}")
+        c.print(f"  evidence {f['evidence_source']} (confidence {f['confidence']:.3f}), verdict reward "
+                f"{render.fmt(f['verdict_reward'])}, progress {render.fmt(f['progress_score'])}"
+                f"{'' if f['trainable'] else ', a control: never trained'}")
+        print_fragment_context(f)
         s = t.step
         c.print(f"[bold]step[/] {s['step_id']}  #{s['step_index']} {s['role']}/{s['author']}  "
                 f"via {s['_transform']}@{s['_transform_version']} run {s['_run_id']}")

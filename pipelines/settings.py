@@ -15,6 +15,7 @@ from dedup.layer import CurateConfig
 from dedup.minhash import MinHashParams
 from dedup.splits import SplitConfig
 from fragments.outcomes import OUTCOME_RULES_VERSION
+from fragments.select import SelectConfig
 from fragments.task_stats import StatsConfig
 from schemas.config import Settings, parse_cutoff, parse_fractions, settings_from
 from schemas.errors import ConfigError
@@ -60,5 +61,10 @@ def stats_config(settings: Settings) -> StatsConfig:
     st = settings.stats
     return replace(StatsConfig(), prior_alpha=st.prior[0], prior_beta=st.prior[1], level=st.level,
                    reference_policies=st.reference_policies, recency_half_life_days=st.recency_half_life_days,
-                   pooled=st.pooled,
-                   leak_fragments=settings.leaks.train_fragments, config_digest=settings.digest())
+                   pooled=st.pooled, config_digest=settings.digest())
+
+
+def select_config(settings: Settings) -> SelectConfig:
+    fr = settings.fragments
+    return SelectConfig(controls=fr.controls, context_budget_chars=fr.context_budget_chars,
+                        leak_fragments=settings.leaks.train_fragments)

@@ -27,6 +27,10 @@ Example (all keys optional)::
     hold_out_of_eval = true        # leak-flagged episodes never enter valid / test
     train_fragments = false        # leak-flagged episodes give no training fragments
 
+    [fragments]
+    controls = false               # emit control_random / control_adjacent fragments (never trained)
+    context_budget_chars = 48000   # masked context per fragment: task statement, localization, ...
+
     [outcomes]
     rules_version = "2.0.0"        # the taxonomy rules this file was written for (checked)
 
@@ -102,6 +106,11 @@ class LeakSettings(_Section):
     train_fragments: bool = False
 
 
+class FragmentSettings(_Section):
+    controls: bool = False
+    context_budget_chars: int = Field(48_000, ge=0)
+
+
 class OutcomeSettings(_Section):
     rules_version: str | None = None
 
@@ -126,6 +135,7 @@ class Settings(_Section):
     groups: GroupSettings = GroupSettings()
     near_dup: NearDupSettings = NearDupSettings()
     leaks: LeakSettings = LeakSettings()
+    fragments: FragmentSettings = FragmentSettings()
     outcomes: OutcomeSettings = OutcomeSettings()
     stats: StatsSettings = StatsSettings()
     source: str | None = Field(None, exclude=True)  # the file it came from, if any

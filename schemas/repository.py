@@ -26,21 +26,26 @@ def normalize_repository(url: str | None, instance_id: str | None = None) -> str
             upstream = f"github.com/{m.group(1)}/{m.group(2)}".lower()
     if not url:
         return upstream
-    if url.strip()[:1] in ("/", "~", ".") or "\\" in url or re.match(r"^[A-Za-z]:", url.strip()):
-        return upstream or url  # a local checkout path names no upstream; kept as written
+    if not url.strip():
+        return upstream
+    if url.strip()[:1] in ("/", "~", ".") or "\\" in url or re.match(r"^[A-Za-z]:", url.strip()) \
+            or re.search(r"\s", url.strip()):
+        return upstream or url.strip()  # a local path or free text names no remote; kept as written
     u = url.strip().lower()
     u = re.sub(r"^(?:https?://|ssh://|git://)", "", u)
     u = re.sub(r"^[\w.-]+@([^:/]+):(?!\d+/)", r"\1/", u)  # scp-like ssh: user@host:org/repo
-    u = re.sub(r"^[^@/]+@", "", u)  # credentials or user@host
+    user, at, rest = u.rpartition("@")
+    if at and rest and "/" not in user:
+        u = rest  # credentials or user@host
     u = re.sub(r"^([^/:]+):\d+/", r"\1/", u)  # a port names no other repository
-    u = u.removesuffix("/").removesuffix(".git")
+    u = "/".join(p for p in u.split("/") if p).removesuffix(".git")  # no empty segments, no trailing /
     if "/" in u and "." not in u.split("/")[0]:  # "org/repo" without host
         u = "github.com/" + u
     parts = u.split("/")
     normalized = "/".join(parts[:3]) if len(parts) >= 3 else u
     if upstream and upstream.rsplit("/", 1)[-1] == normalized.rsplit("/", 1)[-1]:
         return upstream  # same project name: a fork or mirror of the upstream the instance id names
-    return normalized
+    return normalized or upstream
 
 
 _REMOTE_FORM = re.compile(r"^[a-z0-9-]+(?:\.[a-z0-9-]+)+(?::\d+)?(?:/[a-z0-9_.-]+){1,2}$")

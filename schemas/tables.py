@@ -369,14 +369,22 @@ class TaskStatsRow(_Row):
 class FragmentRow(_Row):
     fragment_id: str
     trajectory_key: str
-    kind: str  # full_episode | productive | recovery
+    kind: str  # full_episode | productive | recovery | control_adjacent | control_random
     context_start: int
     start_step: int
     end_step: int
-    step_ids: list[str]
-    reward: float
-    evidence_source: str
+    step_ids: list[str]  # the masked context, then the trained span, in order
+    span_step_ids: list[str]  # the trained span (the loss is on its model-authored tokens)
+    context_step_ids: list[str]  # masked context: input only
+    context_reasons: JsonText | None = None  # {step_id: why it is context}
+    context_dropped: JsonText | None = None  # {step_id: why it was left out (the budget)}
+    context_chars: int = 0
+    phases: JsonText | None = None  # {phase: [step_id]}: recovery mistake / anomaly / diagnosis / ...
+    verdict_reward: float | None = None  # the episode's verdict: 1.0, 0.0, or None without one
+    progress_score: float | None = None  # share of key tests the span fixed or restored
+    evidence_source: str  # verifier | agent_visible_tests | llm_judge | agent_self_report
     confidence: float
+    trainable: bool = True  # controls are not
     selection_reason: str
     tests_before: list[str]
     tests_after: list[str]

@@ -172,16 +172,17 @@ class PlanBuilder:
         """Wrong edit -> failing evidence -> diagnosis -> revert -> re-verification."""
         t = self.task
         self.run_tests()  # the state before the wrong edit: the task's failing tests fail, the rest pass
-        start = self.edit(good=False)
+        mistake = self.edit(good=False)
         victim = {self.rng.choice(t.pass_to_pass)}
-        self.run_tests(broken=victim)
+        anomaly = self.run_tests(broken=victim)
         path = t.repo.module_path(t.module)
-        self.add(Action("other", "diagnosis", f"My edit broke {next(iter(victim))}: returning {{}} changes the "
+        start = self.add(Action("other", "diagnosis", f"My edit broke {next(iter(victim))}: returning {{}} changes the "
                         "type for falsy inputs. I will revert it and handle None explicitly.",
                         f"git diff {path}", "-    return value\n+    return value or {}"))
         self.add(Action("edit", path, "Revert the bad change.", f"git checkout -- {path}", "Updated 1 path from the index"))
         end = self.run_tests()
-        self.truth.segments.append({"kind": "recovery", "start": start, "end": end})
+        self.truth.segments.append({"kind": "recovery", "start": start, "end": end, "mistake": mistake,
+                                    "anomaly": anomaly})
 
     def plant_secrets(self, kinds: list[str]) -> None:
         """Tool calls and observations that carry credentials and personal data."""

@@ -212,7 +212,9 @@ def _relocate_truth(truth: Truth, where: dict[int, tuple[int, int]]) -> None:
     """
     truth.leak_steps = [where[i][1] for i in truth.leak_steps]
     truth.secrets = [{**s, "step": where[s["action"]][0 if s["field"] == "tool_call" else 1]} for s in truth.secrets]
-    truth.segments = [{**s, "start_step": where[s["start"]][0], "end_step": where[s["end"]][1]} for s in truth.segments]
+    truth.segments = [{**s, "start_step": where[s["start"]][0], "end_step": where[s["end"]][1],
+                       **({"mistake_step": where[s["mistake"]][0], "anomaly_step": where[s["anomaly"]][1]}
+                          if "mistake" in s else {})} for s in truth.segments]
 
 
 def generate_corpus(cfg: SynthConfig, out: str | Path, progress: Callable[[int], None] | None = None) -> SynthSummary:

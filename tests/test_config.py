@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 from conftest import trajwh_cmd
 
-from pipelines.settings import curate_config, stats_config, with_overrides
+from pipelines.settings import curate_config, select_config, stats_config, with_overrides
 from schemas.config import Settings, load_settings
 from schemas.errors import ConfigError
 
@@ -46,10 +46,10 @@ prior = [2.0, 3.0]
 recency_half_life_days = 30
 """)
     s = load_settings(None, wh)
-    cfg, st = curate_config(s), stats_config(s)
+    cfg, st, sel = curate_config(s), stats_config(s), select_config(s)
     assert cfg.splits.cutoff is None and (cfg.splits.train, cfg.splits.valid) == (0.7, 0.2)
     assert cfg.groups.whole_repository and cfg.groups.max_key_share == 0.5 and cfg.minhash.threshold == 0.9
-    assert not cfg.splits.hold_out_leaks and st.leak_fragments
+    assert not cfg.splits.hold_out_leaks and sel.leak_fragments and not sel.controls
     assert (st.prior_alpha, st.prior_beta, st.recency_half_life_days) == (2.0, 3.0, 30)
     assert s.digest() != Settings().digest()
     over = with_overrides(s, cutoff="2025-01-01", fractions="0.8,0.1,0.1")

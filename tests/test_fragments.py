@@ -87,12 +87,33 @@ def test_planted_segments_are_selected_and_nothing_else(synth_wh, small_corpus):
             planted.add((k, seg["kind"], seg["end_step"]))
             assert any(f["kind"] == seg["kind"] and f["end_step"] == seg["end_step"] and f["start_step"] <= seg["start_step"]
                        for f in by_key.get(k, [])), (t["episode_id"], seg)
+            if seg["kind"] == "recovery":  # the span starts at the diagnosis: the mistake is context, never loss
+                f = next(f for f in by_key[k] if f["kind"] == "recovery" and f["end_step"] == seg["end_step"])
+                assert f["start_step"] == seg["start_step"] > seg["anomaly_step"] > seg["mistake_step"]
+                phases = orjson.loads(f["phases"])
+                assert set(phases) == {"mistake", "anomaly", "diagnosis", "recovery", "reverification"}
+                assert set(phases["mistake"] + phases["anomaly"]) <= set(f["context_step_ids"])
+                assert not set(phases["mistake"] + phases["anomaly"]) & set(f["span_step_ids"])
     extra = [(f["trajectory_key"], f["kind"], f["end_step"]) for f in frags if f["kind"] != "full_episode"]
     assert set(extra) <= planted and Counter(k for _, k, _ in extra)["recovery"] > 0
     assert withheld["leak"] > 0 and withheld["valid"] + withheld["test"] > 0  # the corpus plants both
     for f in frags:
         assert f["step_ids"] and f["split"] == "train" and f["leak_kinds"] == [] and 0 < f["dedup_weight"] <= 1
         assert f["context_start"] <= f["start_step"] <= f["end_step"]
+        assert f["step_ids"] == f["context_step_ids"] + f["span_step_ids"]
+        assert f["evidence_source"] in ("verifier", "agent_visible_tests") and 0 < f["confidence"] <= 0.95
+
+
+def test_fragments_carry_the_task_and_the_localization_of_what_they_edit(synth_wh):
+    """Figure: every productive and recovery fragment has the task statement and the searches /
+    reads of the files its span edits as masked context (the synthetic agents localize first)."""
+    frags = synth_wh.query("SELECT * FROM fragments WHERE kind IN ('productive', 'recovery')").to_pylist()
+    assert frags
+    for f in frags:
+        reasons = list(orjson.loads(f["context_reasons"]).values())
+        assert "task statement" in reasons and "system prompt" in reasons, f["fragment_id"]
+        assert any(r.startswith("localization: read of") for r in reasons), (f["fragment_id"], reasons)
+        assert f["context_chars"] <= 48_000 or f["context_dropped"]
 
 
 def test_vectors_not_counts_decide_productive():
@@ -111,7 +132,7 @@ def test_vectors_not_counts_decide_productive():
 
 
 def test_fragment_ids_change_with_the_rules(monkeypatch):
-    f = select_mod.Fragment("k", "productive", 0, 1, 2, 0.5, "hidden_tests", 0.8, "r")
+    f = select_mod.Fragment("k", "productive", 0, 1, 2, "agent_visible_tests", 0.5, "r")
     before = f.fragment_id
     monkeypatch.setattr(select_mod, "RULES_VERSION", "9.9.9")
     assert f.fragment_id != before
