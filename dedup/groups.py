@@ -60,6 +60,7 @@ def patch_symbols(patch: str | None) -> list[str]:
     hunk headers' context."""
     if not patch:
         return []
+    patch = patch.replace("\r\n", "\n")  # a CRLF patch names the same files and symbols
     out: set[str] = set()
     for file_block in re.split(r"^diff --git ", patch, flags=re.M)[1:]:
         m = re.match(r"a/(\S+) b/(\S+)", file_block)

@@ -27,7 +27,8 @@ _TEST_RE = re.compile(r"(^|[\s/])(pytest|py\.test|tox|nox|runtests(\.py)?|jest|m
 _FIRST_WORD = {
     # shell
     "cat": "read", "head": "read", "tail": "read", "less": "read", "more": "read", "nl": "read", "bat": "read",
-    "ls": "read", "tree": "read", "wc": "read", "file": "read", "stat": "read", "pwd": "read", "diff": "read",
+    "ls": "search", "tree": "search", "dir": "search", "wc": "read", "file": "read", "stat": "read", "pwd": "read",
+    "diff": "read",
     "grep": "search", "egrep": "search", "fgrep": "search", "rg": "search", "ag": "search", "ack": "search",
     "find": "search", "fd": "search", "locate": "search",
     "patch": "edit", "apply_patch": "edit", "touch": "edit", "mkdir": "edit", "rm": "edit", "mv": "edit",
@@ -41,15 +42,41 @@ _FIRST_WORD = {
 }
 _GIT = {"grep": "search", "show": "read", "diff": "read", "log": "read", "status": "read", "blame": "read",
         "apply": "edit", "checkout": "edit", "restore": "edit", "stash": "edit", "am": "edit", "commit": "run"}
+_INSTALL = re.compile(r"^\s*(?:sudo\s+)?(?:pip3?|python3?\s+-m\s+pip|uv\s+pip|conda|mamba|apt(?:-get)?|brew|poetry|"
+                      r"npm|yarn|pnpm|gem|cargo)\s+(?:install|add|i)\b")
+_REDIRECT_WORD = re.compile(r"^\d*>{1,2}(?:&\d|/dev/null)?$|^\d*>&\d$|^&>/dev/null$")
 _WRAPPERS = {"sudo", "timeout", "env", "nohup", "time", "xargs", "command", "exec"}
 
 
+#: commands that, after a pipe and without a file of their own, only filter the output before them
+_FILTERS = {"head", "tail", "grep", "egrep", "fgrep", "rg", "wc", "sort", "uniq", "cut", "awk", "sed", "tr", "less",
+            "more", "cat", "nl", "column", "jq", "xargs", "tee"}
+_PLACEHOLDER = re.compile(r"<[A-Z][A-Z0-9_]*:[0-9a-f]{4,}(?::[\w.-]+)?>")
+
+
 def _split_segments(cmd: str) -> list[str]:
-    parts = re.split(r"\s*(?:&&|\|\||;|\n)\s*", cmd)
+    """Commands of a compound line; in a pipeline, the stages after the first count only when
+    they name a file of their own (``| tail -5`` filters output, it reads nothing; ``| tee f``
+    writes ``f``)."""
     out = []
-    for part in parts:
-        out += [p for p in part.split("|") if p.strip()]
-    return [p.strip() for p in out if p.strip()]
+    for part in re.split(r"\s*(?:&&|\|\||;|\n)\s*", cmd):
+        stages = [p.strip() for p in re.split(r"(?<![|>])\|(?!\|)", part) if p.strip()]
+        for i, stage in enumerate(stages):
+            words = _words(stage)
+            head = words[0].rsplit("/", 1)[-1] if words else ""
+            if i and head in _FILTERS and not (head == "tee" and len(words) > 1) and not _has_file_arg(words):
+                continue
+            out.append(stage)
+    return out
+
+
+def _has_file_arg(words: list[str]) -> bool:
+    """A filter with a path-like operand (``grep foo src/a.py``) reads that file, not the pipe."""
+    operands = [w for w in words[1:] if not w.startswith("-")]
+    head = words[0].rsplit("/", 1)[-1]
+    if head in ("grep", "egrep", "fgrep", "rg", "sed", "awk", "jq", "cut"):
+        operands = operands[1:]  # the first operand is the pattern / script
+    return any("/" in w or "." in w for w in operands if not re.fullmatch(r"[\d,:+p]+", w))
 
 
 def _words(segment: str) -> list[str]:
@@ -57,6 +84,7 @@ def _words(segment: str) -> list[str]:
         words = shlex.split(segment, comments=False, posix=True)
     except ValueError:
         words = segment.split()
+    words = [w for w in words if not _REDIRECT_WORD.match(w)]  # 2>/dev/null, 2>&1: not operands
     while words and ("=" in words[0] and not words[0].startswith("-") or words[0] in _WRAPPERS):
         words = words[1:]
         if words and words[0].isdigit():  # timeout 30 cmd
@@ -74,9 +102,12 @@ def _last_path(words: list[str]) -> str | None:
 def _classify_segment(segment: str) -> tuple[str, str | None]:
     if any(m in segment for m in _SUBMIT_MARKERS):
         return "submit", None
+    if _INSTALL.match(segment):  # `pip install pytest` installs a test runner, it runs no test
+        return "run", segment
     if _TEST_RE.search(segment):
         return "test", segment
-    redirect = re.search(r"(?<![0-9&])>{1,2}\s*([^\s&|;>]+)", segment)
+    # a redacted value's closing ">" (<EMAIL:1a2b3c:ep>) is not a redirection
+    redirect = re.search(r"(?<![0-9&])>{1,2}\s*([^\s&|;>]+)", _PLACEHOLDER.sub("PLACEHOLDER", segment))
     if redirect and redirect.group(1) not in ("/dev/null", "/dev/stderr", "/dev/stdout"):
         return "edit", redirect.group(1)
     words = _words(segment)
@@ -94,6 +125,8 @@ def _classify_segment(segment: str) -> tuple[str, str | None]:
     if kind == "browse":
         url = next((w for w in words if re.match(r"https?://", w)), None)
         return "browse", url or _last_path(words)
+    if head in ("ls", "tree", "dir"):  # listing a directory: its object is the directory
+        return "search", _last_path(words) or "."
     if kind == "search":
         return "search", " ".join(words[1:]) or None
     if kind in ("read", "edit"):
@@ -198,15 +231,30 @@ def classify_tool(name: str, arguments: Any = None) -> tuple[str, str | None]:
     return "other", None
 
 
-_FENCE = re.compile(r"```(?:bash|sh|shell|console)?[ \t]*\n(.*?)```", re.S)
+_FENCE_LINE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})[ \t]*([\w+-]*)[^\n]*$", re.M)
+_SHELL_INFO = {"", "bash", "sh", "shell", "console", "zsh"}
+
+
+def fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """``(info, body)`` of each fenced block, fences paired in order as CommonMark pairs them (a
+    closing fence is never taken as the opening of the next block)."""
+    blocks, open_fence = [], None
+    for m in _FENCE_LINE.finditer(text):
+        fence, info = m.group(1), m.group(2).lower()
+        if open_fence is None:
+            open_fence = (fence, info, m.end())
+        elif fence[0] == open_fence[0][0] and len(fence) >= len(open_fence[0]) and not info:
+            blocks.append((open_fence[1], text[open_fence[2]:m.start()].strip("\n")))
+            open_fence = None
+    return blocks
 
 
 def command_in_text(text: str | None) -> str | None:
-    """The single fenced shell command in a model message (text-based harnesses), if any."""
-    if not text:
+    """The last fenced shell command in a model message (text-based harnesses), if any."""
+    if not text or "``" not in text and "~~~" not in text:
         return None
-    blocks = _FENCE.findall(text)
-    return blocks[-1].strip() if blocks else None
+    shell = [body.strip() for info, body in fenced_blocks(text) if info in _SHELL_INFO and body.strip()]
+    return shell[-1] if shell else None
 
 
 def annotate_step(step: dict[str, Any]) -> None:

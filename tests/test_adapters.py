@@ -246,3 +246,60 @@ def test_current_harness_versions_give_action_kinds(corpus_wh):
     for r in per:
         assert r["acted"] / r["model"] >= 0.95, r
         assert r["unlinked"] == 0, r
+
+
+def test_swe_agent_1x_replay_config_as_json_text_and_harness_exits(wh, cases):
+    ingest_paths(wh, [cases / "swe_agent"], IngestOptions(source="cases"))
+    normalize_warehouse(wh, run_id="t")
+    ep = rows(wh, "SELECT policy_name, repository, base_commit, instance_id, sampling, exit_status FROM episodes")[0]
+    assert ep["policy_name"] == "claude-sonnet-4" and ep["repository"] == "github.com/acme/widgetlib"
+    assert ep["base_commit"] == "4b825dc642cb6eb9a060e54bf8d69288fbee4904" and ep["instance_id"] == "acme__widgetlib-42"
+    assert orjson.loads(ep["sampling"])["temperature"] == 0.0 and ep["exit_status"] == "exit_cost"
+    authors = [r["author"] for r in rows(wh, "SELECT author FROM steps ORDER BY step_index")]
+    assert authors == ["harness", "harness", "model", "environment", "harness"]  # "Exit due to ..." is the harness's
+
+
+def test_crlf_patches_give_the_same_symbols():
+    from dedup.groups import patch_symbols
+
+    lf = ("diff --git a/src/w/h.py b/src/w/h.py\n--- a/src/w/h.py\n+++ b/src/w/h.py\n"
+          "@@ -10,3 +10,3 @@ def parse_header(raw):\n-    return raw[:-1]\n+    return raw\n")
+    crlf = lf.replace("\n", "\r\n")
+    assert patch_symbols(crlf) == patch_symbols(lf) == ["src/w/h.py::parse_header"]
+    assert not any("\r" in s for s in patch_symbols(crlf))
+
+
+def _command_table() -> list[tuple[str, str, str | None]]:
+    rows_ = []
+    for line in (Path(__file__).parent / "cases" / "actions" / "shell_commands.tsv").read_text().splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        cmd, kind, obj = line.split("\t")
+        cmd = cmd.replace("\\n", "\n")
+        rows_.append((cmd, kind, None if obj == "-" else cmd.splitlines()[0].strip() if obj == "*" else obj))
+    return rows_
+
+
+COMMANDS = _command_table()
+
+
+def test_command_table_has_at_least_a_hundred_real_world_commands():
+    assert len(COMMANDS) >= 100 and {k for _, k, _ in COMMANDS} >= {"read", "search", "edit", "run", "test", "submit",
+                                                                     "browse"}
+
+
+@pytest.mark.parametrize("cmd, kind, obj", COMMANDS, ids=[c[:40] for c, _, _ in COMMANDS])
+def test_real_world_shell_commands(cmd, kind, obj):
+    assert classify_command(cmd) == (kind, obj)
+
+
+@pytest.mark.parametrize("text, command", [
+    ("Here:\n```python\nprint(1)\n```\n\nNow run:\n```bash\nls -la\n```\n", "ls -la"),
+    ("```python\nx = 1\n```\nprose between two blocks\n```python\ny\n```", None),  # prose is not a command
+    ("THOUGHT: read it\n\n```bash\ncat a.py\n```", "cat a.py"),
+    ("````\n```bash\nnot closed here\n```\n````", "```bash\nnot closed here\n```"),
+])
+def test_a_closing_fence_never_opens_the_next_block(text, command):
+    from ingest.actions import command_in_text
+
+    assert command_in_text(text) == command

@@ -134,3 +134,18 @@ def test_export_refuses_layers_that_are_not_built(wh, cases, tmp_path):
     with pytest.raises(ConfigError, match="unknown export format"):
         export_episodes(wh, "csv", tmp_path / "x.jsonl", layer="normalized")
     assert export_episodes(wh, "native", tmp_path / "x.jsonl.gz", layer="normalized") == 2
+
+
+@pytest.mark.skipif(not SHARED_CORPUS.is_dir(), reason=f"real corpus not found at {SHARED_CORPUS}")
+@pytest.mark.parametrize("fmt", ["mini-swe-agent", "swe-agent", "openhands-output"])
+def test_atif_export_of_one_harness_reingests_as_atif_without_a_flag(tmp_path, fmt):
+    """An export's head quotes the harness's name: detection must still see ATIF."""
+    src = Warehouse(tmp_path / "src")
+    ingest_paths(src, [SHARED_CORPUS], IngestOptions(source="src"))
+    normalize_warehouse(src, run_id="a")
+    out = tmp_path / "only.jsonl"
+    n = export_episodes(src, "atif", out, layer="normalized", where=f"format = '{fmt}'")
+    dst = Warehouse(tmp_path / "dst")
+    s = ingest_paths(dst, [out], IngestOptions(source="src"))
+    assert n > 0 and s.n_quarantined == 0 and s.n_new == n
+    assert dst.query("SELECT DISTINCT format FROM raw_records").to_pylist() == [{"format": "atif"}]

@@ -172,9 +172,9 @@ def _load_builtin() -> None:
         swebench,
     )
 
-    builtin = [
-        native.NativeAdapter(), swe_agent.SweAgentAdapter(), mini_swe_agent.MiniSweAgentAdapter(),
-        openhands.OpenHandsOutputAdapter(), openhands.OpenHandsEventStreamAdapter(), atif.AtifAdapter(),
+    builtin = [  # ATIF declares itself (schema_version): before the formats whose names its exports quote
+        native.NativeAdapter(), atif.AtifAdapter(), swe_agent.SweAgentAdapter(), mini_swe_agent.MiniSweAgentAdapter(),
+        openhands.OpenHandsOutputAdapter(), openhands.OpenHandsEventStreamAdapter(),
         claude_code.ClaudeCodeAdapter(), codex.CodexAdapter(), aider.AiderAdapter(),
         atif.AtifMetricsAdapter(), swebench.SwebenchReportAdapter(), swebench.SwebenchSummaryAdapter(),
         swebench.SwebenchPredictionsAdapter(),

@@ -12,7 +12,10 @@ observations. Schema differences:
   sampling and repository.
 
 Authorship: system prompt, demonstrations and the task prompt are ``harness``; observations are
-``environment``; assistant messages are ``model``.
+``environment``; assistant messages are ``model``, except the harness's own "Exit due to ..."
+messages written in the model's turn when it stops a run (``harness``). 1.x files store
+``replay_config`` as an object or as JSON text: both are read (model and sampling, repository,
+base commit, instance id).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 
 from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
 from ingest.adapters.common import (
+    decode_json_string,
     episode,
     file_stem,
     github_repo,
@@ -32,6 +36,11 @@ from ingest.adapters.common import (
     tool_call,
 )
 from ingest.adapters.swebench import patch_digest, verdict_for
+from schemas.errors import InputFormatError
+
+#: messages the harness writes in the model's turn when it stops the run ("Exit due to cost limit",
+#: "Exit due to context window", "Exit due to unknown error: ...")
+_HARNESS_EXIT = re.compile(r"^\s*Exit due to\b")
 
 
 def _issue_text(prompt: str) -> str:
@@ -41,7 +50,7 @@ def _issue_text(prompt: str) -> str:
 
 class SweAgentAdapter(Adapter):
     name = "swe-agent"
-    version = "1.0.0"
+    version = "1.1.0"
     framing = "document"
     description = "SWE-agent .traj (0.x and 1.x schema)"
     consumes_facts = True
@@ -65,9 +74,10 @@ class SweAgentAdapter(Adapter):
         counts = link_observations(steps)
         info = obj.get("info") or {}
         stats = info.get("model_stats") or {}
-        replay = obj.get("replay_config") or {}
-        if isinstance(replay, str):
-            replay = {}
+        replay = decode_json_string(obj.get("replay_config")) or {}  # real 1.x files store it as JSON text
+        if not isinstance(replay, dict):
+            raise InputFormatError(f"replay_config is a {type(replay).__name__}", where=ctx.where(),
+                                   valid="an object, or a JSON object in a string")
         model = (replay.get("agent") or {}).get("model") or {}
         repo = (replay.get("env") or {}).get("repo") or {}
         problem = replay.get("problem_statement") or {}
@@ -116,6 +126,9 @@ class SweAgentAdapter(Adapter):
                 steps.append(step("system", "harness", text=text, metadata=meta))
             elif m.get("is_demo"):
                 steps.append(step("user", "harness", text=text, metadata={**meta, "is_demo": True}))
+            elif role == "assistant" and _HARNESS_EXIT.match(str(m.get("thought") or text or "")):
+                steps.append(step("assistant", "harness", text=m.get("thought") or text,
+                                  metadata={**meta, "harness_exit": True}))
             elif role == "assistant":
                 calls = [tool_call(c["function"]["name"], c["function"].get("arguments"), c.get("id"))
                          for c in m.get("tool_calls") or [] if isinstance(c, dict) and "function" in c]
