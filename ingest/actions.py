@@ -203,6 +203,8 @@ def classify_tool(name: str, arguments: Any = None) -> tuple[str, str | None]:
         return "edit", _patch_files(str(args.get("input", args.get("patch", ""))))
     if low in ("run_ipython", "ipython", "python", "jupyter"):
         return "run", _command_of(args)
+    if low in ("write_stdin", "send_input", "stdin", "send_keys"):  # input to a running process, not a file
+        return "run", str(args.get("session_id") or args.get("chars") or "")[:200] or None
     if low in ("finish", "submit", "agentfinishaction", "task_complete"):
         return "submit", None
     if low in ("think", "todowrite", "update_plan", "task", "message", "recall", "agent_think"):

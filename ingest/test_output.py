@@ -30,8 +30,8 @@ _STATUS = {"PASSED": "passed", "FAILED": "failed", "ERROR": "error", "SKIPPED": 
 
 _PYTEST_V = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", re.M)
 _PYTEST_SHORT = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS) (\S+::\S+)", re.M)
-_PYTEST_SUMMARY = re.compile(r"^=+ (.*?\b(?:passed|failed|error|errors|skipped|xfailed|deselected)\b.*?) in "
-                             r"[\d.]+s(?: \([\d:]+\))? =+\s*$", re.M)
+_PYTEST_SUMMARY = re.compile(r"^(?:=+ )?(\d+ (?:passed|failed|error|errors|skipped|xfailed|deselected)\b.*?) in "
+                             r"[\d.]+s(?: \([\d:]+\))?(?: =+)?\s*$", re.M)  # -q prints it without the rule
 _UNITTEST = re.compile(r"^(\w+) \(([\w.]+)\)(?:\n[^\n]*?)? \.\.\. (ok|FAIL|ERROR|skipped|expected failure|"
                        r"unexpected success)", re.M)
 _UNITTEST_RAN = re.compile(r"^Ran (\d+) tests? in [\d.]+s\s*\n+\s*(OK|FAILED)(?: \(([^)]*)\))?", re.M)

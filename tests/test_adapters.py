@@ -303,3 +303,20 @@ def test_a_closing_fence_never_opens_the_next_block(text, command):
     from ingest.actions import command_in_text
 
     assert command_in_text(text) == command
+
+
+def test_codex_current_cli_exit_codes_git_event_only_turns_and_stdin(wh, cases):
+    ingest_paths(wh, [cases / "codex"], IngestOptions(source="cases"))
+    normalize_warehouse(wh, run_id="t")
+    ep = rows(wh, "SELECT repository, base_commit, task_text FROM episodes")[0]
+    assert ep == {"repository": "github.com/acme/widgetlib", "base_commit": "4b825dc642cb6eb9a060e54bf8d69288fbee4904",
+                  "task_text": "Run the parser tests and fix what fails."}
+    steps = rows(wh, "SELECT author, action_kind, exit_code, text, test_results FROM steps ORDER BY step_index")
+    assert [s["text"] for s in steps if s["author"] == "human"] == ["Run the parser tests and fix what fails.",
+                                                                    "Also add a changelog entry."]
+    assert [s["action_kind"] for s in steps if s["author"] == "model" and s["action_kind"]] == ["test", "run", "run"]
+    assert [s["exit_code"] for s in steps if s["author"] == "environment"] == [1, None, 0]
+    failed = [t for s in steps for t in s["test_results"] or [] if t["status"] == "failed"]
+    assert failed == [{"name": "tests/test_header.py::test_last_field", "status": "failed"}]
+    summary = rows(wh, "SELECT json_extract(metadata, '$.tests_summary') AS s FROM steps WHERE exit_code = 1")[0]["s"]
+    assert orjson.loads(summary) == {"complete": False, "errors": 0, "failed": 1, "passed": 1}

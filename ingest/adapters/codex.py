@@ -16,6 +16,7 @@ user-role context blocks Codex injects (AGENTS.md instructions, ``<environment_c
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any
 
@@ -34,17 +35,39 @@ from ingest.adapters.common import (
 _INJECTED = ("<environment_context>", "# AGENTS.md instructions", "<user_instructions>", "<INSTRUCTIONS>")
 
 
+_EXIT_CODE = re.compile(r"^(?:Process exited with code|Exit code:)\s*(-?\d+)", re.M)
+
+
 def _output(payload: dict[str, Any]) -> tuple[str | None, int | None]:
+    """Output text and exit code: from the JSON form's metadata, else from the text form's
+    'Exit code: N' / 'Process exited with code N' line (newer CLIs write text)."""
     out = decode_json_string(payload.get("output"))
     if isinstance(out, dict):
         meta = out.get("metadata") or {}
         return (out.get("output") if isinstance(out.get("output"), str) else text_of(out.get("output"))), meta.get("exit_code")
-    return (out if isinstance(out, str) else text_of(out)), None
+    text = out if isinstance(out, str) else text_of(out)
+    m = _EXIT_CODE.search(text or "")
+    return text, int(m.group(1)) if m else None
+
+
+def _keep_event_only_turns(steps: list[dict[str, Any]], typed: list[tuple[int, str, Any]]) -> None:
+    """A user turn some CLI versions write only as an ``event_msg`` (no ``response_item``
+    message) is still the person's turn: insert it where it came, unless a human message with
+    the same text is already there (the usual duplicate)."""
+    seen = Counter((s.get("text") or "").strip() for s in steps if s["author"] == "human")
+    inserted = 0
+    for position, text, when in typed:
+        if seen[text.strip()]:
+            seen[text.strip()] -= 1
+            continue
+        steps.insert(position + inserted, step("user", "human", text=text, started_at=when,
+                                               metadata={"from": "event_msg"}))
+        inserted += 1
 
 
 class CodexAdapter(JsonlSessionAdapter):
     name = "codex"
-    version = "1.0.0"
+    version = "1.1.0"
     description = "OpenAI Codex CLI rollout JSONL (one session per file)"
 
     def sniff(self, path: str, head: bytes) -> bool:
@@ -61,6 +84,7 @@ class CodexAdapter(JsonlSessionAdapter):
         meta: dict[str, Any] = {}
         models, other = [], Counter()
         usage: dict[str, Any] = {}
+        typed: list[tuple[int, str, Any]] = []  # user turns as event_msg: (position, text, time)
         for e in obj["entries"]:
             kind, p = e.get("type"), e.get("payload") if isinstance(e.get("payload"), dict) else {}
             when = ts(e.get("timestamp"))
@@ -72,22 +96,28 @@ class CodexAdapter(JsonlSessionAdapter):
             elif kind == "event_msg":
                 if p.get("type") == "token_count" and isinstance(p.get("info"), dict):
                     usage = p["info"].get("total_token_usage") or usage
+                elif p.get("type") == "user_message" and isinstance(p.get("message"), str):
+                    typed.append((len(steps), p["message"], when))
                 other[f"event_msg:{p.get('type')}"] += 1
             elif kind == "response_item":
                 self._item(p, when, steps)
             else:
                 other[kind or "untyped"] += 1
+        _keep_event_only_turns(steps, typed)
         counts = link_observations(steps)
         times = [s["started_at"] for s in steps if s.get("started_at")]
         first_human = next((s["text"] for s in steps if s["author"] == "human"), None)
+        git = meta.get("git") if isinstance(meta.get("git"), dict) else {}
         ep = episode(
             source_episode_id=meta.get("id"), task_text=first_human, harness_name="codex",
+            repository=git.get("repository_url") or None, base_commit=git.get("commit_hash") or None,
             harness_version=meta.get("cli_version"), policy_name=models[0] if models else None,
             started_at=ts(meta.get("timestamp")) or (min(times) if times else None),
             ended_at=max(times) if times else None,
             tokens_in=usage.get("input_tokens"), tokens_out=usage.get("output_tokens"),
             metadata={"originator": meta.get("originator"), "cwd": meta.get("cwd"),
                       "model_provider": meta.get("model_provider"), "models": sorted(set(models)) or None,
+                      "git_branch": git.get("branch"),
                       "cached_input_tokens": usage.get("cached_input_tokens"),
                       "reasoning_output_tokens": usage.get("reasoning_output_tokens"),
                       "other_lines": dict(other) or None, "bad_lines": obj["bad_lines"] or None, **counts},
