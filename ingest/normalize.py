@@ -23,8 +23,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ingest.actions import annotate_step
-from ingest.adapters.base import ParsedEpisode, RecordContext, adapters, get_adapter
+from ingest.adapters.base import ParsedEpisode, RecordContext
+from ingest.adapters.registry import adapters, get_adapter
 from ingest.raw_store import quarantine_row
+from ingest.sessions import find_superseded
 from ingest.test_output import parse_test_output
 from lineage.catalog import Warehouse, WriteSession, now_utc
 from lineage.rebuild import run_row
@@ -51,6 +53,7 @@ class NormalizeSummary:
     steps: int = 0
     quarantined: int = 0
     companions: int = 0
+    superseded: int = 0  # raw records of a session that a longer copy replaces (ingest/sessions.py)
     quarantine_reasons: dict[str, int] = field(default_factory=dict)
 
 
@@ -102,8 +105,13 @@ class FactIndex:
 
 class _BatchNormalizer:
     def __init__(self, session: WriteSession, batch_id: str, run_id: str, keys: dict[str, str],
-                 summary: NormalizeSummary, facts: FactIndex):
+                 summary: NormalizeSummary, facts: FactIndex,
+                 superseded: dict[str, tuple[str, str, str]] | None = None):
         self.session, self.batch_id, self.run_id, self.facts = session, batch_id, run_id, facts
+        self.superseded = superseded or {}
+        self.supersedes: dict[str, list[str]] = {}  # longer record -> the shorter copies it replaces
+        for old, (new, _, _) in self.superseded.items():
+            self.supersedes.setdefault(new, []).append(old)
         self.keys, self.summary = keys, summary
         self.episodes: list[dict[str, Any]] = []
         self.steps: list[dict[str, Any]] = []
@@ -126,6 +134,9 @@ class _BatchNormalizer:
 
     def record(self, rec: dict[str, Any]) -> None:
         self.summary.records += 1
+        if rec["record_id"] in self.superseded:  # a shorter copy of a session: the longer one is the episode
+            self.summary.superseded += 1
+            return
         ctx = RecordContext(rec["record_id"], rec["source"], rec["file_path"], rec["line_no"],
                             self.facts.lookup(rec["source"]))
         try:
@@ -168,6 +179,9 @@ class _BatchNormalizer:
                    "n_steps": len(pe.steps), "_record_index": index, "_schema_version": SCHEMA_VERSION, **lineage}
         self.episodes.append(episode)
         self.edges.append(_edge(key, "episodes", rec["record_id"], "raw_records", lineage))
+        for old in self.supersedes.get(rec["record_id"], []):  # the shorter copies stay reachable
+            self.edges.append(_edge(key, "episodes", old, "raw_records",
+                                    {**lineage, "_transform": "supersedes", "_transform_version": NORMALIZE_VERSION}))
         for step in pe.steps:
             annotate_step(step)
             _read_test_output(step)
@@ -247,9 +261,16 @@ def normalize_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, lock_
             "SELECT batch_id, any_value(transform_version) AS version FROM table_files "
             "WHERE table_name = 'episodes' GROUP BY batch_id").to_pylist()}
         facts = FactIndex(wh)
+        superseded = find_superseded(wh)
+        by_batch: dict[str, list[str]] = {}  # batches whose rows change: the copy dropped, the edges added
+        for old, (new, new_batch, old_batch) in superseded.items():
+            by_batch.setdefault(old_batch, []).append(old)
+            by_batch.setdefault(new_batch, []).append(f"{new}>{old}")
         todo = []
         for b in batches:
             version = batch_transform_version(orjson.loads(b["formats"]), facts.digest)
+            if by_batch.get(b["batch_id"]):  # a copy in this batch was superseded: rebuild it without
+                version += f";superseded={ids.digest(sorted(by_batch[b['batch_id']]))[:12]}"
             if b["n_new"] == 0 or (not full and built.get(b["batch_id"]) == version):
                 summary.batches_skipped += 1
             else:
@@ -261,7 +282,7 @@ def normalize_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, lock_
         if on_plan:
             on_plan(sum(b["n_new"] for b in batches if b["batch_id"] in rebuilding))
         for batch_id, version in todo:
-            worker = _BatchNormalizer(session, batch_id, run_id, keys, summary, facts)
+            worker = _BatchNormalizer(session, batch_id, run_id, keys, summary, facts, superseded)
             worker.run(wh.files("raw_records", batch_id=batch_id), progress)
             session.commit(worker.files, removed=_batch_outputs(wh, batch_id), batch_id=batch_id,
                            run_id=run_id, transform_version=version)

@@ -22,7 +22,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from ingest.adapters.base import Adapter, detect, framing_for, get_adapter, known_formats
+from ingest.adapters.base import Adapter
+from ingest.adapters.registry import detect, framing_for, get_adapter, known_formats
 from ingest.reader import (
     FileRecord,
     TruncatedInput,

@@ -38,16 +38,30 @@ def warehouse_status(wh: Warehouse) -> dict[str, Any]:
 
 
 def format_status(wh: Warehouse) -> list[dict[str, Any]]:
-    """Per input format: files, raw records, episodes, steps and quarantined records."""
+    """Per input format: files, raw records, episodes, steps, quarantined records; the share of
+    model steps that carry an action kind (and of those, the share the classifier could only call
+    ``other``), steps by author, and episodes with a verdict from the source (and how many resolved)."""
     return wh.query("""
         WITH f AS (SELECT coalesce(format, '(unknown)') AS format, count(DISTINCT file_path) AS files
                    FROM ingested_files GROUP BY 1),
         r AS (SELECT format, count(*) AS records FROM raw_records GROUP BY 1),
-        e AS (SELECT format, count(*) AS episodes, sum(n_steps)::BIGINT AS steps FROM episodes GROUP BY 1),
+        e AS (SELECT format, count(*) AS episodes, sum(n_steps)::BIGINT AS steps,
+                     count(resolved) AS verdicts, count(*) FILTER (WHERE resolved) AS resolved FROM episodes GROUP BY 1),
+        s AS (SELECT e.format, count(*) FILTER (WHERE s.author = 'model') AS model_steps,
+                     count(*) FILTER (WHERE s.author = 'model' AND s.action_kind IS NOT NULL) AS acting,
+                     count(*) FILTER (WHERE s.author = 'model' AND s.action_kind = 'other') AS other_kind
+              FROM steps s JOIN episodes e USING (trajectory_key) GROUP BY 1),
+        a AS (SELECT format, string_agg(author || ' ' || n, ', ' ORDER BY n DESC, author) AS authors
+              FROM (SELECT e.format, s.author, count(*) AS n FROM steps s JOIN episodes e USING (trajectory_key)
+                    GROUP BY 1, 2) GROUP BY 1),
         q AS (SELECT coalesce(format, '(unknown)') AS format, count(*) AS quarantined FROM quarantine GROUP BY 1)
         SELECT format, coalesce(files, 0) AS files, coalesce(records, 0) AS records,
                coalesce(episodes, 0) AS episodes, coalesce(steps, 0) AS steps,
-               coalesce(quarantined, 0) AS quarantined
+               coalesce(quarantined, 0) AS quarantined, coalesce(model_steps, 0) AS model_steps,
+               round(acting / nullif(model_steps, 0), 3) AS action_share,
+               round(other_kind / nullif(acting, 0), 3) AS other_share, authors,
+               coalesce(verdicts, 0) AS verdicts, coalesce(resolved, 0) AS resolved
         FROM f FULL JOIN r USING (format) FULL JOIN e USING (format) FULL JOIN q USING (format)
+             LEFT JOIN s USING (format) LEFT JOIN a USING (format)
         ORDER BY format
     """).to_pylist()

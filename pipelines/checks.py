@@ -5,7 +5,7 @@
 import dagster as dg
 
 from dedup.audit import audit
-from ingest.adapters.base import adapters
+from ingest.adapters.registry import adapters
 from lineage.checks import lineage_gaps, passed, reconcile_normalized
 from pipelines.resources import WarehouseResource
 from redaction.audit import rescan_sample

@@ -221,7 +221,8 @@ def sql(query: str, fmt: str, out: str | None, max_rows: int, warehouse: str | N
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-@click.option("--formats", is_flag=True, help="Per input format: files, records, episodes, steps, quarantined.")
+@click.option("--formats", is_flag=True, help="Per input format: files, records, episodes, steps, quarantined, "
+                                              "the share of model steps with an action kind, authors, verdicts.")
 @warehouse_option
 @handle_errors
 def status(as_json: bool, formats: bool, warehouse: str | None) -> None:

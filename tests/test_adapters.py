@@ -16,7 +16,7 @@ from conftest import SHARED_CORPUS, trajwh_cmd
 from corpus_summary import corpus_summary
 
 from ingest.actions import classify_command, classify_tool
-from ingest.adapters.base import detect
+from ingest.adapters.registry import detect
 from ingest.normalize import normalize_warehouse
 from ingest.raw_store import IngestOptions, ingest_paths
 from ingest.reader import find_input_files, read_head
@@ -320,3 +320,54 @@ def test_codex_current_cli_exit_codes_git_event_only_turns_and_stdin(wh, cases):
     assert failed == [{"name": "tests/test_header.py::test_last_field", "status": "failed"}]
     summary = rows(wh, "SELECT json_extract(metadata, '$.tests_summary') AS s FROM steps WHERE exit_code = 1")[0]["s"]
     assert orjson.loads(summary) == {"complete": False, "errors": 0, "failed": 1, "passed": 1}
+
+
+def test_claude_code_subagents_compaction_notifications_and_usage(wh, cases):
+    ingest_paths(wh, [cases / "claude"], IngestOptions(source="cases"))
+    normalize_warehouse(wh, run_id="t")
+    eps = {r["source_episode_id"]: r for r in rows(wh, "SELECT source_episode_id, tokens_in, tokens_out, metadata, "
+                                                       "trajectory_key, policy_name FROM episodes")}
+    main_id = "5b1f0c2e-7a41-4c55-9d0e-1a2b3c4d5e6f"
+    assert set(eps) == {main_id, f"{main_id}/agent-a7f3"}  # two episodes, not a quarantined duplicate
+    main, sub = eps[main_id], eps[f"{main_id}/agent-a7f3"]
+    assert (main["tokens_in"], main["tokens_out"]) == (10 + 200 + 3000 + 5, 40 + 9)  # the streamed message once
+    assert orjson.loads(sub["metadata"])["parent_session_id"] == main_id and sub["policy_name"] == "claude-haiku-4-5"
+
+    def authors(key):
+        return [(r["author"], (r["text"] or "")[:20]) for r in rows(
+            wh, "SELECT author, text FROM steps WHERE trajectory_key = ? AND role = 'user' ORDER BY step_index", [key])]
+
+    assert [a for a, _ in authors(main["trajectory_key"])] == ["human", "harness", "harness"]
+    assert authors(sub["trajectory_key"])[0] == ("harness", "Find parse_header an")
+
+
+def test_aider_architect_relay_whole_file_edits_and_failure_feedback(wh, cases):
+    ingest_paths(wh, [cases / "aider"], IngestOptions(source="cases"))
+    normalize_warehouse(wh, run_id="t")
+    steps = rows(wh, "SELECT author, action_kind, action_object, text, metadata FROM steps ORDER BY step_index")
+    humans = [s["text"] for s in steps if s["author"] == "human"]
+    assert humans == ["/architect make parse_header keep the last field", "also update the changelog"]
+    relayed = [s for s in steps if s["metadata"] and "architect_plan_relayed" in s["metadata"]]
+    assert len(relayed) == 1 and relayed[0]["author"] == "model"
+    edits = [(s["author"], s["action_object"]) for s in steps if s["action_kind"] == "edit"]
+    assert edits == [("model", "src/widgetlib/header.py"), ("model", "CHANGELOG.md"), ("model", "CHANGELOG.md")]
+    feedback = [s for s in steps if "SearchReplaceNoExactMatch" in (s["text"] or "")]
+    assert len(feedback) == 1 and feedback[0]["author"] == "harness" and "I see" not in feedback[0]["text"]
+    assert any(s["author"] == "model" and (s["text"] or "").startswith("I see") for s in steps)
+
+
+@pytest.mark.parametrize("pretty", [False, True])
+def test_preds_json_keyed_by_instance_id_is_a_companion(wh, tmp_path, pretty):
+    preds = {"acme__widgetlib-42": {"model_name_or_path": "deepseek-chat", "instance_id": "acme__widgetlib-42",
+                                    "model_patch": "diff --git a/x b/x\n"},
+             "acme__widgetlib-43": {"model_name_or_path": "deepseek-chat", "model_patch": ""}}
+    f = tmp_path / "preds.json"
+    f.write_text(json.dumps(preds, indent=2 if pretty else None))
+    s = ingest_paths(wh, [f], IngestOptions(source="cases"))
+    assert s.n_quarantined == 0 and s.n_new == 1
+    assert rows(wh, "SELECT format FROM raw_records") == [{"format": "swebench-predictions"}]
+    from ingest.adapters.base import RecordContext
+    from ingest.adapters.swebench import SwebenchPredictionsAdapter
+
+    facts = SwebenchPredictionsAdapter().facts(preds, RecordContext("r", "cases", str(f), None))
+    assert {k for kind, k, _ in facts if kind == "instance_id"} == {"acme__widgetlib-42", "acme__widgetlib-43"}

@@ -5,7 +5,11 @@ Each session opens with ``# aider chat started at <local time>`` and is one epis
 start-up banner, token and cost lines, confirmations, "Applied edit", errors — (``harness``),
 except the output of a shell command Aider ran (the ``> `` block after ``Running <cmd>``), which
 is ``environment``; everything else is the model's reply (``model``), including SEARCH/REPLACE
-edit blocks (an ``edit`` action on the file named above the block) and suggested shell commands.
+edit blocks and whole-file edits (``<file name>`` then the content in a ``` or ``<source>`` fence:
+an ``edit`` action on that file) and suggested shell commands. Prose between fences is never a
+command (fences are paired in order). Aider's SEARCH/REPLACE failure feedback, which continues
+unquoted after its quoted first line, is ``harness``; in architect mode the architect's plan
+relayed to the editor model as a ``####`` message is ``model`` (``architect_plan_relayed``).
 
 The session header's time has no zone, so it is kept as text in the metadata, not guessed.
 """
@@ -24,7 +28,15 @@ _TOKENS = re.compile(r"Tokens: ([\d.]+)(k?) sent, ([\d.]+)(k?) received\.(?: Cos
 _AIDER_OWN = re.compile(r"^(Add command output|You can use /undo|Tokens: |Applied edit|Commit [0-9a-f]{7}|"
                         r"Run shell command|Added .+ to the chat|Dropping |Warning|Only \d+ reflections|Running |"
                         r"Repo-map|Git repo|Main model|Weak model|Aider v|Skipping |Use /help|Unable to )")
-_EDIT = re.compile(r"^(\S[^\n]*)\n```[^\n]*\n<<<<<<< SEARCH\n", re.M)
+#: SEARCH/REPLACE edits: the file name above the fence ("diff" format) or inside it ("diff-fenced")
+_EDIT = re.compile(r"^(\S[^\n]*)\n(?:```[^\n]*|<source>)\n<<<<<<< SEARCH\n|"
+                   r"^(?:```[^\n]*|<source>)\n([^\n<`]\S*)[ \t]*\n<<<<<<< SEARCH\n", re.M)
+#: whole-file edits: a file name alone on a line, then the file's new content in a fence (``` or
+#: the <source> fence Aider uses when the content itself holds backticks)
+_WHOLE = re.compile(r"^([\w.\\/-]+\.[A-Za-z0-9]+)[ \t]*\n(?:```[^\n]*|<source>)\n(?!<<<<<<< SEARCH)", re.M)
+_EDIT_FAILED = re.compile(r"SEARCH/REPLACE blocks? failed to match")
+_FEEDBACK_LAST = re.compile(r"^(?:The SEARCH section must exactly match|# The other \d+ SEARCH/REPLACE blocks? w|"
+                            r"Don't re-send them|Just reply with fixed versions?)")
 
 
 def _num(value: str, k: str) -> int:
@@ -32,7 +44,8 @@ def _num(value: str, k: str) -> int:
 
 
 def _blocks(lines: list[str]) -> list[tuple[str, list[str]]]:
-    """Consecutive lines of one kind: ('human', ...), ('harness', ...), ('model', ...)."""
+    """Consecutive lines of one kind: ('human', ...), ('harness', ...), ('model', ...), then the
+    two places where the quoting lies about the author (``_reattribute``)."""
     out: list[tuple[str, list[str]]] = []
     for line in lines:
         if line.startswith("#### "):
@@ -45,6 +58,30 @@ def _blocks(lines: list[str]) -> list[tuple[str, list[str]]]:
             out[-1][1].append(text)
         else:
             out.append((kind, [text]))
+    return _reattribute(out)
+
+
+def _reattribute(blocks: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]:
+    """Aider's SEARCH/REPLACE failure feedback continues unquoted after its quoted first line:
+    it is the harness's (up to "Just reply with fixed versions ..."). In architect mode the
+    architect's plan, once confirmed ("Edit the files?"), is relayed to the editor model as a
+    ``####`` message: the architect model wrote it, not the person."""
+    out: list[tuple[str, list[str]]] = []
+    for kind, lines in blocks:
+        said = [b for b in out if any(x.strip() for x in b[1])]  # blank lines separate, they say nothing
+        prev = "\n".join(said[-1][1]) if said and said[-1][0] == "harness" else ""
+        if kind == "model" and _EDIT_FAILED.search(prev):
+            # the feedback's last lines are Aider's fixed sentences; the model's reply follows them
+            ends = [i for i, line in enumerate(lines) if _FEEDBACK_LAST.match(line)]
+            if ends:
+                out.append(("harness", lines[:ends[-1] + 1]))
+                if any(x.strip() for x in lines[ends[-1] + 1:]):
+                    out.append(("model", lines[ends[-1] + 1:]))
+                continue
+        if kind == "human" and "Edit the files?" in prev:
+            out.append(("architect", lines))
+            continue
+        out.append((kind, lines))
     return out
 
 
@@ -88,8 +125,11 @@ def _session_steps(body: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         if kind == "human":
             command = text[1:] if text.startswith("!") else text[5:] if text.startswith("/run ") else None
             steps.append(step("user", "human", text=text, action_command=command))
+        elif kind == "architect":  # the architect's plan, relayed as the editor model's input
+            steps.append(step("user", "model", text=text, metadata={"architect_plan_relayed": True}))
         elif kind == "model":
-            edits = _EDIT.findall(text)
+            searched = [a or b for a, b in _EDIT.findall(text)]
+            edits = list(dict.fromkeys(searched + _WHOLE.findall(text)))
             steps.append(step("assistant", "model", text=text,
                               action_command=f"apply_patch {' '.join(edits)}" if edits else None,
                               metadata={"edited_files": edits} if edits else None))
@@ -109,9 +149,10 @@ def _session_steps(body: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
 
 class AiderAdapter(Adapter):
     name = "aider"
-    version = "1.0.0"
+    version = "1.1.0"
     framing = "document"
     description = "Aider .aider.chat.history.md (one episode per session)"
+    grows = True
 
     def decode(self, data: bytes) -> Any:
         return data.decode("utf-8").replace("\r\n", "\n")

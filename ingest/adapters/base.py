@@ -1,4 +1,4 @@
-"""The adapter contract and registry: one adapter per harness format.
+"""The adapter contract: one adapter per harness format (the registry is ``registry.py``).
 
 An adapter answers three questions, at three costs:
 
@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 import orjson
-
-from schemas.errors import ConfigError
 
 
 def _no_facts(kind: str, key: str) -> dict[str, Any]:
@@ -71,6 +69,9 @@ class Adapter(ABC):
     companion: ClassVar[bool] = False
     #: episodes of this format read companion facts (so new companions rebuild them)
     consumes_facts: ClassVar[bool] = False
+    #: a file of this format is appended to while the agent works: a longer copy of the same file
+    #: supersedes a shorter one (ingest/sessions.py)
+    grows: ClassVar[bool] = False
 
     def decode(self, data: bytes) -> Any:
         """Bytes of one record -> the object ``check_record`` and ``parse`` take."""
@@ -104,84 +105,3 @@ class JsonlSessionAdapter(Adapter, ABC):
         from ingest.adapters.common import decode_jsonl_document
 
         return decode_jsonl_document(data)
-
-
-_REGISTRY: dict[str, Adapter] = {}
-_BUILTIN_LOADED = False
-
-
-def register(adapter: Adapter) -> Adapter:
-    """Add an adapter; later adapters are sniffed after earlier ones."""
-    _REGISTRY[adapter.name] = adapter
-    return adapter
-
-
-def adapters() -> list[Adapter]:
-    _load_builtin()
-    return list(_REGISTRY.values())
-
-
-def get_adapter(name: str) -> Adapter:
-    _load_builtin()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ConfigError(f"unknown format {name!r}", valid=", ".join(sorted(_REGISTRY))) from None
-
-
-def known_formats() -> str:
-    return ", ".join(f"{a.name} ({a.description})" if a.description else a.name for a in adapters())
-
-
-def framing_for(adapter: Adapter, head: bytes) -> str:
-    """``jsonl`` adapters also take a whole JSON document: a pretty-printed object or an array.
-
-    JSONL lines start with ``{"``; a document starts with a line that is only ``{`` or that
-    opens an array. Such a file is one raw record (exactly as received).
-    """
-    if adapter.framing != "jsonl":
-        return adapter.framing
-    first = head.lstrip().split(b"\n", 1)[0].strip()
-    return "document" if first in (b"{", b"[") or first.startswith(b"[") else "jsonl"
-
-
-def detect(path: str, head: bytes) -> Adapter | None:
-    """The first registered adapter that recognizes the file, or None."""
-    for adapter in adapters():
-        if adapter.sniff(path, head):
-            return adapter
-    return None
-
-
-def _load_builtin() -> None:
-    """Register the built-in adapters in detection order (specific before generic, companions
-    last), ahead of any adapter registered from elsewhere."""
-    global _BUILTIN_LOADED
-    if _BUILTIN_LOADED:
-        return
-    _BUILTIN_LOADED = True
-    from ingest.adapters import (
-        aider,
-        atif,
-        claude_code,
-        codex,
-        mini_swe_agent,
-        native,
-        openhands,
-        swe_agent,
-        swebench,
-    )
-
-    builtin = [  # ATIF declares itself (schema_version): before the formats whose names its exports quote
-        native.NativeAdapter(), atif.AtifAdapter(), swe_agent.SweAgentAdapter(), mini_swe_agent.MiniSweAgentAdapter(),
-        openhands.OpenHandsOutputAdapter(), openhands.OpenHandsEventStreamAdapter(),
-        claude_code.ClaudeCodeAdapter(), codex.CodexAdapter(), aider.AiderAdapter(),
-        atif.AtifMetricsAdapter(), swebench.SwebenchReportAdapter(), swebench.SwebenchSummaryAdapter(),
-        swebench.SwebenchPredictionsAdapter(),
-    ]
-    extra = dict(_REGISTRY)
-    _REGISTRY.clear()
-    for adapter in builtin:
-        _REGISTRY[adapter.name] = adapter
-    for name, adapter in extra.items():
-        _REGISTRY.setdefault(name, adapter)

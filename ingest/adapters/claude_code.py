@@ -7,7 +7,12 @@ counted in the episode metadata rather than turned into steps.
 
 Authorship: assistant text and tool calls are ``model``; a user message typed by the person is
 ``human``; ``tool_result`` blocks are ``environment``; meta messages (``isMeta``, slash-command
-wrappers, local command output, caveats) and system lines are ``harness``.
+wrappers, local command output, caveats), compaction summaries (``isCompactSummary``), task and
+bash notifications and system lines are ``harness``. A subagent transcript (``agent-<id>.jsonl``,
+every line ``isSidechain``) is its own episode, linked to its parent by ``parent_session_id``
+(source episode id ``<session>/agent-<id>``); its first user message is the parent's Task prompt
+(``harness``). Token usage counts each streamed message once (one line per content block repeats
+the message's usage) and includes cache reads and writes in the input.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 from ingest.adapters.base import JsonlSessionAdapter, ParsedEpisode, RecordContext
 from ingest.adapters.common import (
     episode,
+    file_stem,
     link_observations,
     number_steps,
     step,
@@ -27,13 +33,30 @@ from ingest.adapters.common import (
 )
 
 _HARNESS_PREFIXES = ("<command-name>", "<command-message>", "<local-command-stdout>", "Caveat:",
-                     "<system-reminder>", "[Request interrupted")
+                     "<system-reminder>", "[Request interrupted", "<task-notification>", "<bash-notification>",
+                     "<user-prompt-submit-hook>", "This session is being continued from a previous conversation")
+
+
+def _usage_once(msg: dict[str, Any], seen: set[str]) -> dict[str, int | None]:
+    """Token counts of a message, once per message id: Claude Code writes one line per content
+    block of a streamed message, each repeating the message's usage. Input counts cache reads and
+    cache writes (they are input the model read)."""
+    mid, usage = msg.get("id"), msg.get("usage") or {}
+    if not usage or (mid and mid in seen):
+        return {"tokens_in": None, "tokens_out": None, "cache_read": None, "cache_write": None}
+    if mid:
+        seen.add(mid)
+    cache_read, cache_write = usage.get("cache_read_input_tokens") or 0, usage.get("cache_creation_input_tokens") or 0
+    fresh = usage.get("input_tokens")
+    return {"tokens_in": None if fresh is None else fresh + cache_read + cache_write,
+            "tokens_out": usage.get("output_tokens"), "cache_read": cache_read or None, "cache_write": cache_write or None}
 
 
 class ClaudeCodeAdapter(JsonlSessionAdapter):
     name = "claude-code"
-    version = "1.0.0"
-    description = "Claude Code session JSONL (one session per file)"
+    version = "1.1.0"
+    description = "Claude Code session JSONL (one session per file; a subagent transcript is its own episode)"
+    grows = True
 
     def sniff(self, path: str, head: bytes) -> bool:
         return head.lstrip()[:1] == b"{" and b'"sessionId"' in head and (
@@ -49,10 +72,17 @@ class ClaudeCodeAdapter(JsonlSessionAdapter):
     def parse(self, obj: dict[str, Any], ctx: RecordContext) -> list[ParsedEpisode]:
         steps: list[dict[str, Any]] = []
         other = Counter()
-        model = version = session = cwd = None
-        for e in obj["entries"]:
+        model = version = session = cwd = agent = None
+        seen_messages: set[str] = set()
+        cache = Counter()
+        entries = obj["entries"]
+        # a subagent transcript (agent-<id>.jsonl): every line is a sidechain of the parent session
+        subagent = bool(entries) and all(e.get("isSidechain") for e in entries if e.get("type") in ("user", "assistant"))
+        task_prompt_seen = False
+        for e in entries:
             kind = e.get("type")
             session = session or e.get("sessionId")
+            agent = agent or e.get("agentId")
             version = version or e.get("version")
             cwd = cwd or e.get("cwd")
             when = ts(e.get("timestamp"))
@@ -66,11 +96,12 @@ class ClaudeCodeAdapter(JsonlSessionAdapter):
                 thinking = [b.get("thinking") for b in blocks if isinstance(b, dict) and b.get("type") == "thinking"]
                 calls = [tool_call(b.get("name", "unknown"), b.get("input"), b.get("id"))
                          for b in blocks if isinstance(b, dict) and b.get("type") == "tool_use"]
-                usage = msg.get("usage") or {}
+                usage = _usage_once(msg, seen_messages)
+                cache.update({k: usage[k] or 0 for k in ("cache_read", "cache_write")})
                 steps.append(step("assistant", "model", text=text, tool_calls=calls, started_at=when,
-                                  tokens_in=usage.get("input_tokens"), tokens_out=usage.get("output_tokens"),
+                                  tokens_in=usage["tokens_in"], tokens_out=usage["tokens_out"],
                                   metadata={**meta, "thinking": "\n".join(t for t in thinking if t) or None,
-                                            "stop_reason": msg.get("stop_reason")}))
+                                            "stop_reason": msg.get("stop_reason"), "message_id": msg.get("id")}))
             elif kind == "user":
                 content = msg.get("content")
                 blocks = content if isinstance(content, list) else []
@@ -82,8 +113,12 @@ class ClaudeCodeAdapter(JsonlSessionAdapter):
                 text = content if isinstance(content, str) else text_of(
                     [b for b in blocks if isinstance(b, dict) and b.get("type") == "text"])
                 if text:
-                    author = "harness" if e.get("isMeta") or text.lstrip().startswith(_HARNESS_PREFIXES) else "human"
-                    steps.append(step("user", author, text=text, started_at=when, metadata=meta))
+                    harness = (e.get("isMeta") or e.get("isCompactSummary") or e.get("isVisibleInTranscriptOnly")
+                               or text.lstrip().startswith(_HARNESS_PREFIXES)
+                               or (subagent and not task_prompt_seen))  # the parent's Task prompt
+                    task_prompt_seen = task_prompt_seen or subagent
+                    steps.append(step("user", "harness" if harness else "human", text=text, started_at=when,
+                                      metadata={**meta, "compact_summary": e.get("isCompactSummary") or None}))
             elif kind == "system":
                 steps.append(step("system", "harness", text=e.get("content") or text_of(msg.get("content")),
                                   started_at=when, metadata={**meta, "subtype": e.get("subtype")}))
@@ -92,12 +127,18 @@ class ClaudeCodeAdapter(JsonlSessionAdapter):
         counts = link_observations(steps)
         times = [s["started_at"] for s in steps if s.get("started_at")]
         first_human = next((s["text"] for s in steps if s["author"] == "human"), None)
+        if subagent:  # its own episode, linked to the parent session (one session id, two transcripts)
+            first_human = next((s["text"] for s in steps if s["role"] == "user" and s["text"]), None)
         ep = episode(
-            source_episode_id=session, task_text=first_human, harness_name="claude-code", harness_version=version,
+            source_episode_id=f"{session}/agent-{agent or file_stem(ctx.file_path, ('.jsonl',))}" if subagent
+            else session, task_text=first_human, harness_name="claude-code", harness_version=version,
             policy_name=model, started_at=min(times) if times else None, ended_at=max(times) if times else None,
             tokens_in=sum(s["tokens_in"] or 0 for s in steps) or None,
             tokens_out=sum(s["tokens_out"] or 0 for s in steps) or None,
-            metadata={"cwd": cwd, "other_lines": dict(other) or None, "bad_lines": obj["bad_lines"] or None, **counts},
+            metadata={"cwd": cwd, "other_lines": dict(other) or None, "bad_lines": obj["bad_lines"] or None,
+                      "parent_session_id": session if subagent else None, "subagent": subagent or None,
+                      "cache_read_tokens": cache["cache_read"] or None, "cache_write_tokens": cache["cache_write"] or None,
+                      **counts},
         )
         return [ParsedEpisode(ep, number_steps(steps))]
 

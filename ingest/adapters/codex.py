@@ -69,6 +69,7 @@ class CodexAdapter(JsonlSessionAdapter):
     name = "codex"
     version = "1.1.0"
     description = "OpenAI Codex CLI rollout JSONL (one session per file)"
+    grows = True
 
     def sniff(self, path: str, head: bytes) -> bool:
         first = head.lstrip().split(b"\n", 1)[0]

@@ -228,6 +228,7 @@ class OpenHandsEventStreamAdapter(Adapter):
     version = "1.1.0"
     framing = "document"
     description = "OpenHands exported event stream (JSON array of events)"
+    grows = True
 
     def sniff(self, path: str, head: bytes) -> bool:
         return head.lstrip()[:1] == b"[" and b'"source"' in head and b'"timestamp"' in head and (

@@ -86,7 +86,7 @@ class SwebenchSummaryAdapter(_Companion):
 
 class SwebenchPredictionsAdapter(_Companion):
     name = "swebench-predictions"
-    version = "1.0.0"
+    version = "1.1.0"
     framing = "jsonl"
     description = "SWE-bench predictions (all_preds.jsonl / preds.json lines)"
 
@@ -94,18 +94,32 @@ class SwebenchPredictionsAdapter(_Companion):
         return head.lstrip()[:1] == b"{" and b'"model_patch"' in head and b'"instance_id"' in head
 
     def check_record(self, obj: Any) -> str | None:
-        if not isinstance(obj, dict) or "instance_id" not in obj:
-            return "a prediction is an object with an instance_id"
+        if not _predictions(obj):
+            return ("a prediction is an object with an instance_id (all_preds.jsonl), or an object of them "
+                    "keyed by instance id (preds.json)")
         return None
 
     def facts(self, obj: Any, ctx: RecordContext) -> list[tuple[str, str, dict[str, Any]]]:
         """By instance id, and by folder + patch digest: a trajectory whose submission is this
         patch is this prediction's run (old SWE-agent files carry no instance id themselves)."""
-        patch = obj.get("model_patch") or ""
-        pred = {"instance_id": obj["instance_id"], "model_name_or_path": obj.get("model_name_or_path"),
-                "patch_sha256": patch_digest(patch)}
-        return [("instance_id", obj["instance_id"], {"prediction": pred}),
-                ("dir", str(PurePath(ctx.file_path).parent), {"predictions": {pred["patch_sha256"]: pred}})]
+        out = []
+        for p in _predictions(obj):
+            pred = {"instance_id": p["instance_id"], "model_name_or_path": p.get("model_name_or_path"),
+                    "patch_sha256": patch_digest(p.get("model_patch") or "")}
+            out += [("instance_id", p["instance_id"], {"prediction": pred}),
+                    ("dir", str(PurePath(ctx.file_path).parent), {"predictions": {pred["patch_sha256"]: pred}})]
+        return out
+
+
+def _predictions(obj: Any) -> list[dict[str, Any]]:
+    """One prediction (a line of all_preds.jsonl) or many (preds.json: {instance_id: prediction})."""
+    if not isinstance(obj, dict):
+        return []
+    if "instance_id" in obj:
+        return [obj]
+    preds = [{"instance_id": key, **value} for key, value in obj.items() if isinstance(value, dict)
+             and ("model_patch" in value or "instance_id" in value)]
+    return preds if preds and len(preds) == len(obj) else []
 
 
 def patch_digest(patch: str) -> str:

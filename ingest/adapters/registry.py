@@ -1,0 +1,81 @@
+"""The adapter registry: which formats exist and in which order files are sniffed.
+
+Adding a format is one module beside this one and one line in ``BUILTIN`` below. The modules
+import ``base`` (the contract); only this module imports them, so there is no import circle.
+"""
+
+from __future__ import annotations
+
+from ingest.adapters import (
+    aider,
+    atif,
+    claude_code,
+    codex,
+    mini_swe_agent,
+    native,
+    openhands,
+    swe_agent,
+    swebench,
+)
+from ingest.adapters.base import Adapter
+from schemas.errors import ConfigError
+
+#: detection order: specific before generic, companions last. ATIF declares itself
+#: (schema_version), so it comes before the formats whose names its exports quote.
+BUILTIN: tuple[Adapter, ...] = (
+    native.NativeAdapter(),
+    atif.AtifAdapter(),
+    swe_agent.SweAgentAdapter(),
+    mini_swe_agent.MiniSweAgentAdapter(),
+    openhands.OpenHandsOutputAdapter(),
+    openhands.OpenHandsEventStreamAdapter(),
+    claude_code.ClaudeCodeAdapter(),
+    codex.CodexAdapter(),
+    aider.AiderAdapter(),
+    atif.AtifMetricsAdapter(),
+    swebench.SwebenchReportAdapter(),
+    swebench.SwebenchSummaryAdapter(),
+    swebench.SwebenchPredictionsAdapter(),
+)
+_REGISTRY: dict[str, Adapter] = {a.name: a for a in BUILTIN}
+
+
+def register(adapter: Adapter) -> Adapter:
+    """Add an adapter from elsewhere; it is sniffed after the built-in ones."""
+    _REGISTRY[adapter.name] = adapter
+    return adapter
+
+
+def adapters() -> list[Adapter]:
+    return list(_REGISTRY.values())
+
+
+def get_adapter(name: str) -> Adapter:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ConfigError(f"unknown format {name!r}", valid=", ".join(sorted(_REGISTRY))) from None
+
+
+def known_formats() -> str:
+    return ", ".join(f"{a.name} ({a.description})" if a.description else a.name for a in adapters())
+
+
+def framing_for(adapter: Adapter, head: bytes) -> str:
+    """``jsonl`` adapters also take a whole JSON document: a pretty-printed object or an array.
+
+    JSONL lines start with ``{"``; a document starts with a line that is only ``{`` or that
+    opens an array. Such a file is one raw record (exactly as received).
+    """
+    if adapter.framing != "jsonl":
+        return adapter.framing
+    first = head.lstrip().split(b"\n", 1)[0].strip()
+    return "document" if first in (b"{", b"[") or first.startswith(b"[") else "jsonl"
+
+
+def detect(path: str, head: bytes) -> Adapter | None:
+    """The first registered adapter that recognizes the file, or None."""
+    for adapter in adapters():
+        if adapter.sniff(path, head):
+            return adapter
+    return None
