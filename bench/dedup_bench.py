@@ -15,6 +15,7 @@ import resource
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,13 +87,16 @@ def _scale_child(n: int) -> None:
     clusters = near_duplicates(feats, CurateConfig())
     t_dup = time.perf_counter() - t0
     t0 = time.perf_counter()
-    groups = assign_groups(feats, clusters=clusters.cluster_of)
-    splits = assign_splits(feats, groups.group_of)
+    cfg = CurateConfig()
+    groups = assign_groups(feats, cfg.groups, clusters.cluster_of, cutoff=cfg.splits.cutoff)
+    splits = assign_splits(feats, groups.group_of, cfg.splits, repository_of=groups.repository_of,
+                           keys_of=groups.keys_of, cut_keys=groups.cut_keys)
     t_grp = time.perf_counter() - t0
     print(json.dumps({"episodes": n, "features_s": round(t_feat, 1), "near_dup_s": round(t_dup, 1),
                       "groups_and_splits_s": round(t_grp, 1), "clusters": len(set(clusters.cluster_of.values())),
                       "groups": len(set(groups.group_of.values())),
-                      "splits": {s: sum(r.split == s for r in splits) for s in ("train", "valid", "test")},
+                      "largest_group": max(Counter(groups.group_of.values()).values()),
+                      "splits": {s: sum(r.split == s for r in splits) for s in ("train", "valid", "test", "held_out")},
                       "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}))
 
 
