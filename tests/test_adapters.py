@@ -14,6 +14,8 @@ import orjson
 import pytest
 from conftest import SHARED_CORPUS, trajwh_cmd
 from corpus_summary import corpus_summary
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ingest.actions import classify_command, classify_tool
 from ingest.adapters.registry import detect
@@ -371,3 +373,10 @@ def test_preds_json_keyed_by_instance_id_is_a_companion(wh, tmp_path, pretty):
 
     facts = SwebenchPredictionsAdapter().facts(preds, RecordContext("r", "cases", str(f), None))
     assert {k for kind, k, _ in facts if kind == "instance_id"} == {"acme__widgetlib-42", "acme__widgetlib-43"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=200))
+def test_command_classifier_never_raises(cmd):
+    kind, _ = classify_command(cmd)
+    assert kind in ("read", "search", "edit", "run", "test", "submit", "browse", "other")

@@ -4,6 +4,8 @@ design's recovery loop: run -> bad edit -> failing run -> diagnosis -> fix -> pa
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fragments.context import choose_context
 from fragments.select import SelectConfig, confidence, episode_evidence, select_fragments
@@ -114,3 +116,30 @@ def test_controls_have_the_same_length_and_are_never_trained():
     span = plain[0].end - plain[0].start
     assert all(f.end - f.start == span and not f.trainable for f in controls)
     assert fragments(SelectConfig(controls=True)) == with_controls  # seeded: the same every time
+
+
+@st.composite
+def episodes(draw):
+    steps = []
+    for i in range(draw(st.integers(1, 25))):
+        author = draw(st.sampled_from(["model", "environment", "harness", "human"]))
+        s = {"step_index": i, "author": author, "role": "assistant" if author == "model" else "tool",
+             "text": draw(st.text(max_size=20)), "action_kind": draw(st.sampled_from([None, "edit", "read", "test"])),
+             "action_object": draw(st.sampled_from([None, "a.py", "b.py"]))}
+        if author == "environment" and draw(st.booleans()):
+            s["test_results"] = [{"name": n, "status": draw(st.sampled_from(["passed", "failed"]))}
+                                 for n in draw(st.lists(st.sampled_from(["t1", "t2", "t3"]), max_size=3, unique=True))]
+        steps.append(s)
+    return steps
+
+
+@settings(max_examples=200, deadline=None)
+@given(episodes(), st.sampled_from(["tests_failed", "resolved", "budget_exhausted"]), st.booleans())
+def test_spans_and_context_are_well_formed_on_any_episode(steps, cause, controls):
+    ep = {"trajectory_key": "k", "resolved": cause == "resolved"}
+    for f in select_fragments(ep, steps, cause, False, SelectConfig(controls=controls)):
+        assert 0 <= f.start <= f.end <= steps[-1]["step_index"] and 0 <= f.confidence <= 0.95
+        ctx = choose_context(f, steps, 1_000)
+        assert not [i for i in ctx.included if f.start <= i <= f.end]  # context never overlaps the span
+        if f.kind == "recovery":
+            assert not set(f.phases["mistake"] + f.phases["anomaly"]) & set(range(f.start, f.end + 1))

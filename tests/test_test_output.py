@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 from conftest import SHARED_CORPUS
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ingest.test_output import parse_test_output
 
@@ -148,3 +150,15 @@ def test_real_test_runs_become_per_test_results(tmp_path):
         by.setdefault((r["instance_id"], r["runner"]), []).append(r["n"] or 0)
     assert ("django__django-11019", "unittest") in by and max(by[("django__django-11019", "unittest")]) >= 5
     assert ("pytest-dev__pytest-5840", "pytest") in by
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("abc:/._- \n=.✓✕PASSEDFAILok()0123456789[]->")), max_size=300))
+def test_parsers_never_raise_and_return_well_formed_results(text):
+    parsed = parse_test_output(text)
+    if parsed is not None:
+        runner, results, summary = parsed
+        assert runner in ("pytest", "unittest", "go", "cargo", "jest")
+        assert all(set(r) == {"name", "status"} and r["status"] in
+                   ("passed", "failed", "error", "skipped", "xfail", "xpass") for r in results)
+        assert summary["passed"] >= 0 and summary["failed"] >= 0
