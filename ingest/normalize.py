@@ -28,6 +28,7 @@ from ingest.adapters.registry import adapters, get_adapter
 from ingest.raw_store import quarantine_row
 from ingest.sessions import find_superseded
 from ingest.test_output import parse_test_output
+from ingest.truncation import truncation
 from lineage.catalog import Warehouse, WriteSession, now_utc
 from lineage.rebuild import run_row
 from lineage.storage import WrittenFile
@@ -185,6 +186,10 @@ class _BatchNormalizer:
         for step in pe.steps:
             annotate_step(step)
             _read_test_output(step)
+            if step.get("author") == "environment":
+                cut = truncation(step.get("observation"))
+                if cut:
+                    step["metadata"] = _with_meta(step.get("metadata"), cut)
             sid = ids.step_id(key, step["step_index"])
             self.steps.append({**step, "step_id": sid, "trajectory_key": key, **lineage})
             self.edges.append(_edge(sid, "steps", key, "episodes", lineage))

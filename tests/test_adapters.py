@@ -380,3 +380,30 @@ def test_preds_json_keyed_by_instance_id_is_a_companion(wh, tmp_path, pretty):
 def test_command_classifier_never_raises(cmd):
     kind, _ = classify_command(cmd)
     assert kind in ("read", "search", "edit", "run", "test", "submit", "browse", "other")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("head\n<elided_chars>\n12345 characters elided\n</elided_chars>\ntail",
+     {"observation_truncated": True, "elided_chars": 12345, "original_length": 12355}),
+    ("   627\t// (NOT | AMP |<response clipped><NOTE>Due to the max output limit", {"observation_truncated": True}),
+    ("a\n[... omitted 120 of 300 lines ...]\nb", {"observation_truncated": True, "omitted_lines": 120, "original_lines": 300}),
+    ("1 passed in 0.01s", None), ("", None),
+])
+def test_truncated_observations_are_flagged(text, expected):
+    from ingest.truncation import truncation
+
+    assert truncation(text) == expected
+
+
+@needs_corpus
+def test_real_truncated_observations_and_what_the_model_saw(corpus_wh):
+    cut = rows(corpus_wh, """SELECT e.format, count(*) AS n,
+                                    count(json_extract(s.metadata, '$.elided_chars')) AS with_length
+                             FROM steps s JOIN episodes e USING (trajectory_key)
+                             WHERE json_extract(s.metadata, '$.observation_truncated') = 'true'
+                             GROUP BY 1 ORDER BY 1""")
+    by = {r["format"]: r for r in cut}
+    assert by["mini-swe-agent"]["n"] > 0 and by["mini-swe-agent"]["with_length"] == by["mini-swe-agent"]["n"]
+    assert by["openhands-output"]["n"] > 0  # <response clipped>: cut, original length not told
+    assert not rows(corpus_wh, """SELECT 1 FROM steps WHERE author <> 'environment'
+                                  AND json_extract(metadata, '$.observation_truncated') = 'true'""")

@@ -118,7 +118,7 @@ class ClaudeCodeAdapter(JsonlSessionAdapter):
                                or (subagent and not task_prompt_seen))  # the parent's Task prompt
                     task_prompt_seen = task_prompt_seen or subagent
                     steps.append(step("user", "harness" if harness else "human", text=text, started_at=when,
-                                      metadata={**meta, "compact_summary": e.get("isCompactSummary") or None}))
+                                      metadata={**meta, "context_compression": e.get("isCompactSummary") or None}))
             elif kind == "system":
                 steps.append(step("system", "harness", text=e.get("content") or text_of(msg.get("content")),
                                   started_at=when, metadata={**meta, "subtype": e.get("subtype")}))

@@ -102,6 +102,9 @@ class CodexAdapter(JsonlSessionAdapter):
                 other[f"event_msg:{p.get('type')}"] += 1
             elif kind == "response_item":
                 self._item(p, when, steps)
+            elif kind == "compacted":  # the CLI replaced the history with this summary
+                steps.append(step("user", "harness", text=p.get("message") or text_of(p.get("replacement_history")),
+                                  started_at=when, metadata={"context_compression": True}))
             else:
                 other[kind or "untyped"] += 1
         _keep_event_only_turns(steps, typed)

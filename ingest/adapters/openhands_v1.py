@@ -103,8 +103,9 @@ def v1_events_to_steps(events: list[dict[str, Any]], *, first_user_is_harness: b
         elif kind == "UserRejectObservation":
             steps.append(step("user", "human", text=text_of(e.get("rejection_reason")), started_at=when,
                               metadata={**meta, "tool_call_id": e.get("tool_call_id")}))
-        elif kind == "CondensationSummaryEvent":
-            steps.append(step("user", "harness", text=text_of(e.get("summary")), started_at=when, metadata=meta))
+        elif kind == "CondensationSummaryEvent":  # the condenser replaced earlier events with this summary
+            steps.append(step("user", "harness", text=text_of(e.get("summary")), started_at=when,
+                              metadata={**meta, "context_compression": True}))
         elif kind in _INTERNAL:
             counts["internal_events"] += 1
         else:
