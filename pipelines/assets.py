@@ -155,9 +155,9 @@ class FragmentsConfig(dg.Config):
     can_subset=False,
 )
 def fragment_layer(context: dg.AssetExecutionContext, config: FragmentsConfig, warehouse: WarehouseResource):
+    settings = warehouse.settings()  # read trajwh.toml once for both configs
     s = build_fragments(warehouse.get(), run_id=context.run_id, full=config.full,
-                        cfg=settings_mod.stats_config(warehouse.settings()),
-                        select=settings_mod.select_config(warehouse.settings()),
+                        cfg=settings_mod.stats_config(settings), select=settings_mod.select_config(settings),
                         lock_timeout=warehouse.lock_timeout)
     common = {"skipped_unchanged": s.skipped, "episodes": s.episodes}
     yield dg.MaterializeResult(asset_key="outcomes", metadata={**common, **{f"cause:{k}": v for k, v in sorted(s.causes.items())}})
