@@ -26,7 +26,7 @@ from ingest.actions import annotate_step
 from ingest.adapters.base import ParsedEpisode, RecordContext
 from ingest.adapters.registry import adapters, get_adapter
 from ingest.raw_store import quarantine_row
-from ingest.sessions import find_superseded
+from ingest.sessions import find_parts, find_superseded
 from ingest.test_output import parse_test_output
 from ingest.truncation import truncation
 from lineage.catalog import Warehouse, WriteSession, now_utc
@@ -107,9 +107,10 @@ class FactIndex:
 class _BatchNormalizer:
     def __init__(self, session: WriteSession, batch_id: str, run_id: str, keys: dict[str, str],
                  summary: NormalizeSummary, facts: FactIndex,
-                 superseded: dict[str, tuple[str, str, str]] | None = None):
+                 superseded: dict[str, tuple[str, str, str]] | None = None, parts: dict[str, list[str]] | None = None):
         self.session, self.batch_id, self.run_id, self.facts = session, batch_id, run_id, facts
         self.superseded = superseded or {}
+        self.parts = parts or {}  # an assembled session's owner record -> all its part records
         self.supersedes: dict[str, list[str]] = {}  # longer record -> the shorter copies it replaces
         for old, (new, _, _) in self.superseded.items():
             self.supersedes.setdefault(new, []).append(old)
@@ -145,7 +146,10 @@ class _BatchNormalizer:
             if adapter.companion:
                 self.summary.companions += 1
                 return
-            parsed = adapter.parse(adapter.decode(rec["payload"]), ctx)
+            obj = adapter.decode(rec["payload"])
+            if rec["record_id"] in self.parts:  # one session in many files: parse them as one
+                obj = adapter.combine([adapter.decode(p) for p in self._payloads(self.parts[rec["record_id"]])])
+            parsed = adapter.parse(obj, ctx)
         except (InputFormatError, ConfigError, orjson.JSONDecodeError, UnicodeDecodeError) as exc:
             self.reject(rec, "invalid_record", str(exc))
             return
@@ -167,6 +171,12 @@ class _BatchNormalizer:
         for index, pe, key, used, missing in accepted:
             self.emit(rec, adapter.name, adapter.version, index, pe, key, used, missing)
 
+    def _payloads(self, record_ids: list[str]) -> list[bytes]:
+        rows = self.session.wh.query("SELECT record_id, payload FROM raw_records WHERE list_contains(?, record_id)",
+                                     [record_ids]).to_pylist()
+        by_id = {r["record_id"]: r["payload"] for r in rows}
+        return [by_id[i] for i in record_ids if i in by_id]
+
     def emit(self, rec: dict[str, Any], adapter: str, version: str, index: int, pe: ParsedEpisode,
              key: str, used: list[str], missing: list[str]) -> None:
         lineage = {"_record_id": rec["record_id"], "_batch_id": self.batch_id, "_run_id": self.run_id,
@@ -180,9 +190,11 @@ class _BatchNormalizer:
                    "n_steps": len(pe.steps), "_record_index": index, "_schema_version": SCHEMA_VERSION, **lineage}
         self.episodes.append(episode)
         self.edges.append(_edge(key, "episodes", rec["record_id"], "raw_records", lineage))
-        for old in self.supersedes.get(rec["record_id"], []):  # the shorter copies stay reachable
-            self.edges.append(_edge(key, "episodes", old, "raw_records",
-                                    {**lineage, "_transform": "supersedes", "_transform_version": NORMALIZE_VERSION}))
+        assembled = set(self.parts.get(rec["record_id"], []))
+        for old in self.supersedes.get(rec["record_id"], []):  # shorter copies and other parts stay reachable
+            self.edges.append(_edge(key, "episodes", old, "raw_records", {
+                **lineage, "_transform": "assembles" if old in assembled else "supersedes",
+                "_transform_version": NORMALIZE_VERSION}))
         for step in pe.steps:
             annotate_step(step)
             _read_test_output(step)
@@ -266,7 +278,8 @@ def normalize_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, lock_
             "SELECT batch_id, any_value(transform_version) AS version FROM table_files "
             "WHERE table_name = 'episodes' GROUP BY batch_id").to_pylist()}
         facts = FactIndex(wh)
-        superseded = find_superseded(wh)
+        absorbed, parts = find_parts(wh)
+        superseded = {**find_superseded(wh), **absorbed}
         by_batch: dict[str, list[str]] = {}  # batches whose rows change: the copy dropped, the edges added
         for old, (new, new_batch, old_batch) in superseded.items():
             by_batch.setdefault(old_batch, []).append(old)
@@ -287,7 +300,7 @@ def normalize_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, lock_
         if on_plan:
             on_plan(sum(b["n_new"] for b in batches if b["batch_id"] in rebuilding))
         for batch_id, version in todo:
-            worker = _BatchNormalizer(session, batch_id, run_id, keys, summary, facts, superseded)
+            worker = _BatchNormalizer(session, batch_id, run_id, keys, summary, facts, superseded, parts)
             worker.run(wh.files("raw_records", batch_id=batch_id), progress)
             session.commit(worker.files, removed=_batch_outputs(wh, batch_id), batch_id=batch_id,
                            run_id=run_id, transform_version=version)

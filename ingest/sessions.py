@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
-from ingest.adapters.registry import adapters
+from ingest.adapters.registry import adapters, get_adapter
 from lineage.catalog import Warehouse
 
 
@@ -62,3 +62,33 @@ def find_superseded(wh: Warehouse) -> dict[str, tuple[str, str, str]]:
                     out[short["record_id"]] = (long["record_id"], long["batch_id"], short["batch_id"])
                     break
     return out
+
+
+def find_parts(wh: Warehouse) -> tuple[dict[str, tuple[str, str, str]], dict[str, list[str]]]:
+    """Sessions stored as many files (``Adapter.assembled``): ``(absorbed, parts)`` where
+    ``absorbed`` maps each part record to ``(owner record, owner's batch, its batch)`` like
+    ``find_superseded`` does, and ``parts`` maps the owner (the part of the latest batch) to every
+    part of its session. The owner's episode is the whole session; when a later batch brings more
+    parts, ownership moves there and the earlier owner's batch is rebuilt without it."""
+    formats = [a.name for a in adapters() if a.assembled]
+    if not formats:
+        return {}, {}
+    rows = wh.query("""SELECT r.record_id, r.batch_id, r.source, r.format, r.file_path, b.committed_at
+                       FROM raw_records r JOIN batches b USING (batch_id)
+                       WHERE list_contains(?, r.format)""", [formats]).to_pylist()
+    groups: dict[tuple[str, str, str], list[dict]] = {}
+    for r in rows:
+        session = get_adapter(r["format"]).session_of(r["file_path"])
+        if session:
+            groups.setdefault((r["source"], r["format"], session), []).append(r)
+    absorbed: dict[str, tuple[str, str, str]] = {}
+    parts: dict[str, list[str]] = {}
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+        owner = max(group, key=lambda r: (r["committed_at"], r["file_path"], r["record_id"]))
+        parts[owner["record_id"]] = [r["record_id"] for r in sorted(group, key=lambda r: r["file_path"])]
+        for r in group:
+            if r is not owner:
+                absorbed[r["record_id"]] = (owner["record_id"], owner["batch_id"], r["batch_id"])
+    return absorbed, parts

@@ -75,3 +75,43 @@ def test_openhands_event_array_grows_by_events():
     short = json.dumps([{"id": 1}, {"id": 2}], indent=1).encode()
     longer = json.dumps([{"id": 1}, {"id": 2}, {"id": 3}], indent=1).encode()
     assert longer.startswith(growth_prefix(short)) and not short.startswith(growth_prefix(longer))
+
+
+def _oh_events(start: int, end: int) -> list[dict]:
+    out = []
+    for i in range(start, end):
+        if i == 0:
+            out.append({"id": 0, "timestamp": "2025-11-06T10:00:00", "source": "user", "action": "message",
+                        "args": {"content": "Fix the header parser"}, "message": "Fix the header parser"})
+        elif i % 2:
+            out.append({"id": i, "timestamp": f"2025-11-06T10:00:{i:02d}", "source": "agent", "action": "run",
+                        "args": {"command": f"cat src/f{i}.py", "thought": ""}, "message": f"Running cat src/f{i}.py"})
+        else:
+            out.append({"id": i, "timestamp": f"2025-11-06T10:00:{i:02d}", "source": "agent", "observation": "run",
+                        "content": f"contents {i}", "extras": {"command": "cat", "metadata": {"exit_code": 0}},
+                        "cause": i - 1, "message": "Command finished"})
+    return out
+
+
+def test_openhands_file_store_conversation_is_one_episode_as_it_grows(wh, tmp_path):
+    conv = tmp_path / "file_store" / "sessions" / "abc123"
+    (conv / "events").mkdir(parents=True)
+    (conv / "event_cache").mkdir()
+    for e in _oh_events(0, 6):
+        (conv / "events" / f"{e['id']}.json").write_text(json.dumps(e))
+    (conv / "event_cache" / "0-4.json").write_text(json.dumps(_oh_events(0, 4)))  # a page that repeats events
+    s1 = _ingest(wh, tmp_path / "file_store")
+    eps = _rows(wh, "SELECT source_episode_id, n_steps, format FROM episodes")
+    assert eps == [{"source_episode_id": "abc123", "n_steps": 6, "format": "openhands-file-store"}]
+    assert s1.superseded == 6  # 7 part files, one episode (owned by one of them)
+    for e in _oh_events(6, 9):  # the agent goes on: three more event files
+        (conv / "events" / f"{e['id']}.json").write_text(json.dumps(e))
+    _ingest(wh, conv / "events")
+    eps = _rows(wh, "SELECT source_episode_id, n_steps, trajectory_key FROM episodes")
+    assert [(e["source_episode_id"], e["n_steps"]) for e in eps] == [("abc123", 9)]
+    assert _rows(wh, "SELECT count(*) AS n FROM quarantine")[0]["n"] == 0
+    parts = _rows(wh, "SELECT count(*) AS n FROM lineage_edges WHERE child_id = ? AND transform = 'assembles'",
+                  [eps[0]["trajectory_key"]])[0]["n"]
+    assert parts == 9  # 9 event files + 1 cache page, one of which owns the episode
+    authors = [r["author"] for r in _rows(wh, "SELECT author FROM steps ORDER BY step_index")]
+    assert authors[:3] == ["human", "model", "environment"]

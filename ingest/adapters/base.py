@@ -72,6 +72,17 @@ class Adapter(ABC):
     #: a file of this format is appended to while the agent works: a longer copy of the same file
     #: supersedes a shorter one (ingest/sessions.py)
     grows: ClassVar[bool] = False
+    #: one session is many files (one per event, or cache pages): their records are assembled into
+    #: one episode (``session_of`` names the session, ``combine`` joins the parts; ingest/sessions.py)
+    assembled: ClassVar[bool] = False
+
+    def session_of(self, path: str) -> str | None:
+        """For ``assembled`` formats: the session a file belongs to."""
+        return None
+
+    def combine(self, parts: list[Any]) -> Any:
+        """For ``assembled`` formats: one record object from the decoded parts of a session."""
+        raise NotImplementedError
 
     def decode(self, data: bytes) -> Any:
         """Bytes of one record -> the object ``check_record`` and ``parse`` take."""

@@ -16,12 +16,16 @@ come from a person (``human``).
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+import orjson
 
 from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
 from ingest.adapters.common import (
     episode,
     github_repo,
+    json_text,
     link_observations,
     number_steps,
     step,
@@ -252,3 +256,48 @@ class OpenHandsEventStreamAdapter(Adapter):
         return [ParsedEpisode(ep, number_steps(steps))]
 
 
+
+
+_FILE_STORE_PART = re.compile(r"[/\\](?:events|event_cache)[/\\][^/\\]+\.json$")
+
+
+class OpenHandsFileStoreAdapter(OpenHandsEventStreamAdapter):
+    """An OpenHands ``file_store`` conversation: ``sessions/<id>/events/<n>.json`` (one event per
+    file; V1: ``<id>/events/event-<n>-<uuid>.json``) and ``event_cache/<start>-<end>.json`` pages of
+    25 events. Every file is a raw record of its own; the records of one conversation folder are
+    assembled into one episode (events deduplicated by id, in id order), whose source episode id is
+    the conversation id, so it keeps its identity as the conversation grows."""
+
+    name = "openhands-file-store"
+    version = "1.0.0"
+    description = "OpenHands file_store conversation: events/<n>.json and event_cache/<a>-<b>.json (one episode)"
+    grows = False
+    assembled = True
+
+    def sniff(self, path: str, head: bytes) -> bool:
+        first = head.lstrip()[:1]
+        return bool(_FILE_STORE_PART.search(path)) and first in (b"{", b"[") and (
+            (b'"source"' in head and b'"timestamp"' in head) or b'Event"' in head)
+
+    def decode(self, data: bytes) -> Any:
+        obj = orjson.loads(data)
+        return [obj] if isinstance(obj, dict) else obj  # one event file or a cache page
+
+    def session_of(self, path: str) -> str | None:
+        parts = re.split(r"[/\\]", path)
+        return "/".join(parts[:-2]) if len(parts) >= 3 else None
+
+    def combine(self, parts: list[Any]) -> list[dict[str, Any]]:
+        events: dict[Any, dict[str, Any]] = {}
+        for part in parts:
+            for e in part if isinstance(part, list) else [part]:
+                if isinstance(e, dict):
+                    events.setdefault(e.get("id", len(events)), e)
+        return sorted(events.values(), key=lambda e: (str(type(e.get("id"))), e.get("id") if e.get("id") is not None else 0))
+
+    def parse(self, obj: list[dict[str, Any]], ctx: RecordContext) -> list[ParsedEpisode]:
+        [pe] = super().parse(self.combine([obj]), ctx)
+        session = self.session_of(ctx.file_path)
+        pe.episode["source_episode_id"] = session.rsplit("/", 1)[-1] if session else None
+        pe.episode["metadata"] = json_text({**orjson.loads(pe.episode["metadata"] or "{}"), "file_store": session})
+        return [pe]

@@ -28,6 +28,7 @@ BUILTIN: tuple[Adapter, ...] = (
     swe_agent.SweAgentAdapter(),
     mini_swe_agent.MiniSweAgentAdapter(),
     openhands.OpenHandsOutputAdapter(),
+    openhands.OpenHandsFileStoreAdapter(),  # before the event stream: its cache pages are arrays too
     openhands.OpenHandsEventStreamAdapter(),
     claude_code.ClaudeCodeAdapter(),
     codex.CodexAdapter(),
