@@ -21,11 +21,12 @@ _ELIDED = re.compile(r"<elided_chars>\s*(\d+) characters elided\s*</elided_chars
 _OMITTED_LINES = re.compile(r"\[\.\.\. omitted (\d+) of (\d+) lines \.\.\.\]")
 _CHARS_TRUNCATED = re.compile(r"\[\.\.\.\s*(\d+) (?:characters|chars) truncated\s*\.\.\.\]")
 _MARKERS = ("<response clipped>", "(output truncated)", "[output truncated]")
+_CUES = ("elided", "omitted", "truncated", "clipped")
 
 
 def truncation(observation: str | None) -> dict[str, Any] | None:
     """``{observation_truncated, elided_chars?, omitted_lines?, original_length?}`` or None."""
-    if not observation:
+    if not observation or not any(w in observation for w in _CUES):  # cheap: every observation passes here
         return None
     m = _ELIDED.search(observation) or _CHARS_TRUNCATED.search(observation)
     if m:

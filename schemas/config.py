@@ -146,8 +146,10 @@ class Settings(_Section):
 
 def parse_cutoff(v: Any) -> datetime | None:
     """ISO date or time (no zone = UTC), or none / off / "" for no time rule."""
-    if v is None or isinstance(v, datetime):
-        return v if v is None or v.tzinfo else v.replace(tzinfo=UTC)
+    if v is None:
+        return None
+    if isinstance(v, datetime):
+        return v if v.tzinfo else v.replace(tzinfo=UTC)
     if isinstance(v, date):
         return datetime(v.year, v.month, v.day, tzinfo=UTC)
     text = str(v).strip()
