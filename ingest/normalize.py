@@ -36,12 +36,12 @@ from schemas import ids
 from schemas.arrow import arrow_schema
 from schemas.errors import ConfigError, InputFormatError
 from schemas.repository import normalize_repository
-from schemas.tables import SCHEMA_VERSION, EpisodeRow, LineageEdgeRow, QuarantineRow, StepRow
+from schemas.tables import SCHEMA_VERSION, EpisodeRow, LineageEdgeRow, QuarantineRow, StepRow, ToolSchemaRow
 
 NORMALIZE_VERSION = "1.0.0"
 FLUSH_STEPS = 20_000
 _RAW_COLUMNS = ["record_id", "source", "license", "file_path", "line_no", "byte_offset", "format", "payload"]
-_DERIVED_TABLES = ("episodes", "steps", "lineage_edges")
+_DERIVED_TABLES = ("episodes", "steps", "lineage_edges", "tool_schemas")
 
 
 @dataclass
@@ -107,8 +107,11 @@ class FactIndex:
 class _BatchNormalizer:
     def __init__(self, session: WriteSession, batch_id: str, run_id: str, keys: dict[str, str],
                  summary: NormalizeSummary, facts: FactIndex,
-                 superseded: dict[str, tuple[str, str, str]] | None = None, parts: dict[str, list[str]] | None = None):
+                 superseded: dict[str, tuple[str, str, str]] | None = None, parts: dict[str, list[str]] | None = None,
+                 schemas_known: set[str] | None = None):
         self.session, self.batch_id, self.run_id, self.facts = session, batch_id, run_id, facts
+        self.schemas_known = schemas_known if schemas_known is not None else set()  # tool schema digests stored
+        self.tool_schemas: list[dict[str, Any]] = []
         self.superseded = superseded or {}
         self.parts = parts or {}  # an assembled session's owner record -> all its part records
         self.supersedes: dict[str, list[str]] = {}  # longer record -> the shorter copies it replaces
@@ -158,6 +161,8 @@ class _BatchNormalizer:
             return
         accepted = []
         for index, pe in enumerate(parsed):
+            if pe.tool_schemas and not pe.episode.get("tool_schema_digest"):
+                pe.episode["tool_schema_digest"] = ids.digest(pe.tool_schemas["schema_text"])
             key, used, missing = ids.trajectory_key(pe.episode, raw_origin=f"{rec['record_id']}:{index}")
             owner = self.keys.get(key)
             repeated = any(key == k for _, _, k, _, _ in accepted)
@@ -190,6 +195,10 @@ class _BatchNormalizer:
                    "n_steps": len(pe.steps), "_record_index": index, "_schema_version": SCHEMA_VERSION, **lineage}
         self.episodes.append(episode)
         self.edges.append(_edge(key, "episodes", rec["record_id"], "raw_records", lineage))
+        digest = episode.get("tool_schema_digest")
+        if pe.tool_schemas and digest not in self.schemas_known:  # once per digest in the warehouse
+            self.schemas_known.add(digest)
+            self.tool_schemas.append({**pe.tool_schemas, "tool_schema_digest": digest, **lineage})
         assembled = set(self.parts.get(rec["record_id"], []))
         for old in self.supersedes.get(rec["record_id"], []):  # shorter copies and other parts stay reachable
             self.edges.append(_edge(key, "episodes", old, "raw_records", {
@@ -226,6 +235,9 @@ class _BatchNormalizer:
             self.files.append(write("steps", pa.Table.from_pylist(self.steps, schema=arrow_schema(StepRow))))
         if self.edges:
             self.files.append(write("lineage_edges", pa.Table.from_pylist(self.edges, schema=arrow_schema(LineageEdgeRow))))
+        if self.tool_schemas:
+            self.files.append(write("tool_schemas", pa.Table.from_pylist(self.tool_schemas, schema=arrow_schema(ToolSchemaRow))))
+            self.tool_schemas = []
         if final and self.quarantine:
             self.files.append(write("quarantine", pa.Table.from_pylist(self.quarantine, schema=arrow_schema(QuarantineRow))))
             self.quarantine = []
@@ -253,6 +265,14 @@ def _edge(child: str, child_table: str, parent: str, parent_table: str, lineage:
     return {"child_id": child, "child_table": child_table, "parent_id": parent, "parent_table": parent_table,
             "transform": lineage["_transform"], "transform_version": lineage["_transform_version"],
             "run_id": lineage["_run_id"]}
+
+
+def _schemas_known(wh: Warehouse, rebuilding: set[str]) -> set[str]:
+    """Tool schema digests already stored by batches that are not being rebuilt."""
+    if not wh.files("tool_schemas"):
+        return set()
+    rows = wh.query("SELECT tool_schema_digest, _batch_id FROM tool_schemas").to_pylist()
+    return {r["tool_schema_digest"] for r in rows if r["_batch_id"] not in rebuilding}
 
 
 def _batch_outputs(wh: Warehouse, batch_id: str) -> list[Path]:
@@ -297,10 +317,11 @@ def normalize_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, lock_
         keys = {r["trajectory_key"]: r["_record_id"] for r in wh.query(
             "SELECT trajectory_key, _record_id, _batch_id FROM episodes").to_pylist()
             if r["_batch_id"] not in rebuilding}
+        schemas_known = _schemas_known(wh, rebuilding)
         if on_plan:
             on_plan(sum(b["n_new"] for b in batches if b["batch_id"] in rebuilding))
         for batch_id, version in todo:
-            worker = _BatchNormalizer(session, batch_id, run_id, keys, summary, facts, superseded, parts)
+            worker = _BatchNormalizer(session, batch_id, run_id, keys, summary, facts, superseded, parts, schemas_known)
             worker.run(wh.files("raw_records", batch_id=batch_id), progress)
             session.commit(worker.files, removed=_batch_outputs(wh, batch_id), batch_id=batch_id,
                            run_id=run_id, transform_version=version)

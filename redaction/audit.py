@@ -24,8 +24,9 @@ def rescan_sample(wh: Warehouse, sample: int = 2000, seed: int = 7) -> dict[str,
     detector = Detector()
     left: list[dict[str, Any]] = []
     for r in rows:
-        texts = [(f, r[f]) for f in _FIELDS] + [(f"tool_calls[{i}].arguments", c["arguments"])
-                                               for i, c in enumerate(r["tool_calls"] or [])]
+        texts = [(f, r[f]) for f in _FIELDS] + [(f"tool_calls[{i}].{k}", c.get(k))
+                                               for i, c in enumerate(r["tool_calls"] or [])
+                                               for k in ("arguments", "executed")]
         for name, value in texts:
             for f in detector.find(value or ""):
                 left.append({"step_id": r["step_id"], "field": name, "entity": f.entity, "detector": f.detector})

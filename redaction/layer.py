@@ -86,6 +86,7 @@ class EpisodeRedactor:
                 r.learn(s.get(name), scope)
             for c in s.get("tool_calls") or []:
                 r.learn(c.get("arguments"), scope)
+                r.learn(c.get("executed"), scope)
         events: list[dict] = []
         red_ep = dict(episode)
         ev: list[Replacement] = []
@@ -104,7 +105,9 @@ class EpisodeRedactor:
                 rs[name] = r.json_text(s.get(name), scope, name, ev)
             if s.get("tool_calls"):
                 rs["tool_calls"] = [{**c, "arguments": r.json_text(c.get("arguments"), scope, f"tool_calls[{i}].arguments", ev),
-                                     "object": r.text(c.get("object"), scope, f"tool_calls[{i}].object", ev)}
+                                     "object": r.text(c.get("object"), scope, f"tool_calls[{i}].object", ev),
+                                     "executed": (r.json_text if (c.get("executed") or "").startswith("{") else r.text)(
+                                         c.get("executed"), scope, f"tool_calls[{i}].executed", ev)}
                                     for i, c in enumerate(s["tool_calls"])]
             events += self._events(ev, episode, s["step_id"], "steps")
             red_steps.append(rs)

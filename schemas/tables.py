@@ -12,7 +12,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = "1.2.0"  # 1.1: canonical actions on steps and tool calls; 1.2: base_commit_at, normalized repository
+SCHEMA_VERSION = "1.3.0"  # 1.1: canonical actions on steps and tool calls; 1.2: base_commit_at, normalized repository;
+# 1.3: tool_schemas table, tool calls keep the request the harness executed when it rewrote the model's
 
 
 class _JsonMarker:
@@ -38,6 +39,9 @@ class ToolCallRow(_Row):
     arguments: JsonText | None = None
     kind: str | None = None  # canonical action kind (ingest.actions.KINDS)
     object: str | None = None  # what it acts on: a path, a command, a URL
+    #: the request as the harness executed it (a command line, or JSON text), only when the harness
+    #: rewrote what the model emitted (``arguments``); None when it ran the call as emitted
+    executed: str | None = None
 
 
 def _lineage(name: str):
@@ -218,6 +222,23 @@ class StepRow(_Row):
 
 
 # --- side tables -----------------------------------------------------------------------------
+
+
+class ToolSchemaRow(_Row):
+    """The tool definitions a model was shown, stored once per digest (episodes name it by
+    ``tool_schema_digest``). ``schema_text`` is the text as the harness gave it (JSON)."""
+
+    tool_schema_digest: str
+    origin: str  # where in the source format it was found, e.g. "openhands:system.args.tools"
+    schema_kind: str  # function_schemas (JSON schemas shown to the model) | harness_tool_config
+    n_tools: int
+    tool_names: list[str]
+    schema_text: JsonText
+    lin_record_id: str = _lineage("_record_id")
+    lin_batch_id: str = _lineage("_batch_id")
+    lin_run_id: str = _lineage("_run_id")
+    lin_transform: str = _lineage("_transform")
+    lin_transform_version: str = _lineage("_transform_version")
 
 
 class LineageEdgeRow(_Row):

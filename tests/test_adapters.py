@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ingest.actions import classify_command, classify_tool
+from ingest.adapters.common import rewritten
 from ingest.adapters.registry import detect
 from ingest.normalize import normalize_warehouse
 from ingest.raw_store import IngestOptions, ingest_paths
@@ -230,6 +231,52 @@ def test_openhands_v1_events_are_read_with_their_tool_calls(wh, cases):
     authors = [r["author"] for r in rows(wh, "SELECT s.author FROM steps s JOIN episodes e USING (trajectory_key) "
                                              "WHERE e.format = 'openhands-events' ORDER BY s.step_index")]
     assert authors == ["harness", "human", "model", "environment", "harness"]
+
+
+def test_tool_schemas_once_per_digest_and_rewritten_calls_keep_both_requests(wh, cases):
+    """What the model saw: the tools of the system event are stored once per digest, episodes
+    name them by ``tool_schema_digest``; a call the harness changed before running it keeps the
+    model's arguments and the executed request; a call run as emitted has no ``executed``."""
+    ingest_paths(wh, [cases / "openhands_v1"], IngestOptions(source="cases"))
+    normalize_warehouse(wh, run_id="t")
+    schemas = rows(wh, "SELECT tool_schema_digest, origin, schema_kind, tool_names, schema_text FROM tool_schemas")
+    assert len(schemas) == 1, "two episodes shown the same tools share one row"
+    assert schemas[0]["tool_names"] == ["execute_bash"] and schemas[0]["schema_kind"] == "function_schemas"
+    assert schemas[0]["origin"] == "openhands:SystemPromptEvent.tools"
+    assert orjson.loads(schemas[0]["schema_text"]) == [{"name": "execute_bash"}]
+    digests = {r["tool_schema_digest"] for r in rows(wh, "SELECT tool_schema_digest FROM episodes WHERE n_steps > 0")}
+    assert digests == {schemas[0]["tool_schema_digest"]}
+    calls = [c for r in rows(wh, "SELECT s.tool_calls FROM steps s JOIN episodes e USING (trajectory_key) "
+                                 "WHERE e.instance_id = 'calc-1' AND s.tool_calls IS NOT NULL ORDER BY s.step_index")
+             for c in r["tool_calls"]]
+    assert [c["executed"] is not None for c in calls] == [False, True, False]
+    assert orjson.loads(calls[1]["arguments"])["command"] == "python -m pytest -q"
+    assert orjson.loads(calls[1]["executed"])["command"] == "cd /workspace && python -m pytest -q"
+    normalize_warehouse(wh, run_id="t2", full=True)  # a rebuild keeps exactly one row per digest
+    assert wh.query("SELECT count(*) FROM tool_schemas").column(0)[0].as_py() == 1
+
+
+@pytest.mark.parametrize(("emitted", "executed", "changed"), [
+    ({"command": "ls"}, {"command": "ls ", "blocking": False, "is_input": False}, False),  # defaults added
+    ({"command": "ls", "is_input": "false"}, {"command": "ls", "is_input": False}, False),  # parsed, same value
+    ({"command": "ls"}, {"command": "ls -la"}, True),
+    ({"command": "view", "path": "/a"}, {"path": "/a", "start": 0}, True),  # a different action kind
+    ({"command": "pytest -q"}, "pytest -q", False),
+    ({"file_name": "x.py"}, "find_file x.py", True),  # a call turned into a command line
+    ("pytest", "pytest\n", False),
+])
+def test_rewritten_rule(emitted, executed, changed):
+    assert rewritten(emitted, executed) is changed
+
+
+@needs_corpus
+def test_real_tool_schemas_and_executed_requests(corpus_wh):
+    schemas = {r["origin"]: r for r in rows(corpus_wh, "SELECT origin, n_tools, tool_names FROM tool_schemas")}
+    assert schemas["openhands:system.args.tools"]["tool_names"] == ["execute_bash", "think", "finish", "str_replace_editor"]
+    assert schemas["swe-agent:replay_config.agent.tools"]["n_tools"] >= 4
+    n = rows(corpus_wh, """SELECT count(*) AS n FROM (SELECT unnest(tool_calls) AS c FROM steps s JOIN episodes e
+                            USING (trajectory_key) WHERE e.format = 'swe-agent') WHERE c.executed LIKE 'find_file %'""")
+    assert n[0]["n"] >= 1, "SWE-agent's command line for a function call is kept beside the call"
 
 
 @needs_corpus

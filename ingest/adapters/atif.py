@@ -23,6 +23,7 @@ from ingest.adapters.common import (
     episode,
     exit_code_in,
     json_text,
+    tool_schema_info,
     link_observations,
     number_steps,
     step,
@@ -57,7 +58,7 @@ def _observations(s: dict[str, Any]) -> list[tuple[str | None, str | None, dict[
 
 class AtifAdapter(Adapter):
     name = "atif"
-    version = "1.0.0"
+    version = "1.1.0"
     framing = "jsonl"  # a pretty-printed trajectory.json is one document; `trajwh export` writes JSONL
     description = "ATIF trajectory.json (Harbor / Terminal-Bench style, schema 1.x)"
     consumes_facts = True
@@ -124,7 +125,8 @@ class AtifAdapter(Adapter):
                       "agent_reported_success": success, "turns": companion.get("turns"),
                       "cache_read_tokens": tokens.get("cache_read"), **counts},
         )
-        return [ParsedEpisode(ep, steps)]
+        tools = agent.get("tool_definitions")  # ATIF >= 1.5: the tools the agent was given
+        return [ParsedEpisode(ep, steps, tool_schema_info(tools, "atif:agent.tool_definitions"))]
 
     @staticmethod
     def _exported_step(s: dict[str, Any], ours: dict[str, Any], when: Any) -> list[dict[str, Any]]:

@@ -58,6 +58,10 @@ class ParsedEpisode:
 
     episode: dict[str, Any]
     steps: list[dict[str, Any]] = field(default_factory=list)
+    #: the tool definitions shown to the model (``common.tool_schema_info``), when the format has
+    #: them: stored once per digest in ``tool_schemas``; their digest is the episode's
+    #: ``tool_schema_digest`` unless the source named one
+    tool_schemas: dict[str, Any] | None = None
 
 
 class Adapter(ABC):

@@ -72,10 +72,61 @@ def json_text(value: Any) -> str | None:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=str).decode()
 
 
-def tool_call(name: str, arguments: Any, call_id: str | None = None) -> dict[str, Any]:
-    """A canonical tool call: arguments decoded when they are JSON in a string, stored as JSON text."""
+def tool_call(name: str, arguments: Any, call_id: str | None = None, *, executed: Any = None) -> dict[str, Any]:
+    """A canonical tool call: arguments decoded when they are JSON in a string, stored as JSON text.
+
+    ``executed`` is the request the harness ran (its parsed action object, or a command line);
+    it is kept only when the harness rewrote the call (``rewritten``)."""
     args = decode_json_string(arguments)
-    return {"id": call_id, "name": name, "arguments": json_text(args) if args is not None else None}
+    call = {"id": call_id, "name": name, "arguments": json_text(args) if args is not None else None}
+    if executed is not None and rewritten(args, executed):
+        call["executed"] = json_text(executed)
+    return call
+
+
+def rewritten(emitted: Any, executed: Any) -> bool:
+    """Did the harness change what the model asked for before running it?
+
+    An object executed for an object emitted is a rewrite when a value the model gave differs (or
+    is gone) in the executed one; defaults the harness adds (``blocking``, ``security_risk``, ...)
+    are not. A command line executed for a call is a rewrite unless it is the call's own
+    ``command`` (or, for a text action, the emitted text itself), whitespace aside."""
+    if isinstance(executed, dict):
+        if not isinstance(emitted, dict):
+            return True
+        return any(k not in executed or _norm(executed[k]) != _norm(v) for k, v in emitted.items())
+    if isinstance(executed, str):
+        own = emitted.get("command") if isinstance(emitted, dict) and len(emitted) == 1 else emitted
+        return not (isinstance(own, str) and own.strip() == executed.strip())
+    return False
+
+
+def _norm(value: Any) -> Any:
+    """Compare values as a harness parses them: text stripped, "true"/"false" as booleans."""
+    if isinstance(value, str):
+        value = value.strip()
+        return {"true": True, "false": False}.get(value.lower(), value)
+    return value
+
+
+def tool_schema_info(value: Any, origin: str, kind: str = "function_schemas") -> dict[str, Any] | None:
+    """The tool definitions a format shows its model, for the ``tool_schemas`` table: the names
+    of the tools (OpenAI ``{"type": "function", "function": {...}}``, Anthropic ``{"name",
+    "input_schema"}``, or a plain ``{"name": ...}``), where they came from and the JSON text."""
+    if isinstance(value, str):
+        value = decode_json_string(value)
+    if not value or not isinstance(value, (list, dict)):
+        return None
+    names: list[str] = []
+    for t in value if isinstance(value, list) else []:
+        if isinstance(t, dict):
+            fn = t.get("function") if isinstance(t.get("function"), dict) else t
+            if isinstance(fn.get("name"), str):
+                names.append(fn["name"])
+    if isinstance(value, dict):  # a harness's tool configuration (SWE-agent bundles)
+        names = [str(b.get("path")) for b in value.get("bundles") or [] if isinstance(b, dict)]
+    return {"origin": origin, "schema_kind": kind, "tool_names": names, "n_tools": len(names),
+            "schema_text": json_text(value)}
 
 
 def step(role: str, author: str, *, text: str | None = None, tool_calls: list[dict[str, Any]] | None = None,

@@ -30,6 +30,7 @@ from ingest.adapters.common import (
     number_steps,
     step,
     tool_call,
+    tool_schema_info,
     ts,
 )
 from ingest.adapters.openhands_v1 import V1_KINDS, is_v1, v1_events_to_steps
@@ -39,7 +40,26 @@ _HARNESS_ACTIONS = {"system", "recall", "change_agent_state"}
 _HARNESS_OBS = {"recall", "agent_state_changed", "error", "null", "user_rejected"}
 
 
-def _calls_from_metadata(event: dict[str, Any]) -> list[dict[str, Any]]:
+_NOT_REQUEST = ("thought", "is_confirmed", "action_risk", "keep_prompt", "kernel_init_code",
+                "security_risk", "confirmation_state", "hidden", "impl_source")
+
+
+def _request(args: dict[str, Any]) -> dict[str, Any]:
+    """An action's args as the request the harness executed, without its bookkeeping fields."""
+    return {k: v for k, v in args.items() if k not in _NOT_REQUEST}
+
+
+def tool_schemas_of(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The tools of the system event (V0 ``action: system`` args, V1 ``SystemPromptEvent``)."""
+    for e in events[:5]:
+        if e.get("action") == "system" and isinstance(e.get("args"), dict) and e["args"].get("tools"):
+            return tool_schema_info(e["args"]["tools"], "openhands:system.args.tools")
+        if e.get("kind") == "SystemPromptEvent" and e.get("tools"):
+            return tool_schema_info(e["tools"], "openhands:SystemPromptEvent.tools")
+    return None
+
+
+def _calls_from_metadata(event: dict[str, Any], args: dict[str, Any]) -> list[dict[str, Any]]:
     meta = event.get("tool_call_metadata") or {}
     wanted = meta.get("tool_call_id")
     try:
@@ -48,7 +68,7 @@ def _calls_from_metadata(event: dict[str, Any]) -> list[dict[str, Any]]:
         calls = []
     for c in calls:
         if c.get("id") == wanted:
-            return [tool_call(c["function"]["name"], c["function"].get("arguments"), c.get("id"))]
+            return [tool_call(c["function"]["name"], c["function"].get("arguments"), c.get("id"), executed=_request(args))]
     if meta.get("function_name"):
         return [tool_call(meta["function_name"], None, wanted)]
     return []
@@ -88,10 +108,8 @@ def events_to_steps(events: list[dict[str, Any]], *, first_user_is_harness: bool
                 steps.append(step("assistant", "model", text=args.get("content") or e.get("message"),
                                   started_at=when, metadata={"event": eid, "action": action}))
             else:
-                calls = _calls_from_metadata(e) or [tool_call(
-                    action, {k: v for k, v in args.items() if k not in ("thought", "is_confirmed", "action_risk",
-                                                                       "keep_prompt", "kernel_init_code", "is_input")},
-                    f"event-{eid}")]
+                calls = _calls_from_metadata(e, args) or [tool_call(
+                    action, {k: v for k, v in _request(args).items() if k != "is_input"}, f"event-{eid}")]
                 t_in, t_out = _usage(e)
                 steps.append(step("assistant", "model", text=text if isinstance(text, str) and text else None,
                                   tool_calls=calls, started_at=when, tokens_in=t_in, tokens_out=t_out,
@@ -158,7 +176,7 @@ def _finish_status(history: list[dict[str, Any]], v1: bool) -> str | None:
 
 class OpenHandsOutputAdapter(Adapter):
     name = "openhands-output"
-    version = "1.1.0"
+    version = "1.2.0"
     framing = "jsonl"
     description = "OpenHands evaluation or resolver output.jsonl (one episode per line)"
 
@@ -200,7 +218,7 @@ class OpenHandsOutputAdapter(Adapter):
                 cost_usd=metrics.get("accumulated_cost"), **common,
                 metadata={"issue_type": obj.get("issue_type"), "result_explanation": obj.get("result_explanation"),
                           "comment_success": obj.get("comment_success"), "git_patch": obj.get("git_patch"), **counts})
-            return [ParsedEpisode(ep, number_steps(steps))]
+            return [ParsedEpisode(ep, number_steps(steps), tool_schemas_of(history))]
         meta = obj.get("metadata") or {}
         llm = meta.get("llm_config") or meta.get("llm") or {}
         instance = obj.get("instance") or {}
@@ -224,12 +242,12 @@ class OpenHandsOutputAdapter(Adapter):
                       "test_result": {k: v for k, v in (obj.get("test_result") or {}).items() if k != "git_patch"}
                       or None, "details": meta.get("details"),
                       "fail_to_pass": instance.get("FAIL_TO_PASS"), "pass_to_pass": instance.get("PASS_TO_PASS"), **counts})
-        return [ParsedEpisode(ep, number_steps(steps))]
+        return [ParsedEpisode(ep, number_steps(steps), tool_schemas_of(history))]
 
 
 class OpenHandsEventStreamAdapter(Adapter):
     name = "openhands-events"
-    version = "1.1.0"
+    version = "1.2.0"
     framing = "document"
     description = "OpenHands exported event stream (JSON array of events)"
     grows = True
@@ -253,7 +271,7 @@ class OpenHandsEventStreamAdapter(Adapter):
         ep = episode(task_text=first_user, harness_name="openhands-sdk" if v1 else "openhands", policy_name=_model_of(obj),
                      exit_status="finished" if _finished(obj) else None,
                      **_common(steps), metadata={"events": len(obj), **counts})
-        return [ParsedEpisode(ep, number_steps(steps))]
+        return [ParsedEpisode(ep, number_steps(steps), tool_schemas_of(obj))]
 
 
 
@@ -269,7 +287,7 @@ class OpenHandsFileStoreAdapter(OpenHandsEventStreamAdapter):
     the conversation id, so it keeps its identity as the conversation grows."""
 
     name = "openhands-file-store"
-    version = "1.0.0"
+    version = "1.1.0"
     description = "OpenHands file_store conversation: events/<n>.json and event_cache/<a>-<b>.json (one episode)"
     grows = False
     assembled = True

@@ -62,8 +62,9 @@ def _action_step(e: dict[str, Any], when: Any, meta: dict[str, Any]) -> dict[str
     arguments = call.get("arguments") if "arguments" in call else {k: v for k, v in action.items() if k != "kind"}
     thought = text_of(e.get("thought")) or None
     usage = ((e.get("metrics") or {}).get("usage") or {}) if isinstance(e.get("metrics"), dict) else {}
+    executed = {k: v for k, v in action.items() if k != "kind"} if "arguments" in call and action else None
     return step("assistant", "model", text=thought, tool_calls=[tool_call(name, arguments, call.get("id")
-                                                                          or e.get("tool_call_id"))],
+                                                                          or e.get("tool_call_id"), executed=executed)],
                 started_at=when, tokens_in=usage.get("prompt_tokens"), tokens_out=usage.get("completion_tokens"),
                 metadata={**meta, "action": action.get("kind"), "reasoning": bool(e.get("reasoning_content"))})
 

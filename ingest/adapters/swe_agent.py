@@ -34,6 +34,7 @@ from ingest.adapters.common import (
     number_steps,
     step,
     tool_call,
+    tool_schema_info,
 )
 from ingest.adapters.swebench import patch_digest, verdict_for
 from schemas.errors import InputFormatError
@@ -50,7 +51,7 @@ def _issue_text(prompt: str) -> str:
 
 class SweAgentAdapter(Adapter):
     name = "swe-agent"
-    version = "1.1.0"
+    version = "1.2.0"
     framing = "document"
     description = "SWE-agent .traj (0.x and 1.x schema)"
     consumes_facts = True
@@ -109,7 +110,9 @@ class SweAgentAdapter(Adapter):
                       "submission": info.get("submission"), "api_calls": stats.get("api_calls"),
                       "verdict_from": verdict.get("_verdict_from"), "prediction": prediction, **counts},
         )
-        return [ParsedEpisode(ep, number_steps(steps))]
+        tools = (replay.get("agent") or {}).get("tools")
+        return [ParsedEpisode(ep, number_steps(steps), tool_schema_info(
+            tools, "swe-agent:replay_config.agent.tools", "harness_tool_config") if isinstance(tools, dict) else None)]
 
     @staticmethod
     def _steps(history: list[dict[str, Any]], trajectory: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
@@ -130,9 +133,10 @@ class SweAgentAdapter(Adapter):
                 steps.append(step("assistant", "harness", text=m.get("thought") or text,
                                   metadata={**meta, "harness_exit": True}))
             elif role == "assistant":
-                calls = [tool_call(c["function"]["name"], c["function"].get("arguments"), c.get("id"))
-                         for c in m.get("tool_calls") or [] if isinstance(c, dict) and "function" in c]
                 action = m.get("action")
+                calls = [tool_call(c["function"]["name"], c["function"].get("arguments"), c.get("id"),
+                                   executed=action if isinstance(action, str) and action.strip() else None)
+                         for c in m.get("tool_calls") or [] if isinstance(c, dict) and "function" in c]
                 steps.append(step("assistant", "model", text=m.get("thought") or text, tool_calls=calls,
                                   action_command=None if calls else (action.strip() if isinstance(action, str) else None),
                                   metadata=meta))
