@@ -54,6 +54,27 @@ _FILTERS = {"head", "tail", "grep", "egrep", "fgrep", "rg", "wc", "sort", "uniq"
 _PLACEHOLDER = re.compile(r"<[A-Z][A-Z0-9_]*:[0-9a-f]{4,}(?::[\w.-]+)?>")
 
 
+_HEREDOC = re.compile(r"<<(-?)\s*(['\"]?)([A-Za-z_][\w]*)\2")
+
+
+def _strip_heredocs(cmd: str) -> str:
+    """The command without here-document bodies: ``cat <<'EOF' > t.py`` ... ``EOF`` writes a file;
+    the ``import unittest`` inside it is content, not a command."""
+    if "<<" not in cmd:
+        return cmd
+    lines, out, i = cmd.split("\n"), [], 0
+    while i < len(lines):
+        line = lines[i]
+        out.append(line)
+        i += 1
+        for m in _HEREDOC.finditer(line):
+            tab, end = m.group(1), m.group(3)
+            while i < len(lines) and (lines[i].lstrip("\t") if tab else lines[i]).strip() != end:
+                i += 1
+            i += 1  # the terminator line
+    return "\n".join(out)
+
+
 def _split_segments(cmd: str) -> list[str]:
     """Commands of a compound line; in a pipeline, the stages after the first count only when
     they name a file of their own (``| tail -5`` filters output, it reads nothing; ``| tee f``
@@ -145,7 +166,7 @@ def classify_command(cmd: str | None) -> tuple[str, str | None]:
     if words and words[0] in ("edit", "create", "insert", "append") and "\n" in cmd.strip():
         return "edit", words[1] if len(words) > 1 and words[0] != "edit" else None  # SWE-agent block edit
     best: tuple[str, str | None] = ("other", None)
-    for seg in _split_segments(cmd):
+    for seg in _split_segments(_strip_heredocs(cmd)):
         kind, obj = _classify_segment(seg)
         if _PRIORITY[kind] > _PRIORITY[best[0]]:
             best = (kind, obj)

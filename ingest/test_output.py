@@ -11,6 +11,8 @@ tests a run fixed. Formats, each from the runner's own output conventions:
   failures are named; the summary says whether the run had none (``complete`` is then false).
 - unittest and Django's runner (verbose): ``test_x (module.Class) ... ok|FAIL|ERROR|skipped``,
   a docstring line allowed between, and ``Ran N tests`` / ``FAILED (failures=1)``.
+- sympy's ``bin/test``: ``== tests finished: N passed, M failed, K exceptions, in Xs ==`` and a
+  ``___ path.py:test_name ___`` header per failure or exception.
 - go test -v: ``--- PASS|FAIL|SKIP: TestName``.
 - cargo test: ``test path::name ... ok|FAILED|ignored``.
 - jest / vitest: ``✓ name`` / ``✕ name`` (and the Windows ``√`` / ``×``), only in output that
@@ -35,6 +37,8 @@ _PYTEST_SUMMARY = re.compile(r"^(?:=+ )?(\d+ (?:passed|failed|error|errors|skipp
 _UNITTEST = re.compile(r"^(\w+) \(([\w.]+)\)(?:\n[^\n]*?)? \.\.\. (ok|FAIL|ERROR|skipped|expected failure|"
                        r"unexpected success)", re.M)
 _UNITTEST_RAN = re.compile(r"^Ran (\d+) tests? in [\d.]+s\s*\n+\s*(OK|FAILED)(?: \(([^)]*)\))?", re.M)
+_SYMPY_SUMMARY = re.compile(r"^=+ tests finished: (.*?), in [\d.]+ seconds =+\s*$", re.M)
+_SYMPY_FAILURE = re.compile(r"^_{3,} (\S+\.py:test\w*) _{3,}\s*$", re.M)
 _GO = re.compile(r"^\s*--- (PASS|FAIL|SKIP): (\S+)", re.M)
 _CARGO = re.compile(r"^test (\S+) \.\.\. (ok|FAILED|ignored)\s*$", re.M)
 _JEST = re.compile(r"^\s+([✓✔√✕✖×]) (.+?)(?: \(\d+(?:\.\d+)? ?m?s\))?\s*$", re.M)
@@ -66,9 +70,21 @@ def _unittest(text: str) -> tuple[dict[str, str], dict[str, Any] | None]:
     if not ran:
         return results, None
     n, verdict, detail = ran[-1]
-    bad = {k: int(v) for k, v in re.findall(r"(failures|errors)=(\d+)", detail or "")}
-    return results, {"passed": max(0, int(n) - sum(bad.values())), "failed": bad.get("failures", 0),
+    bad = {k: int(v) for k, v in re.findall(r"(?<!expected )(failures|errors)=(\d+)", detail or "")}
+    other = sum(int(v) for v in re.findall(r"(?:skipped|expected failures)=(\d+)", detail or ""))
+    return results, {"passed": max(0, int(n) - sum(bad.values()) - other), "failed": bad.get("failures", 0),
                      "errors": bad.get("errors", 0), "complete": len(results) >= int(n) and verdict in ("OK", "FAILED")}
+
+
+def _sympy(text: str) -> tuple[dict[str, str], dict[str, Any] | None]:
+    summaries = _SYMPY_SUMMARY.findall(text)
+    if not summaries:
+        return {}, None
+    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|exceptions?|skipped)", summaries[-1])}
+    results = {name: "failed" for name in _SYMPY_FAILURE.findall(text)}
+    errors = counts.get("exceptions", counts.get("exception", 0))
+    return results, {"passed": counts.get("passed", 0), "failed": counts.get("failed", 0), "errors": errors,
+                     "complete": False}
 
 
 def _simple(pattern: re.Pattern[str], text: str, name_first: bool) -> dict[str, str]:
@@ -81,6 +97,10 @@ def parse_test_output(text: str | None) -> tuple[str, list[dict[str, str]], dict
     if not text or len(text) < 8:
         return None
     text = text[:MAX_SCAN]
+    if "tests finished:" in text:
+        results, summary = _sympy(text)
+        if summary:
+            return "sympy", [{"name": k, "status": v} for k, v in results.items()], summary
     if "::" in text or " passed" in text or " failed" in text:
         results, summary = _pytest(text)
         if results or summary:
