@@ -61,8 +61,18 @@ def iter_episodes(wh: Warehouse, layer: str, where: str | None = None) -> Iterat
         by_key: dict[str, list[dict]] = {}
         for s in steps:
             by_key.setdefault(s["trajectory_key"], []).append(s)
+        schemas = _tool_schemas(wh, {e["tool_schema_digest"] for e in eps if e["tool_schema_digest"]})
         for e in eps:
+            e["_tool_schemas"] = schemas.get(e["tool_schema_digest"])
             yield e, by_key.get(e["trajectory_key"], [])
+
+
+def _tool_schemas(wh: Warehouse, digests: set[str]) -> dict[str, Any]:
+    if not digests or not wh.files("tool_schemas"):
+        return {}
+    rows = wh.query("SELECT tool_schema_digest, any_value(schema_text) AS schema_text FROM tool_schemas "
+                    "WHERE list_contains(?, tool_schema_digest) GROUP BY 1", [sorted(digests)]).to_pylist()
+    return {r["tool_schema_digest"]: _loads(r["schema_text"]) for r in rows}
 
 
 def to_native(e: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
@@ -77,7 +87,8 @@ def to_native(e: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
                             "base_commit": e["base_commit"], "base_commit_at": e.get("base_commit_at"), "instance_id": e["instance_id"],
                             "issue_created_at": e["issue_created_at"], "fix_merged_at": e["fix_merged_at"],
                             "initial_state_digest": e["initial_state_digest"]}),
-        "environment": _drop_none({"image_digest": e["env_image_digest"], "tool_schema_digest": e["tool_schema_digest"]}),
+        "environment": _drop_none({"image_digest": e["env_image_digest"], "tool_schema_digest": e["tool_schema_digest"],
+                                   "tool_schemas": e.get("_tool_schemas")}),
         "policy": _drop_none({"name": e["policy_name"], "checkpoint": e["policy_checkpoint"], "version": e["policy_version"]}),
         "harness": _drop_none({"name": e["harness_name"], "version": e["harness_version"], "commit": e["harness_commit"]}),
         "verifier": _drop_none({"name": e["verifier_name"], "commit": e["verifier_commit"]}),
@@ -95,7 +106,8 @@ def to_native(e: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
 def _native_step(s: dict[str, Any]) -> dict[str, Any]:
     calls = None
     if s["tool_calls"] is not None:
-        calls = [_drop_none({"id": c["id"], "name": c["name"], "arguments": _loads(c["arguments"])}) for c in s["tool_calls"]]
+        calls = [_drop_none({"id": c["id"], "name": c["name"], "arguments": _loads(c["arguments"]),
+                             "executed": _loads(c["executed"]) if (c.get("executed") or "").startswith("{") else c.get("executed")}) for c in s["tool_calls"]]
     return _drop_none({
         "index": s["step_index"], "role": s["role"], "author": s["author"], "text": s["text"], "tool_calls": calls,
         "tool_call_id": s["tool_call_id"], "observation": s["observation"], "exit_code": s["exit_code"],

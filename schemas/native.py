@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 NATIVE_FORMAT = "trajwh.native"
-NATIVE_FORMAT_VERSION = "1.0"
+NATIVE_FORMAT_VERSION = "1.1"  # 1.1: tool_calls[].executed, environment.tool_schemas
 
 Role = Literal["system", "user", "assistant", "tool"]
 Author = Literal["model", "harness", "environment", "human"]
@@ -42,6 +42,8 @@ class ToolCall(_Strict):
     id: str | None = None
     name: str
     arguments: dict[str, Any] | str | None = None
+    executed: dict[str, Any] | str | None = Field(
+        None, description="The request the harness executed (a command line or an object), when it rewrote the call.")
 
 
 class NativeTask(_Strict):
@@ -60,6 +62,8 @@ class NativeTask(_Strict):
 class NativeEnvironment(_Strict):
     image_digest: str | None = None
     tool_schema_digest: str | None = None
+    tool_schemas: list[Any] | dict[str, Any] | None = Field(
+        None, description="The tool definitions shown to the model (JSON schemas, or the harness's tool configuration).")
 
 
 class NativePolicy(_Strict):

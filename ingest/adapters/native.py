@@ -9,6 +9,7 @@ import orjson
 from pydantic import ValidationError
 
 from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
+from ingest.adapters.common import tool_schema_info
 from schemas import ids
 from schemas.errors import InputFormatError
 from schemas.native import NATIVE_FORMAT, NativeEpisode, NativeStep
@@ -49,6 +50,7 @@ def _step_row(step: NativeStep) -> dict[str, Any]:
                 "name": c.name,
                 "arguments": c.arguments if isinstance(c.arguments, str) or c.arguments is None
                 else _json_or_none(c.arguments),
+                "executed": c.executed if isinstance(c.executed, str) or c.executed is None else _json_or_none(c.executed),
             }
             for c in step.tool_calls
         ]
@@ -73,7 +75,7 @@ def _step_row(step: NativeStep) -> dict[str, Any]:
 
 class NativeAdapter(Adapter):
     name = "native"
-    version = "1.0.0"
+    version = "1.1.0"
     framing = "jsonl"
     description = "trajwh native JSONL, one episode per line"
 
@@ -116,7 +118,10 @@ class NativeAdapter(Adapter):
                 where=f"{ctx.file_path}:{ctx.line_no}",
                 valid="steps listed in order with index 0, 1, 2, ...",
             )
-        return [ParsedEpisode(episode=self._episode_row(ep), steps=[_step_row(s) for s in ep.steps])]
+        tools = ep.environment.tool_schemas
+        schemas = tool_schema_info(tools, "native:environment.tool_schemas",
+                                   "harness_tool_config" if isinstance(tools, dict) else "function_schemas")
+        return [ParsedEpisode(episode=self._episode_row(ep), steps=[_step_row(s) for s in ep.steps], tool_schemas=schemas)]
 
     @staticmethod
     def _episode_row(ep: NativeEpisode) -> dict[str, Any]:
