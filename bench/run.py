@@ -57,6 +57,17 @@ def main() -> None:
                   f"{red['chars_per_s']['detect_secrets']:,} -> {red['speedup_vs_presidio']}x presidio\n"
                   f"on trajectory text ({tt['characters']:,} chars): ours {tt['ours_chars_per_s']:,} chars/s, presidio "
                   f"{tt['presidio_chars_per_s']:,} -> {tt['speedup_vs_presidio']}x; peak RSS {red['peak_rss_mb']} MB")
+    ho = red["heldout"] = redaction_bench.heldout()
+    t = Table(title=f"redaction on the held-out set ({ho['cases']} texts, {ho['secrets']} secrets, {ho['decoys']} kept values)")
+    t.add_column("type")
+    t.add_column("n", justify="right")
+    t.add_column("recall", justify="right")
+    for typ, v in ho["per_type"].items():
+        t.add_row(typ, str(v["n"]), f"{v['recall']:.3f}")
+    t.add_row("overall", str(ho["secrets"]), f"{ho['recall']:.3f}")
+    console.print(t)
+    console.print(f"held-out: decoys and surrounding text kept {ho['decoys_kept']:.3f}; missed {ho['missed']}; "
+                  f"destroyed {ho['destroyed']}")
     console.log("dedup: MinHash vs datasketch, then curation at 100,000 episodes (a few minutes) ...")
     mh = dedup_bench.minhash_vs_datasketch()
     scale = dedup_bench.at_scale(args.dedup_episodes)

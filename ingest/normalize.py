@@ -36,7 +36,14 @@ from schemas import ids
 from schemas.arrow import arrow_schema
 from schemas.errors import ConfigError, InputFormatError
 from schemas.repository import normalize_repository
-from schemas.tables import SCHEMA_VERSION, EpisodeRow, LineageEdgeRow, QuarantineRow, StepRow, ToolSchemaRow
+from schemas.tables import (
+    SCHEMA_VERSION,
+    EpisodeRow,
+    LineageEdgeRow,
+    QuarantineRow,
+    StepRow,
+    ToolSchemaRow,
+)
 
 NORMALIZE_VERSION = "1.0.0"
 FLUSH_STEPS = 20_000

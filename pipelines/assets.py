@@ -88,6 +88,7 @@ class RedactConfig(dg.Config):
 def redacted(context: dg.AssetExecutionContext, config: RedactConfig, warehouse: WarehouseResource):
     with count_progress("redacting episodes") as advance:
         s = redact_warehouse(warehouse.get(), run_id=context.run_id, full=config.full, scope_kind=config.scope,
+                             private_addresses=warehouse.settings().redaction.private_addresses,
                              lock_timeout=warehouse.lock_timeout, progress=advance, on_plan=advance.set_total)
     if not s.vault_written:
         context.log.warning("vault not written: no key (set TRAJWH_VAULT_KEY or TRAJWH_VAULT_KEY_FILE)")

@@ -145,6 +145,64 @@ PROVIDER_SHAPES: list[Shape] = [
     _s("SENDGRID_KEY", _B + r"(?P<v>SG\.[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]{43})" + _E, triggers=("SG.",)),
     _s("JWT", _B + r"(?P<v>eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})" + _E,
        triggers=("eyJ",)),
+    *[_s(entity, _B + r"(?P<v>" + pattern + r")" + _E, triggers=triggers) for entity, pattern, triggers in (
+        # formats as public secret scanners (gitleaks, trufflehog) document them
+        ("TELEGRAM_BOT_TOKEN", r"\d{8,10}:AA[0-9A-Za-z_-]{32,33}", (":AA",)),
+        ("DISCORD_WEBHOOK", r"https://(?:ptb\.|canary\.)?discord(?:app)?\.com/api/webhooks/\d{5,20}/[\w-]{60,70}", ("discord",)),
+        ("MAILGUN_KEY", r"key-[0-9a-f]{32}", ("key-",)),
+        ("MAILCHIMP_KEY", r"[0-9a-f]{32}-us\d{1,2}", ("-us",)),
+        ("SHOPIFY_TOKEN", r"shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}", ("shp",)),
+        ("SQUARE_TOKEN", r"sq0(?:atp|csp)-[0-9A-Za-z_-]{22,43}|EAAA[A-Za-z0-9_-]{60}", ("sq0", "EAAA")),
+        ("DIGITALOCEAN_TOKEN", r"do[opr]_v1_[a-f0-9]{64}", ("_v1_",)),
+        ("DATABRICKS_TOKEN", r"dapi[a-f0-9]{32}(?:-\d)?", ("dapi",)),
+        ("DOPPLER_TOKEN", r"dp\.(?:pt|st|sa|ct|scim|audit)\.[A-Za-z0-9]{40,44}", ("dp.",)),
+        ("LINEAR_KEY", r"lin_(?:api|oauth)_[A-Za-z0-9]{40}", ("lin_",)),
+        ("POSTMAN_KEY", r"PMAK-[a-fA-F0-9]{24}-[a-fA-F0-9]{34}", ("PMAK-",)),
+        ("PULUMI_TOKEN", r"pul-[a-f0-9]{40}", ("pul-",)),
+        ("GRAFANA_TOKEN", r"glsa_[A-Za-z0-9]{32}_[A-Fa-f0-9]{8}|glc_[A-Za-z0-9+/]{32,400}={0,2}", ("glsa_", "glc_")),
+        ("NEWRELIC_KEY", r"NR(?:AK|II|JS)-[A-Za-z0-9]{27}|NRAA-[a-f0-9]{27}", ("NRAK-", "NRII-", "NRJS-", "NRAA-")),
+        ("VAULT_TOKEN", r"hv[sbr]\.[A-Za-z0-9_-]{24,}", ("hvs.", "hvb.", "hvr.")),
+        ("AGE_SECRET_KEY", r"AGE-SECRET-KEY-1[QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L]{58}", ("AGE-SECRET-KEY-",)),
+        ("SUPABASE_TOKEN", r"sb[pa]_[a-f0-9]{40}|sb_secret_[A-Za-z0-9_-]{20,}", ("sbp_", "sba_", "sb_secret_")),
+        ("GROQ_KEY", r"gsk_[A-Za-z0-9]{52}", ("gsk_",)),
+        ("REPLICATE_TOKEN", r"r8_[A-Za-z0-9]{37}", ("r8_",)),
+        ("GOOGLE_OAUTH_SECRET", r"GOCSPX-[A-Za-z0-9_-]{28}", ("GOCSPX-",)),
+        ("GOOGLE_OAUTH_TOKEN", r"ya29\.[0-9A-Za-z_-]{20,}", ("ya29.",)),
+        ("SLACK_TOKEN", r"xapp-\d-[A-Za-z0-9-]{20,}", ("xapp-",)),
+        ("DOCKERHUB_TOKEN", r"dckr_pat_[A-Za-z0-9_-]{27}", ("dckr_pat_",)),
+        ("RUBYGEMS_KEY", r"rubygems_[a-f0-9]{48}", ("rubygems_",)),
+        ("AIRTABLE_TOKEN", r"pat[A-Za-z0-9]{14}\.[a-f0-9]{64}", ("pat",)),
+        ("SENDINBLUE_KEY", r"xkeysib-[a-f0-9]{64}-[A-Za-z0-9]{16}", ("xkeysib-",)),
+        ("PLANETSCALE_TOKEN", r"pscale_(?:tkn|pw|oauth)_[A-Za-z0-9_.=-]{32,64}", ("pscale_",)),
+        ("ALIBABA_KEY", r"LTAI[A-Za-z0-9]{20}", ("LTAI",)),
+        ("AZURE_AD_SECRET", r"[A-Za-z0-9_~.]{3}\dQ~[A-Za-z0-9_~.-]{31,34}", ("Q~",)),
+        ("DYNATRACE_TOKEN", r"dt0c01\.[A-Z0-9]{24}\.[A-Z0-9]{64}", ("dt0c01.",)),
+        ("NOTION_TOKEN", r"ntn_[A-Za-z0-9]{40,50}|secret_[A-Za-z0-9]{43}", ("ntn_", "secret_")),
+        ("SENTRY_TOKEN", r"sntr[ysu]_[A-Za-z0-9+/=_-]{40,}", ("sntr",)),
+        ("HEROKU_KEY", r"HRKU-AA[0-9a-zA-Z_-]{58}", ("HRKU-",)),
+        ("TERRAFORM_TOKEN", r"[a-zA-Z0-9]{14}\.atlasv1\.[a-zA-Z0-9_=-]{60,70}", (".atlasv1.",)),
+        ("CLOJARS_TOKEN", r"CLOJARS_[a-z0-9]{60}", ("CLOJARS_",)),
+        ("PERPLEXITY_KEY", r"pplx-[A-Za-z0-9]{48}", ("pplx-",)),
+        ("XAI_KEY", r"xai-[A-Za-z0-9]{80}", ("xai-",)),
+        ("LANGSMITH_KEY", r"lsv2_(?:pt|sk)_[a-f0-9]{32}_[a-f0-9]{10}", ("lsv2_",)),
+        ("GITLAB_TOKEN", r"gl(?:dt|rt|ptt|ft|imt|oas|soat|cbt|ffct|agent)-[A-Za-z0-9_-]{20,}|GR1348941[A-Za-z0-9_-]{20}",
+         ("gl", "GR1348941")),
+        ("EASYPOST_KEY", r"EZ[AT]K[a-zA-Z0-9]{54}", ("EZAK", "EZTK")),
+        ("SHIPPO_TOKEN", r"shippo_(?:live|test)_[a-fA-F0-9]{40}", ("shippo_",)),
+        ("DUFFEL_TOKEN", r"duffel_(?:test|live)_[A-Za-z0-9_=-]{43}", ("duffel_",)),
+        ("FLUTTERWAVE_KEY", r"FLW(?:PUBK|SECK)_TEST-[a-hA-H0-9]{32}-X", ("FLW",)),
+        ("PREFECT_KEY", r"pnu_[a-zA-Z0-9]{36}", ("pnu_",)),
+        ("ADAFRUIT_KEY", r"aio_[A-Za-z0-9]{28}", ("aio_",)),
+        ("MAPBOX_TOKEN", r"sk\.eyJ[A-Za-z0-9_-]{20,}\.[A-Za-z0-9_-]{20,}", ("sk.eyJ",)),
+        ("JFROG_TOKEN", r"AKCp[A-Za-z0-9]{69}|cmVmdGtuOjAxOj[A-Za-z0-9]{40,}", ("AKCp", "cmVmdGtuOjAxOj")),
+        ("ATLASSIAN_TOKEN", r"AT(?:ATT|CTT)3[A-Za-z0-9_=-]{186}", ("ATATT3", "ATCTT3")),
+        ("FLYIO_TOKEN", r"fm[12][ar]?_[A-Za-z0-9+/]{100,}={0,3}", ("fm1", "fm2")),
+        ("TWITCH_TOKEN", r"oauth:[a-z0-9]{30}", ("oauth:",)),
+        ("AZURE_STORAGE_KEY", r"(?<=AccountKey=)[A-Za-z0-9+/]{86}==", ("AccountKey=",)),
+    )],
+    _s("DISCORD_TOKEN", r"(?<![\w.-])(?P<v>[MNO][A-Za-z\d_-]{23,25}\.[\w-]{6}\.[\w-]{27,38})(?![\w.-])",
+       lambda v: _not_placeholder(v) and entropy(v) > 3.5,
+       triggers=("MT", "Mj", "Mz", "ND", "NT", "Nj", "Nz", "OD", "OT")),  # base64 of a snowflake user id
     _s("PRIVATE_KEY", r"(?P<v>-----BEGIN (?:[A-Z]+ )*PRIVATE KEY( BLOCK)?-----[\s\S]*?-----END (?:[A-Z]+ )*PRIVATE KEY( BLOCK)?-----)"),
 ]
 
@@ -155,12 +213,8 @@ _SECRET_WORD = (r"(?:passw(?:or)?d|passwd|pwd|secret|token|api[_-]?key|apikey|ac
                 r"signing[_-]?key|encryption[_-]?key)")
 _SECRET_NAME = r"(?:[A-Za-z0-9_.-]*?" + _SECRET_WORD + r"[A-Za-z0-9_.-]*)"
 
-#: structures known to carry secrets
+#: structures known to carry secrets (context-keyed values are found by ``redaction.keyed``)
 STRUCTURE_SHAPES: list[Shape] = [
-    # NAME=value, name: value, "name": "value" (env dumps, .env, .npmrc, .pypirc, YAML, JSON, kwargs)
-    _s("SECRET", r"(?i)" + _SECRET_WORD + r"[A-Za-z0-9_.-]*[\"']?\s*(?:=|:|=>)\s*\\?[\"']?(?P<v>[^\s\"',;<>\\]{6,})",
-       plausible_secret, detector="assignment", fold=True,
-       triggers=("pass", "pwd", "secret", "token", "key", "auth", "credential", "session", "sid")),
     _s("SECRET", r"(?i)<meta[^>]+name=[\"'][^\"']*(?:key|token|secret|auth|csrf)[^\"']*[\"'][^>]*content=[\"'](?P<v>[^\"']{8,})",
        plausible_secret, detector="html_meta", triggers=("<meta",), fold=True),
     _s("SECRET", r"(?i)\b(?:set|export|use|using|changed?|rotated?)\s+(?:the\s+)?" + _SECRET_NAME
@@ -168,6 +222,8 @@ STRUCTURE_SHAPES: list[Shape] = [
        triggers=("pass", "pwd", "secret", "token", "key", "auth", "credential", "session")),
     _s("PASSWORD", r"(?i)\b(?:password|passphrase|passwd|pin)\s+(?:is|was|=|:)\s+[\"'`]?(?P<v>[^\s\"'`,;]{6,})",
        plausible_secret, detector="prose", triggers=("pass", "pin "), fold=True),
+    _s("SECRET", r"(?i)\b(?:the\s+)?(?:new\s+)?(?:one|key|token|secret|password)\s+is\s+[\"'`]?(?P<v>[A-Za-z0-9_./+=:~-]{16,})",
+       plausible_secret, detector="prose", triggers=("one is", "key is", "token is", "secret is", "password is"), fold=True),
     _s("PASSWORD", r"(?im)^\s*(?:machine\s+\S+\s+)?(?:login\s+\S+\s+)?password\s+(?P<v>\S{4,})", plausible_secret,
        detector="netrc", triggers=("password",), fold=True),
     _s("AUTH_HEADER", r"(?i)\b(?:authorization|proxy-authorization)[\"']?\s*[:=]\s*[\"']?(?:bearer|basic|token|digest)\s+"
@@ -176,31 +232,10 @@ STRUCTURE_SHAPES: list[Shape] = [
        triggers=("bearer",), fold=True),
     _s("API_KEY_HEADER", r"(?i)\b(?:x-api-key|x-auth-token|api-key|x-access-token)[\"']?\s*[:=]\s*[\"']?(?P<v>[A-Za-z0-9._~+/=-]{8,})",
        _not_placeholder, detector="http_header", triggers=("api-key", "x-auth", "x-access"), fold=True),
-    _s("COOKIE", r"(?im)^\s*(?:set-)?cookie\s*:\s*(?P<v>[^\r\n]{8,})", _not_placeholder, detector="http_header",
-       triggers=("cookie",), fold=True),
-    _s("SESSION_ID", r"(?i)\b(?:session[_-]?id|sessid|phpsessid|jsessionid|connect\.sid|sid)=(?P<v>[A-Za-z0-9._%-]{12,})",
-       plausible_secret, detector="cookie", triggers=("sess", "sid="), fold=True),
     _s("PASSWORD", r"(?i)\b[a-z][a-z0-9+.-]{1,20}://[^\s:/@]{1,64}:(?P<v>[^\s@/]{3,128})@[^\s/]", _not_placeholder,
        detector="url_credentials", triggers=("://",)),
     _s("DOCKER_AUTH", r"\"auth\"\s*:\s*\"(?P<v>[A-Za-z0-9+/]{12,}={0,2})\"", _not_placeholder, detector="docker_config",
        triggers=('"auth"',)),
 ]
 
-#: user names in home-directory paths
-HOME_SHAPES: list[Shape] = [
-    _s("USERNAME", r"(?:/home/|/Users/|[A-Za-z]:\\\\?Users\\\\?)(?P<v>[A-Za-z0-9._-]{2,32})(?=[/\\\s\"':]|$)",
-       lambda v: v.lower() not in {"shared", "public", "default", "runner", "ubuntu", "root", "user", "username",
-                                   "admin", "guest", "all users", "default user", "you", "me", "your_name",
-                                   "name", "runneradmin", "appveyor", "travis", "vagrant", "node", "app"}
-       and not is_placeholder(v), detector="home_path", triggers=("/home/", "/users/", "\\users\\"), fold=True),
-]
-
-#: phone numbers by structure (international with +, or US-style); presidio's recognizer adds the rest
-PHONE_SHAPES: list[Shape] = [
-    _s("PHONE", r"(?<![\w+])(?P<v>\+\d{1,3}[ .-]?(?:\(\d{1,4}\)|\d{1,4})(?:[ .-]?\d{2,5}){1,4})(?![\w-]|\.\d)",
-       lambda v: 10 <= sum(c.isdigit() for c in v) <= 15, detector="phone_intl", triggers=("+",)),
-    _s("PHONE", r"(?<![\w.])(?P<v>\(\d{3}\)\s?\d{3}[-.]\d{4}|\d{3}-\d{3}-\d{4})(?![\w-]|\.\d)", None,
-       detector="phone_us", triggers=("(", "-")),
-]
-
-ALL_SHAPES: list[Shape] = PROVIDER_SHAPES + STRUCTURE_SHAPES + HOME_SHAPES + PHONE_SHAPES
+ALL_SHAPES: list[Shape] = PROVIDER_SHAPES + STRUCTURE_SHAPES

@@ -23,38 +23,59 @@ import hmac
 import re
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
+import ahocorasick
 import orjson
 
-from redaction.detectors import ALL_SHAPES, PLACEHOLDER_RE
-from redaction.pii import PRESIDIO_ENTITY, keep_ip, person_analyzer, pii_recognizers
+from redaction.detectors import ALL_SHAPES, PLACEHOLDER_RE, PROVIDER_SHAPES
+from redaction.keyed import find_keyed, keyed_value_ok, secret_name
+from redaction.people import COMMON_WORDS, person_names, reserved_domain, user_names
+from redaction.pii import card_issued, keep_ip, person_analyzer, phone_number, public_domain
 
-POLICY_VERSION = "1.1.0"  # 1.1: a normalized repository remote is kept (grouping identity)
+#: 1.1: a normalized repository remote is kept (grouping identity); 2.0: context-keyed secrets in every
+#: syntax, user names only with evidence and in every spelling, person names from structure, private
+#: addresses redacted, reserved example domains and documentation ranges kept, issuer-checked cards,
+#: national phone formats, more provider shapes
+POLICY_VERSION = "2.0.0"
 SCOPE_KINDS = {"episode": "ep", "repository": "repo", "dataset": "ds"}
 
 _SHORT = 1024
 _NAME_TRIGGER = re.compile(r"\b[A-Z][a-z]{1,20}(?:\s+[A-Z][a-z]{1,20})+\b")
 _WORD = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"
 _PII_LEFT = {"IP_ADDRESS": _WORD + ".", "CREDIT_CARD": _WORD + ".-"}
-#: cheap shapes that must be present before presidio's (slow) recognizers are asked
-_PII_TRIGGERS = [
-    ("EMAIL", re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}")),
-    # no look-behind at the start: a pattern that starts with \d lets the engine skip ahead fast;
-    # the left boundary is checked in Python (``_PII_LEFT``)
-    ("IP_ADDRESS", re.compile(r"\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}(?![\d.])")),
-    ("CREDIT_CARD", re.compile(r"\d(?:[ -]?\d){12,39}(?![\d-])")),
-    ("PHONE", re.compile(r"(?<![\w.+-])(?:\+\d{1,3}[ .-]?)?\(?\d{2,4}\)?[ .-]\d{2,4}[ .-]?\d{3,8}(?![\w.-])")),
-]
-_B64 = re.compile(r"(?<![A-Za-z0-9+/=_-])([A-Za-z0-9+/]{24,}={0,2}|[A-Za-z0-9_-]{32,}={0,2})(?![A-Za-z0-9+/=_-])")
-_URLENC = re.compile(r"[^\s\"'<>]*%[0-9A-Fa-f]{2}[^\s\"'<>]*")
+#: cheap shapes that find the candidates of each kind of personal data
+_EMAIL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._%+-]*@[A-Za-z0-9][A-Za-z0-9.-]*\.[A-Za-z]{2,}")
+# no look-behind at the start: a pattern that starts with \d lets the engine skip ahead fast;
+# the left boundary is checked in Python (``_PII_LEFT``)
+_IPV4 = re.compile(r"\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}(?![\d.]|\.\d)")
+_IPV6 = re.compile(r"(?<![\w:.])([0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7})(?![\w:.])")
+_PHONE_HINT = re.compile(r"[+(]?\d[\d ().-]{6,30}\d")  # a cheap superset of the candidates below
+_CARD = re.compile(r"\d(?:[ -]?\d){11,39}(?![\d-])")
+_PHONE = re.compile(r"(?<![\w.+:/#=%-])(?:(?:\+\d{1,3}[ -]?)?(?:\(\d{1,5}\)[ -]?)?\d{1,5}(?:[ -]\d{1,8}){1,5}"
+                    r"|(?:\+\d{1,3}[ .]?)?\d{2}(?:\.\d{2}){3,4}|\(?\d{3}\)?\.\d{3}\.\d{4})(?![\w:/%]|[.-]\d)")
+_B64 = re.compile(r"(?<![A-Za-z0-9+/_-])([A-Za-z0-9+/]{24,}={0,2}|[A-Za-z0-9_-]{32,}={0,2})(?![A-Za-z0-9+/=_-])")
+_PERCENT = re.compile(r"%[0-9A-Fa-f]{2}")
+_TOKEN_STOP = re.compile(r"[\s\"'<>]")
+
+
+def _urlencoded_tokens(text: str):
+    """The whitespace- or quote-delimited tokens that hold a percent escape (``start, end, token``)."""
+    last = -1
+    for m in _PERCENT.finditer(text):
+        if m.start() < last:
+            continue
+        left = max(text.rfind(c, 0, m.start()) for c in " \n\t\r\"'<>") + 1
+        stop = _TOKEN_STOP.search(text, m.end())
+        right = stop.start() if stop else len(text)
+        last = right
+        yield left, right, text[left:right]
+
 #: which type wins when spans overlap (more specific first)
-_PRIORITY = {"PRIVATE_KEY": 0, "JWT": 1, "AWS_ACCESS_KEY": 1, "AWS_SECRET_KEY": 1, "GITHUB_TOKEN": 1,
-             "GITLAB_TOKEN": 1, "SLACK_TOKEN": 1, "SLACK_WEBHOOK": 1, "STRIPE_KEY": 1, "ANTHROPIC_KEY": 1,
-             "OPENAI_KEY": 1, "GOOGLE_API_KEY": 1, "HF_TOKEN": 1, "NPM_TOKEN": 1, "PYPI_TOKEN": 1,
-             "TWILIO_KEY": 1, "SENDGRID_KEY": 1, "PASSWORD": 2, "AUTH_HEADER": 3, "API_KEY_HEADER": 3,
-             "BEARER_TOKEN": 3, "DOCKER_AUTH": 3, "SESSION_ID": 3, "COOKIE": 4, "SECRET": 4, "EMAIL": 5,
-             "CREDIT_CARD": 5, "PHONE": 6, "IP_ADDRESS": 6, "USERNAME": 6, "PERSON": 7}
+_PRIORITY = {"PRIVATE_KEY": 0, **{sh.entity: 1 for sh in PROVIDER_SHAPES if sh.entity != "PRIVATE_KEY"},
+             "PASSWORD": 2, "AUTH_HEADER": 3, "API_KEY_HEADER": 3, "BEARER_TOKEN": 3, "DOCKER_AUTH": 3,
+             "SESSION_ID": 3, "COOKIE": 4, "SECRET": 4, "EMAIL": 5, "CREDIT_CARD": 5, "PHONE": 6, "IP_ADDRESS": 6,
+             "USERNAME": 6, "PERSON": 7}
 
 
 @dataclass(frozen=True)
@@ -63,6 +84,7 @@ class Finding:
     end: int
     entity: str
     detector: str
+    canonical: str | None = None  # the value this span spells (escaped / encoded recurrences)
 
 
 @dataclass
@@ -86,9 +108,11 @@ class Scope:
     minted: dict[tuple[str, str], str] = field(default_factory=dict)
     values: dict[str, tuple[str, str]] = field(default_factory=dict)  # placeholder -> (entity, value)
     learned: dict[str, list[Finding]] = field(default_factory=dict)  # findings of the learning pass, by text
+    by_value: dict[str, str] = field(default_factory=dict)  # value -> its placeholder
 
     def placeholder(self, entity: str, value: str) -> str:
-        got = self.minted.get((entity, value))
+        """One value, one placeholder in its scope, whichever detector saw it first."""
+        got = self.minted.get((entity, value)) or self.by_value.get(value)
         if got:
             return got
         digest = hmac.new(self.key, f"{entity}\0{value}".encode(), hashlib.sha256).hexdigest()
@@ -97,8 +121,22 @@ class Scope:
             if ph not in self.values:
                 break
         self.minted[(entity, value)] = ph
+        self.by_value[value] = ph
         self.values[ph] = (entity, value)
         return ph
+
+
+def _automaton(triggers: set[str]) -> ahocorasick.Automaton:
+    """Aho-Corasick over the shapes' triggers: every trigger in a text in one pass, overlaps included."""
+    automaton = ahocorasick.Automaton()
+    for t in triggers:
+        automaton.add_word(t, t)
+    automaton.make_automaton()
+    return automaton
+
+
+_TRIGGERS_CASED = _automaton({t for sh in ALL_SHAPES if not sh.fold for t in sh.triggers})
+_TRIGGERS_FOLDED = _automaton({t for sh in ALL_SHAPES if sh.fold for t in sh.triggers})
 
 
 def _windows(lower: str, needles: tuple[str, ...]) -> list[tuple[int, int]]:
@@ -125,10 +163,12 @@ def _windows(lower: str, needles: tuple[str, ...]) -> list[tuple[int, int]]:
 class Detector:
     """Finds sensitive spans in text; the result is a sorted list of non-overlapping findings."""
 
-    def __init__(self, *, personal_data: bool = True, decode: bool = True):
+    def __init__(self, *, personal_data: bool = True, decode: bool = True, redact_private_ips: bool = True):
         self.personal_data = personal_data
         self.decode = decode
-        self.pii = pii_recognizers() if personal_data else {}
+        self.redact_private = redact_private_ips
+        if personal_data:
+            public_domain("example.org")  # load the public-suffix list now, not in the first text
         self.persons = person_analyzer() if personal_data else None
 
     def find(self, text: str, depth: int = 0) -> list[Finding]:
@@ -136,23 +176,28 @@ class Detector:
             return []
         found: list[Finding] = []
         lower = text.lower()
+        # which triggers occur at all: one pass of a combined pattern per case mode, not one test per shape
+        present = {t for _, t in _TRIGGERS_CASED.iter(text)} | {t for _, t in _TRIGGERS_FOLDED.iter(lower)}
         windows: dict[tuple[tuple[str, ...], bool], list[tuple[int, int]]] = {}
         short = len(text) <= _SHORT
         for shape in ALL_SHAPES:
             if not shape.triggers:
                 found += [Finding(*f) for f in shape.find(text)]
                 continue
-            haystack = lower if shape.fold else text
-            if short:  # a short text: one substring test per trigger, then the pattern on all of it
-                if any(t in haystack for t in shape.triggers):
-                    found += [Finding(*f) for f in shape.find(text)]
+            if present.isdisjoint(shape.triggers):
+                continue
+            if short:  # a short text: the pattern on all of it
+                found += [Finding(*f) for f in shape.find(text)]
                 continue
             key = (shape.triggers, shape.fold)
             if key not in windows:
-                windows[key] = _windows(haystack, shape.triggers)
+                windows[key] = _windows(lower if shape.fold else text, shape.triggers)
             for start, end in windows[key]:
                 found += [Finding(*f) for f in shape.find(text[start:end], start)]
+        found += [Finding(*f) for f in find_keyed(text)]
         if self.personal_data:
+            found += [Finding(*f) for f in user_names(text)]
+            found += [Finding(*f) for f in person_names(text)]
             found += self._personal(text, found)
             if self.persons is not None:
                 found += self._person_names(text)
@@ -161,40 +206,49 @@ class Detector:
         return _resolve(found, text)
 
     def _personal(self, text: str, already: list[Finding]) -> list[Finding]:
-        """Presidio's recognizers, each only on the small candidates its own trigger finds and
-        that no shape has claimed already."""
-        spans: list[tuple[str, int, int]] = []
-        for entity, trigger in _PII_TRIGGERS:
-            if entity == "EMAIL" and "@" not in text:
-                continue
-            for m in trigger.finditer(text):
-                glued = m.start() and text[m.start() - 1] in _PII_LEFT.get(entity, "")
-                if glued and entity != "CREDIT_CARD":
-                    continue
-                if entity == "IP_ADDRESS" and keep_ip(m.group(0), text[max(0, m.start() - 12):m.start()]):
-                    continue
-                if entity == "CREDIT_CARD":
-                    best = _card_in(m.group(0), skip_first=bool(glued))
-                    if best is None:
-                        continue
-                    spans.append((entity, max(0, m.start() + best[0] - 4), min(len(text), m.start() + best[1] + 4)))
-                    continue
-                if any(f.start <= m.start() and m.end() <= f.end for f in already):
-                    continue
-                spans.append((entity, max(0, m.start() - 4), min(len(text), m.end() + 4)))
+        """E-mail addresses (presidio's recognizer confirms the candidate; the span is the
+        address itself), IP addresses (``pii.keep_ip``), issuer-checked card numbers and
+        telephone numbers (libphonenumber), each only where no shape has claimed the text."""
         out: list[Finding] = []
-        for entity, start, end in spans:
-            recognizer = self.pii[entity]
-            window = text[start:end]
-            for r in recognizer.analyze(window, [PRESIDIO_ENTITY[entity]], None):
-                if r.score < 0.4:
+
+        def free(s: int, e: int) -> bool:
+            return not any(f.start <= s and e <= f.end for f in already)
+
+        if "@" in text:
+            for m in _EMAIL.finditer(text):
+                s, e = m.start(), m.end()
+                domain = m.group(0).rsplit("@", 1)[1]
+                if (s and text[s - 1] in _WORD + ".") or not free(s, e) or reserved_domain(domain):
                     continue
-                s, e = start + r.start, start + r.end
-                if entity == "IP_ADDRESS" and keep_ip(text[s:e], text[max(0, s - 12):s]):
+                if text[e:e + 1] == ":" and not text[e + 1:e + 2].isspace():
+                    continue  # git@github.com:org/repo.git is a remote (scp-like), not an address
+                if public_domain(domain):
+                    out.append(Finding(s, e, "EMAIL", "email"))
+        for m in _IPV4.finditer(text):
+            s, e = m.start(), m.end()
+            if (s and text[s - 1] in _PII_LEFT["IP_ADDRESS"]) or not free(s, e):
+                continue
+            if not keep_ip(m.group(0), text[max(0, s - 12):s], text[e:e + 6], redact_private=self.redact_private):
+                out.append(Finding(s, e, "IP_ADDRESS", "ip"))
+        if "::" in text or text.count(":") >= 5:
+            for m in _IPV6.finditer(text):
+                value = m.group(1)
+                if value.count(":") < 2 or not re.search(r"\d", value) or not free(m.start(1), m.end(1)):
                     continue
-                if entity == "PHONE" and not _phone_like(text, s, e):
-                    continue
-                out.append(Finding(s, e, entity, f"presidio:{type(recognizer).__name__}"))
+                if not keep_ip(value, "", "", redact_private=self.redact_private):
+                    out.append(Finding(m.start(1), m.end(1), "IP_ADDRESS", "ip"))
+        for m in _CARD.finditer(text):
+            glued = m.start() and text[m.start() - 1] in _PII_LEFT["CREDIT_CARD"]
+            best = _card_in(m.group(0), skip_first=bool(glued))
+            if best is not None:
+                s, e = m.start() + best[0], m.start() + best[1]
+                if free(s, e):
+                    out.append(Finding(s, e, "CREDIT_CARD", "card"))
+        for m in (m for h in _PHONE_HINT.finditer(text) for m in _PHONE.finditer(text, h.start(), h.end())):
+            value, s, e = m.group(0), m.start(), m.end()
+            if not free(s, e) or not _phone_context(text, s, e) or not phone_number(value):
+                continue
+            out.append(Finding(s, e, "PHONE", "phonenumbers"))
         return out
 
     def _person_names(self, text: str) -> list[Finding]:
@@ -223,12 +277,19 @@ class Detector:
             if hits:
                 out.append(Finding(m.start(1), m.end(1), hits[0].entity, f"base64>{hits[0].detector}"))
         if "%" in text:
-            for m in _URLENC.finditer(text):
-                decoded = unquote(m.group(0))
-                if decoded != m.group(0):
-                    hits = self.find(decoded, depth=1)
-                    if hits:
-                        out.append(Finding(m.start(), m.end(), hits[0].entity, f"urlencoded>{hits[0].detector}"))
+            for start, _, blob in _urlencoded_tokens(text):
+                decoded = unquote(blob)
+                if decoded != blob:
+                    for h in self.find(decoded, depth=1):  # the encoded spelling of the hit, else the blob
+                        value = decoded[h.start:h.end]
+                        for spelled in (quote(value, safe=""), quote(value, safe="/:@"), value):
+                            i = blob.find(spelled)
+                            if i >= 0:
+                                out.append(Finding(start + i, start + i + len(spelled), h.entity,
+                                                   f"urlencoded>{h.detector}", value))
+                                break
+                        else:
+                            out.append(Finding(start, start + len(blob), h.entity, f"urlencoded>{h.detector}"))
         return out
 
 
@@ -241,7 +302,8 @@ def _card_in(run: str, skip_first: bool = False) -> tuple[int, int] | None:
     for i in range(len(groups)):
         for j in range(len(groups) - 1, i - 1, -1):
             s, e = groups[i][0], groups[j][1]
-            if (best is None or e - s > best[1] - best[0]) and _luhn(run[s:e]):
+            digits = re.sub(r"\D", "", run[s:e])
+            if (best is None or e - s > best[1] - best[0]) and _luhn(run[s:e]) and card_issued(digits, run[s:e]):
                 best = (s, e)
                 break
     return best
@@ -257,25 +319,74 @@ def _luhn(candidate: str) -> bool:
     return 13 <= len(digits) <= 19 and total % 10 == 0
 
 
-def _phone_like(text: str, s: int, e: int) -> bool:
-    """Phone numbers, not timestamps, sizes or line numbers that happen to parse as one."""
+def _phone_context(text: str, s: int, e: int) -> bool:
+    """A number written like a phone number, not a date, a version or a column of a table
+    (``ps``, ``ls -l``, ``df`` rows: many numbers on one line, none of them marked ``+`` or ``(``)."""
     value = text[s:e]
-    digits = sum(c.isdigit() for c in value)
-    if digits < 10 or re.fullmatch(r"\d{4}-\d{2}-\d{2}.*", value) or re.search(r"\d:\d\d", value):
-        return False
-    return bool(re.search(r"[+()\-. ]", value))
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}.*|\d{1,2}[./-]\d{1,2}[./-]\d{2,4}|\d{5}-\d{4}", value):
+        return False  # dates, US ZIP+4 codes (the GPL's "Boston, MA 02110-1301")
+    if "." in value and not (re.fullmatch(r"(?:\+\d{1,3}[ .]?)?\d{2}(?:\.\d{2}){3,4}", value)
+                             or re.fullmatch(r"\(?\d{3}\)?\.\d{3}\.\d{4}", value)):
+        return False  # dotted: only the French (06.12.34.56.78) and North American (415.555.2671) ways
+    if value[0] in "+(":
+        return True
+    line_start, line_end = text.rfind("\n", 0, s) + 1, text.find("\n", e)
+    line = text[line_start:s] + " " + text[e:line_end if line_end >= 0 else len(text)]
+    return len(re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.])", line)) < 8
+
+
+_NAMES = ("USERNAME", "PERSON")
+
+
+def _spellings(value: str) -> set[str]:
+    """How a value recurs in other encodings: JSON-escaped (once and twice), URL-encoded."""
+    out = {value}
+    escaped = orjson.dumps(value).decode()[1:-1]
+    out.add(escaped)
+    out.add(orjson.dumps(escaped).decode()[1:-1])
+    out.add(quote(value, safe=""))
+    out.add(quote(value, safe="/"))
+    return {v for v in out if v}
 
 
 def _known_values(text: str, scope: Scope) -> list[Finding]:
-    """Occurrences of the scope's known values (10+ characters) in ``text``."""
+    """Occurrences of the scope's known values in ``text``, in every spelling: secrets of 6+
+    characters wherever they recur (shorter ones than 10 only as a whole token); user and person
+    names as whole words (a boundary may be a percent escape: ``%2Fhome%2Fjdoe``), common words
+    among them only in the path and prompt spellings that identified them."""
     out = []
     for (entity, value), _ in scope.minted.items():
-        if len(value) < 10:
+        if entity in _NAMES:
+            out += _name_recurrences(text, entity, value)
             continue
-        i = text.find(value)
-        while i >= 0:
-            out.append(Finding(i, i + len(value), entity, "repeat"))
-            i = text.find(value, i + len(value))
+        if len(value) < 6:
+            continue
+        for spelled in _spellings(value):
+            if spelled not in text:
+                continue
+            i = text.find(spelled)
+            while i >= 0:
+                j = i + len(spelled)
+                if len(value) >= 10 or ((not i or not text[i - 1].isalnum()) and (j >= len(text) or not text[j].isalnum())):
+                    out.append(Finding(i, j, entity, "repeat", value))
+                i = text.find(spelled, j)
+    return out
+
+
+def _name_recurrences(text: str, entity: str, value: str) -> list[Finding]:
+    if len(value) < 3:
+        return []
+    out = []
+    common = value.lower() in COMMON_WORDS
+    for spelled in _spellings(value):
+        if spelled not in text:
+            continue
+        if common:
+            pattern = r"(?:(?<=/home/)|(?<=/Users/)|(?<=\\Users\\)|(?<=-home-)|(?<=-Users-)|(?<=%2Fhome%2F))" \
+                      + re.escape(spelled) + r"(?![A-Za-z0-9])|(?<![\w@])" + re.escape(spelled) + r"(?=@[\w.-]+:[~/])"
+        else:
+            pattern = r"(?:(?<![A-Za-z0-9])|(?<=%[0-9A-Fa-f]{2}))" + re.escape(spelled) + r"(?![A-Za-z0-9])"
+        out += [Finding(m.start(), m.end(), entity, "repeat", value) for m in re.finditer(pattern, text)]
     return out
 
 
@@ -318,13 +429,13 @@ class Redactor:
         if findings is None:
             findings = self.detector.find(value)
         for f in findings:  # register first, so a value repeated later in this text is caught too
-            scope.placeholder(f.entity, value[f.start:f.end])
+            scope.placeholder(f.entity, f.canonical or value[f.start:f.end])
         findings = _resolve(findings + _known_values(value, scope), value)
         if not findings:
             return value
         parts, pos = [], 0
         for f in findings:
-            ph = scope.placeholder(f.entity, value[f.start:f.end])
+            ph = scope.placeholder(f.entity, f.canonical or value[f.start:f.end])
             parts += [value[pos:f.start], ph]
             events.append(Replacement(field_name, f.start, f.end, f.entity, f.detector, ph))
             pos = f.end
@@ -337,7 +448,7 @@ class Redactor:
             findings = self.detector.find(value)
             scope.learned[value] = findings
             for f in findings:
-                scope.placeholder(f.entity, value[f.start:f.end])
+                scope.placeholder(f.entity, f.canonical or value[f.start:f.end])
 
     def json_text(self, value: str | None, scope: Scope, field_name: str, events: list[Replacement]) -> str | None:
         """Redact the string leaves of a JSON document; the result is still valid JSON."""
@@ -359,5 +470,14 @@ class Redactor:
         if isinstance(node, list):
             return [self._walk(v, scope, field_name, f"{path}[{i}]", events) for i, v in enumerate(node)]
         if isinstance(node, dict):
-            return {k: self._walk(v, scope, field_name, f"{path}.{k}", events) for k, v in node.items()}
+            return {k: self._keyed(k, v, scope, field_name, f"{path}.{k}", events) for k, v in node.items()}
         return node
+
+    def _keyed(self, key: str, node: Any, scope: Scope, field_name: str, path: str, events: list[Replacement]) -> Any:
+        """A JSON string under a secret name is a secret whatever it looks like (``redaction.keyed``)."""
+        if isinstance(node, str) and secret_name(key) and keyed_value_ok(node, quoted=True) \
+                and not PLACEHOLDER_RE.fullmatch(node):
+            ph = scope.placeholder("SECRET", node)  # a value seen before keeps its placeholder and type
+            events.append(Replacement(f"{field_name}{path[1:]}", 0, len(node), scope.values[ph][0], "json_key", ph))
+            return ph
+        return self._walk(node, scope, field_name, path, events)

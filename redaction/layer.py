@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from lineage.catalog import Warehouse, now_utc
 from lineage.rebuild import run_row
-from redaction.engine import POLICY_VERSION, SCOPE_KINDS, Redactor, Replacement, Scope
+from redaction.engine import POLICY_VERSION, SCOPE_KINDS, Detector, Redactor, Replacement, Scope
 from redaction.vault import Vault, load_key
 from schemas import ids
 from schemas.arrow import arrow_schema
@@ -47,8 +47,9 @@ class RedactSummary:
     vault_written: bool = False
 
 
-def layer_version(scope_kind: str, normalized_version: str) -> str:
-    return f"{TRANSFORM}@{POLICY_VERSION};scope={scope_kind};from={normalized_version}"
+def layer_version(scope_kind: str, normalized_version: str, private_addresses: bool = True) -> str:
+    private = "" if private_addresses else ";private_addresses=kept"
+    return f"{TRANSFORM}@{POLICY_VERSION};scope={scope_kind}{private};from={normalized_version}"
 
 
 def _scope_id(kind: str, episode: dict[str, Any]) -> str:
@@ -183,9 +184,11 @@ def _redact_batch(wh: Warehouse, session: Any, batch_id: str, run_id: str, redac
 
 
 def redact_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, scope_kind: str = "episode",
-                     lock_timeout: float = 60.0, progress: Callable[[int], None] | None = None,
+                     private_addresses: bool = True, lock_timeout: float = 60.0,
+                     progress: Callable[[int], None] | None = None,
                      on_plan: Callable[[int], None] | None = None) -> RedactSummary:
-    """Build the redacted layer for every batch whose normalized rows or policy changed."""
+    """Build the redacted layer for every batch whose normalized rows or policy changed.
+    ``private_addresses=False`` keeps private network addresses (``[redaction]`` in trajwh.toml)."""
     if scope_kind not in SCOPE_KINDS:
         raise ConfigError(f"unknown redaction scope {scope_kind!r}", valid=", ".join(SCOPE_KINDS))
     summary = RedactSummary(run_id)
@@ -193,15 +196,16 @@ def redact_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, scope_ki
     with wh.write_session("redact", timeout=lock_timeout) as session:
         vault = Vault(wh, load_key())
         summary.vault_written = vault.enabled
-        redactor = Redactor(vault.salt(), scope_kind=scope_kind)
+        redactor = Redactor(vault.salt(), scope_kind=scope_kind,
+                            detector=Detector(redact_private_ips=private_addresses))
         sources = {r["batch_id"]: r["v"] for r in wh.query(
             "SELECT batch_id, any_value(transform_version) AS v FROM table_files WHERE table_name = 'episodes' "
             "GROUP BY 1").to_pylist()}
         built = {r["batch_id"]: r["v"] for r in wh.query(
             "SELECT batch_id, any_value(transform_version) AS v FROM table_files WHERE table_name = 'redacted_episodes' "
             "GROUP BY 1").to_pylist()}
-        todo = [(b, layer_version(scope_kind, v)) for b, v in sorted(sources.items())
-                if full or built.get(b) != layer_version(scope_kind, v)]
+        todo = [(b, layer_version(scope_kind, v, private_addresses)) for b, v in sorted(sources.items())
+                if full or built.get(b) != layer_version(scope_kind, v, private_addresses)]
         summary.batches_skipped = len(sources) - len(todo)
         if on_plan:
             on_plan(wh.query("SELECT count(*) FROM episodes WHERE list_contains(?, _batch_id)",
@@ -221,6 +225,7 @@ def redact_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, scope_ki
                                                  [batch_id, list(_OUT_TABLES)]).column(0).to_pylist()]
             session.commit(removed=old)
         session.upsert_rows("runs", [run_row(
-            run_id, "redact", started, params={"full": full, "scope": scope_kind, "policy": POLICY_VERSION},
+            run_id, "redact", started, params={"full": full, "scope": scope_kind, "policy": POLICY_VERSION,
+                                               "private_addresses": private_addresses},
             counts={k: v for k, v in summary.__dict__.items() if k != "run_id"}, code_version=f"{TRANSFORM}@{POLICY_VERSION}")])
     return summary

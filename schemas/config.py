@@ -7,6 +7,9 @@ settings records their digest (``runs.params``), so two builds can be told apart
 
 Example (all keys optional)::
 
+    [redaction]
+    private_addresses = true       # redact private network addresses (10/8, 172.16/12, 192.168/16, fc00::/7)
+
     [splits]
     cutoff = "2025-06-01"          # ISO date or time; "none" turns the time rule off
     fractions = [0.8, 0.1, 0.1]    # train, valid, test
@@ -130,7 +133,12 @@ class StatsSettings(_Section):
         return v
 
 
+class RedactionSettings(_Section):
+    private_addresses: bool = Field(True, description="redact RFC 1918 / CGNAT / IPv6 ULA addresses (internal topology)")
+
+
 class Settings(_Section):
+    redaction: RedactionSettings = RedactionSettings()
     splits: SplitSettings = SplitSettings()
     groups: GroupSettings = GroupSettings()
     near_dup: NearDupSettings = NearDupSettings()

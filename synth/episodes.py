@@ -223,9 +223,10 @@ class PlanBuilder:
                 i = self.add(Action("read", "tests/fixtures/order.json", "Look at the fixture.",
                                     "cat tests/fixtures/order.json", obs))
                 field_, where = "observation", obs.index(value)
-            else:  # username in a home path
-                obs = (f"Traceback (most recent call last):\n  File \"/home/{value}/src/{self.task.repo.name}/"
-                       f"{self.task.repo.module_path(self.task.module)}\", line 12\nValueError: bad input")
+            else:  # username in a home path, with what makes it a home: a projects folder or a dot folder
+                obs = (f"Traceback (most recent call last):\n  File \"/home/{value}/projects/{self.task.repo.name}/"
+                       f"{self.task.repo.module_path(self.task.module)}\", line 12\n  File \"/home/{value}/.local/lib/"
+                       f"python3.11/site-packages/click/core.py\", line 1157\nValueError: bad input")
                 i = self.add(Action("run", "python", "Run the module directly.", f"python -m {self.task.repo.package}", obs, exit_code=1))
                 field_, where = "observation", obs.index(value)
             self.truth.secrets.append({"type": kind, "value": value, "action": i, "field": field_, "offset": where})

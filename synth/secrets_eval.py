@@ -47,7 +47,7 @@ def _makers(r: random.Random) -> dict[str, Callable[[], str]]:
         "BASIC_AUTH": lambda: base64.b64encode(f"svc:{alnum(r, 14)}".encode()).decode(),
         "COOKIE": lambda: alnum(r, 32, A),
         "SECRET": lambda: alnum(r, 32, A + "+/"),
-        "EMAIL": lambda: f"{r.choice(['ana', 'li.wei', 'omar', 'j.doe', 'kofi'])}{r.randint(1, 99)}@{r.choice(['corp-mail.com', 'uni.edu', 'example.org', 'posteo.de'])}",
+        "EMAIL": lambda: f"{r.choice(['ana', 'li.wei', 'omar', 'j.doe', 'kofi'])}{r.randint(1, 99)}@{r.choice(['corp-mail.com', 'uni.edu', 'mailbox.org', 'posteo.de'])}",
         "PHONE": lambda: r.choice([f"+1 ({r.randint(201, 989)}) {r.randint(200, 999)}-{r.randint(1000, 9999)}",
                                    f"+44 20 {r.randint(7000, 8999)} {r.randint(1000, 9999)}",
                                    f"+49 30 {r.randint(10000000, 99999999)}"]),
@@ -59,7 +59,7 @@ def _makers(r: random.Random) -> dict[str, Callable[[], str]]:
 
 DECOYS = [
     "AKIAIOSFODNN7EXAMPLE", "YOUR_API_KEY", "sk-xxxxxxxxxxxxxxxxxxxxxxxx", "<your-token-here>", "${GITHUB_TOKEN}",
-    "550e8400-e29b-41d4-a716-446655440000", "v2.31.0", "1.26.18", "127.0.0.1", "0.0.0.0", "192.168.1.20",
+    "550e8400-e29b-41d4-a716-446655440000", "v2.31.0", "1.26.18", "127.0.0.1", "0.0.0.0", "192.0.2.20",
     "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
     "d2c0b4a7e1f64a8b9c3d5e7f9a1b3c5d7e9f1a3b", "2024-03-04 10:22:31", "changeme",
     "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", "/home/runner/work", "3.11.7",
@@ -94,7 +94,7 @@ def _context(r: random.Random, kind: str, value: str, decoy: str) -> str:
                         ).replace(f"{value[:4]} {value[4:8]} {value[8:12]} {value[12:]}", value)
     if kind == "USERNAME":
         return r.choice([
-            f"Traceback (most recent call last):\n  File \"/home/{value}/src/app/main.py\", line 12, in <module>\n"
+            f"Traceback (most recent call last):\n  File \"/home/{value}/projects/app/main.py\", line 12, in <module>\n"
             f"    main()\nValueError: bad input ({decoy})",
             f"$ ls /Users/{value}/Projects\napp  notes.md  {decoy}",
             f"PS C:\\Users\\{value}\\repo> pytest -q\n3 passed in 0.41s ({decoy})",

@@ -23,11 +23,11 @@ from ingest.adapters.common import (
     episode,
     exit_code_in,
     json_text,
-    tool_schema_info,
     link_observations,
     number_steps,
     step,
     tool_call,
+    tool_schema_info,
     ts,
 )
 
