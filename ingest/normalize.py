@@ -44,9 +44,11 @@ from schemas.tables import (
     StepRow,
     ToolSchemaRow,
 )
+from schemas.values import bad_value
 
 NORMALIZE_VERSION = "1.0.0"
 FLUSH_STEPS = 20_000
+FLUSH_QUARANTINE_BYTES = 32 << 20  # quarantined payloads buffered before a write
 _RAW_COLUMNS = ["record_id", "source", "license", "file_path", "line_no", "byte_offset", "format", "payload"]
 _DERIVED_TABLES = ("episodes", "steps", "lineage_edges", "tool_schemas")
 
@@ -129,7 +131,9 @@ class _BatchNormalizer:
         self.steps: list[dict[str, Any]] = []
         self.edges: list[dict[str, Any]] = []
         self.quarantine: list[dict[str, Any]] = []
+        self.quarantine_bytes = 0
         self.files: list[WrittenFile] = []
+        self.records: dict[str, dict[str, Any]] = {}  # where the buffered rows' records came from
         self.wrote_episodes = False
 
     def run(self, raw_files: list[Path], progress: Callable[[int], None] | None) -> None:
@@ -138,7 +142,7 @@ class _BatchNormalizer:
             for rb in pf.iter_batches(batch_size=256, columns=_RAW_COLUMNS):
                 for rec in rb.to_pylist():
                     self.record(rec)
-                    if len(self.steps) >= FLUSH_STEPS:
+                    if len(self.steps) >= FLUSH_STEPS or self.quarantine_bytes >= FLUSH_QUARANTINE_BYTES:
                         self.flush()
                 if progress:
                     progress(rb.num_rows)
@@ -146,6 +150,7 @@ class _BatchNormalizer:
 
     def record(self, rec: dict[str, Any]) -> None:
         self.summary.records += 1
+        self.records[rec["record_id"]] = {k: rec[k] for k in ("source", "file_path", "line_no", "byte_offset", "format")}
         if rec["record_id"] in self.superseded:  # a shorter copy of a session: the longer one is the episode
             self.summary.superseded += 1
             return
@@ -168,6 +173,11 @@ class _BatchNormalizer:
             return
         accepted = []
         for index, pe in enumerate(parsed):
+            problem = bad_value(pe.episode, "episode") or bad_value(pe.steps, "steps") \
+                or bad_value(pe.tool_schemas, "tool_schemas")
+            if problem:  # a value no table can hold: this episode is quarantined, the batch goes on
+                self.reject(rec, "invalid_value", f"episode {index} of this record: {problem}")
+                continue
             if pe.tool_schemas and not pe.episode.get("tool_schema_digest"):
                 pe.episode["tool_schema_digest"] = ids.digest(pe.tool_schemas["schema_text"])
             key, used, missing = ids.trajectory_key(pe.episode, raw_origin=f"{rec['record_id']}:{index}")
@@ -224,7 +234,49 @@ class _BatchNormalizer:
         self.summary.episodes += 1
         self.summary.steps += len(pe.steps)
 
+    def _tables(self) -> dict[str, pa.Table]:
+        """The buffers as Arrow tables. The last guard: rows Arrow cannot convert take their whole
+        record to quarantine (the record stays in ``raw``); the rest of the buffer is written."""
+        models = {"episodes": EpisodeRow, "steps": StepRow, "tool_schemas": ToolSchemaRow, "lineage_edges": LineageEdgeRow}
+        for _ in range(2):
+            tables, bad = {}, {}
+            for name, model in models.items():
+                rows = self._buffer(name)
+                try:
+                    tables[name] = pa.Table.from_pylist(rows, schema=arrow_schema(model))
+                except (pa.ArrowException, OverflowError, ValueError, TypeError):
+                    for row in rows:
+                        try:
+                            pa.Table.from_pylist([row], schema=arrow_schema(model))
+                        except (pa.ArrowException, OverflowError, ValueError, TypeError) as exc:
+                            bad.setdefault(row.get("_record_id", ""), f"{name}: {type(exc).__name__}: {str(exc)[:300]}")
+            if not bad:
+                return tables
+            self._quarantine_records(bad)
+        raise AssertionError("rows still unwritable after their records were quarantined")
+
+    def _buffer(self, name: str) -> list[dict[str, Any]]:
+        return {"episodes": self.episodes, "steps": self.steps, "tool_schemas": self.tool_schemas,
+                "lineage_edges": self.edges}[name]
+
+    def _quarantine_records(self, bad: dict[str, str]) -> None:
+        for record_id, reason in bad.items():
+            rec = self.records.get(record_id, {})
+            self.quarantine.append(quarantine_row(
+                batch_id=self.batch_id, run_id=self.run_id, stage="normalize", source=rec.get("source", ""),
+                file_path=rec.get("file_path", ""), line_no=rec.get("line_no"), offset=rec.get("byte_offset"),
+                fmt=rec.get("format"), reason_code="unwritable_value", reason=reason, payload=b"", record_id=record_id))
+            self.summary.quarantined += 1
+            self.summary.quarantine_reasons["unwritable_value"] = self.summary.quarantine_reasons.get("unwritable_value", 0) + 1
+        keys = {e["trajectory_key"] for e in self.episodes if e["_record_id"] in bad}
+        self.episodes = [e for e in self.episodes if e["_record_id"] not in bad]
+        self.steps = [x for x in self.steps if x["_record_id"] not in bad]
+        self.tool_schemas = [x for x in self.tool_schemas if x["_record_id"] not in bad]
+        self.edges = [x for x in self.edges if x["child_id"] not in keys and x["parent_id"] not in keys]
+        self.summary.episodes -= len(keys)
+
     def reject(self, rec: dict[str, Any], code: str, reason: str) -> None:
+        self.quarantine_bytes += min(len(rec["payload"]), 1 << 20) + 512
         self.quarantine.append(quarantine_row(
             batch_id=self.batch_id, run_id=self.run_id, stage="normalize", source=rec["source"],
             file_path=rec["file_path"], line_no=rec["line_no"], offset=rec["byte_offset"], fmt=rec["format"],
@@ -234,21 +286,19 @@ class _BatchNormalizer:
 
     def flush(self, final: bool = False) -> None:
         write = self.session.write
+        tables = self._tables()
         if self.episodes or (final and not self.wrote_episodes):
             # at least one (possibly empty) episodes file per batch marks the batch as built
-            self.files.append(write("episodes", pa.Table.from_pylist(self.episodes, schema=arrow_schema(EpisodeRow))))
+            self.files.append(write("episodes", tables["episodes"]))
             self.wrote_episodes = True
-        if self.steps:
-            self.files.append(write("steps", pa.Table.from_pylist(self.steps, schema=arrow_schema(StepRow))))
-        if self.edges:
-            self.files.append(write("lineage_edges", pa.Table.from_pylist(self.edges, schema=arrow_schema(LineageEdgeRow))))
-        if self.tool_schemas:
-            self.files.append(write("tool_schemas", pa.Table.from_pylist(self.tool_schemas, schema=arrow_schema(ToolSchemaRow))))
-            self.tool_schemas = []
-        if final and self.quarantine:
+        for name in ("steps", "lineage_edges", "tool_schemas"):
+            if tables[name].num_rows:
+                self.files.append(write(name, tables[name]))
+        if self.quarantine:  # bounded like good rows: written at every flush, not held to the end
             self.files.append(write("quarantine", pa.Table.from_pylist(self.quarantine, schema=arrow_schema(QuarantineRow))))
-            self.quarantine = []
-        self.episodes, self.steps, self.edges = [], [], []
+            self.quarantine, self.quarantine_bytes = [], 0
+        self.episodes, self.steps, self.edges, self.tool_schemas = [], [], [], []
+        self.records = {}
 
 
 def _read_test_output(step: dict[str, Any]) -> None:

@@ -10,9 +10,11 @@ twice.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
+import stat
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ from ingest.adapters.registry import detect, framing_for, get_adapter, known_for
 from ingest.reader import (
     FileRecord,
     TruncatedInput,
+    display_path,
     find_input_files,
     iter_lines,
     open_input,
@@ -80,6 +83,7 @@ class FileSummary:
     n_duplicate: int = 0
     n_quarantined: int = 0
     sha256: str = ""
+    error: str | None = None  # the file could not be (fully) read: why; its records read before stand
 
 
 @dataclass
@@ -123,6 +127,7 @@ class _BatchWriter:
         self.raw: list[dict[str, Any]] = []
         self.raw_bytes = 0
         self.quarantine: list[dict[str, Any]] = []
+        self.quarantine_bytes = 0
         self.files: list[WrittenFile] = []
         self.started = now_utc()
         self.seen_records = _known(session.wh, "raw_records", "record_id")
@@ -139,6 +144,9 @@ class _BatchWriter:
             return False
         self.seen_quarantine.add(row["quarantine_id"])
         self.quarantine.append(row)
+        self.quarantine_bytes += len(row["payload"] or b"") + 512
+        if self.quarantine_bytes >= min(self.opts.flush_bytes, 16 << 20):  # bounded like good records
+            self.flush_quarantine()
         return True
 
     def flush(self) -> None:
@@ -147,12 +155,15 @@ class _BatchWriter:
             self.files.append(self.session.write("raw_records", table))
             self.raw, self.raw_bytes = [], 0
 
-    def finish(self) -> None:
-        self.flush()
+    def flush_quarantine(self) -> None:
         if self.quarantine:
             table = pa.Table.from_pylist(self.quarantine, schema=arrow_schema(QuarantineRow))
             self.files.append(self.session.write("quarantine", table))
-            self.quarantine = []
+            self.quarantine, self.quarantine_bytes = [], 0
+
+    def finish(self) -> None:
+        self.flush()
+        self.flush_quarantine()
 
 
 def _known(wh: Warehouse, table: str, column: str) -> set[str]:
@@ -187,6 +198,23 @@ def quarantine_row(*, batch_id: str, run_id: str, stage: str, source: str, file_
     }
 
 
+class DuplicateKeyError(ValueError):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise DuplicateKeyError(k)
+            seen.add(k)
+    return out
+
+
 def _check_record(rec: FileRecord, adapter: Adapter, opts: IngestOptions) -> tuple[str, str] | None:
     """(reason_code, reason) when the record cannot enter ``raw``, else None."""
     if rec.oversize:
@@ -194,7 +222,13 @@ def _check_record(rec: FileRecord, adapter: Adapter, opts: IngestOptions) -> tup
                 f"record of {rec.size / 1e6:.1f} MB exceeds the {opts.max_record_bytes / 1e6:.1f} MB limit "
                 f"(raise it with --max-record-mb if such records are expected)")
     try:
-        obj = adapter.decode(rec.data)  # JSON decoding validates UTF-8 too; decode only to explain
+        if type(adapter).decode is Adapter.decode:  # plain JSON: also refuse duplicate keys
+            obj = json.loads(rec.data, object_pairs_hook=_no_duplicate_keys)
+        else:
+            obj = adapter.decode(rec.data)  # JSON decoding validates UTF-8 too; decode only to explain
+    except DuplicateKeyError as exc:
+        return "duplicate_keys", (f"an object repeats the key {exc.key!r}: JSON readers disagree on which value "
+                                  f"wins, so the record is kept here instead of guessing")
     except Exception as exc:  # noqa: BLE001 - any decoder failure quarantines the record
         try:
             rec.data.decode("utf-8")
@@ -207,15 +241,47 @@ def _check_record(rec: FileRecord, adapter: Adapter, opts: IngestOptions) -> tup
     return None
 
 
+def _own_file(wh: Warehouse, path: Path) -> bool:
+    """The warehouse's own files are never ingested, except its landing folder."""
+    return wh.root in path.parents and (wh.root / "landing") not in path.parents
+
+
+def _ingest_one(path: Path, writer: _BatchWriter, opts: IngestOptions, summary: IngestSummary,
+                progress: ProgressFn | None) -> FileSummary:
+    """One file; a file that cannot be read is a per-file error, the rest of the call lands."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        return _file_error(path, f"cannot read: {exc.strerror or exc}", writer, opts, summary)
+    if not stat.S_ISREG(mode):
+        kind = ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+        return _file_error(path, f"skipped: {kind}, not a file", writer, opts, summary, code="not_a_file")
+    try:
+        return _ingest_file(path, writer, opts, summary, progress)
+    except OSError as exc:  # deleted, unreadable or failing mid-read: what was read before stands
+        return _file_error(path, f"cannot read: {exc.strerror or exc}", writer, opts, summary)
+
+
+def _file_error(path: Path, reason: str, writer: _BatchWriter, opts: IngestOptions, summary: IngestSummary,
+                code: str = "file_error") -> FileSummary:
+    shown = display_path(path)
+    writer.add_quarantine(quarantine_row(
+        batch_id=writer.batch_id, run_id=writer.run_id, stage="ingest", source=opts.source, file_path=shown,
+        line_no=None, offset=None, fmt=None, reason_code=code, reason=reason, payload=b""))
+    summary.quarantine_reasons[code] = summary.quarantine_reasons.get(code, 0) + 1
+    return FileSummary(shown, 0, None, None, n_quarantined=1, error=reason)
+
+
 def _ingest_file(path: Path, writer: _BatchWriter, opts: IngestOptions, summary: IngestSummary,
                  progress: ProgressFn | None) -> FileSummary:
     size = path.stat().st_size
     head = read_head(path)
     adapter = get_adapter(opts.format) if opts.format else detect(str(path), head)
     stream, compression, raw = open_input(path, progress)
-    fs = FileSummary(str(path), size, adapter.name if adapter else None, compression)
+    fs = FileSummary(display_path(path), size, adapter.name if adapter else None, compression)
     common = dict(batch_id=writer.batch_id, run_id=writer.run_id, source=opts.source,
-                  file_path=str(path), keep=opts.quarantine_keep_bytes)
+                  file_path=fs.path, keep=opts.quarantine_keep_bytes)
 
     def quarantine(rec_line: int | None, offset: int | None, code: str, reason: str, payload: bytes,
                    size_: int | None = None, sha: str | None = None) -> None:
@@ -250,7 +316,7 @@ def _ingest_file(path: Path, writer: _BatchWriter, opts: IngestOptions, summary:
                 fs.n_new += 1
                 writer.add_raw({
                     "record_id": rid, "source": opts.source, "license": opts.license,
-                    "batch_id": writer.batch_id, "file_path": str(path), "compression": compression,
+                    "batch_id": writer.batch_id, "file_path": fs.path, "compression": compression,
                     "line_no": rec.line_no, "byte_offset": rec.offset, "byte_length": rec.size,
                     "format": adapter.name, "ingested_at": writer.started, "payload": rec.data,
                 })
@@ -272,7 +338,8 @@ def ingest_paths(wh: Warehouse, paths: Iterable[str | os.PathLike[str]], opts: I
     """Ingest files or folders into a new batch of ``raw_records`` (+ ``quarantine``)."""
     opts = opts or IngestOptions()
     opts.validate()
-    files = [f for f in find_input_files(paths) if wh.root not in f.parents]  # never ingest the warehouse itself
+    problems: list[tuple[Path, str]] = []
+    files = [f for f in find_input_files(paths, problems) if not _own_file(wh, f)]
     if on_files:
         on_files(files)
     started = now_utc()
@@ -281,8 +348,10 @@ def ingest_paths(wh: Warehouse, paths: Iterable[str | os.PathLike[str]], opts: I
     summary = IngestSummary(batch_id, run_id, opts.source)
     with wh.write_session("ingest", timeout=opts.lock_timeout) as session:
         writer = _BatchWriter(session, opts, batch_id, run_id)
+        for path, reason in problems:
+            summary.files.append(_file_error(path, reason, writer, opts, summary))
         for path in files:
-            fs = _ingest_file(path, writer, opts, summary, progress)
+            fs = _ingest_one(path, writer, opts, summary, progress)
             summary.files.append(fs)
             summary.bytes_read += fs.size
         writer.finish()
@@ -301,7 +370,7 @@ def _batch_row(s: IngestSummary, opts: IngestOptions, files: list[Path], formats
                started: datetime) -> dict[str, Any]:
     return {
         "batch_id": s.batch_id, "source": opts.source, "license": opts.license, "status": "committed",
-        "started_at": started, "committed_at": now_utc(), "paths": json_text([str(p) for p in files]),
+        "started_at": started, "committed_at": now_utc(), "paths": json_text([display_path(p) for p in files]),
         "n_files": len(s.files), "n_records": s.n_records, "n_new": s.n_new,
         "n_duplicate": s.n_duplicate, "n_quarantined": s.n_quarantined, "bytes_read": s.bytes_read,
         "formats": json_text(formats), "host": socket.gethostname(), "pid": os.getpid(),
@@ -313,7 +382,7 @@ def _file_row(batch_id: str, f: FileSummary) -> dict[str, Any]:
         "batch_id": batch_id, "file_path": f.path, "file_size": f.size,
         "file_sha256": f.sha256,
         "compression": f.compression, "format": f.format, "n_records": f.n_records, "n_new": f.n_new,
-        "n_duplicate": f.n_duplicate, "n_quarantined": f.n_quarantined,
+        "n_duplicate": f.n_duplicate, "n_quarantined": f.n_quarantined, "error": f.error,
     }
 
 

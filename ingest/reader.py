@@ -11,6 +11,7 @@ import gzip
 import hashlib
 import io
 import os
+import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -43,23 +44,42 @@ class FileRecord:
     sha256: str | None = None  # set when ``oversize`` (the kept bytes are only a prefix)
 
 
-def find_input_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
-    """Files under ``paths`` (recursively, sorted), skipping hidden files and folders."""
+def display_path(path: str | os.PathLike[str]) -> str:
+    """A path as text that any table can store: bytes that are not UTF-8 (a file name from
+    another system) are shown as backslash escapes instead of breaking the write."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def find_input_files(paths: Iterable[str | os.PathLike[str]],
+                     problems: list[tuple[Path, str]] | None = None) -> list[Path]:
+    """Files under ``paths`` (recursively, sorted), skipping hidden files and folders.
+
+    An entry that cannot be resolved (a symlink loop) is reported in ``problems`` and skipped;
+    everything else is listed, readable or not: opening is the ingest's business, per file."""
     found: list[Path] = []
     for raw in paths:
         path = Path(raw).expanduser()
-        if not path.exists():
-            raise ConfigError(f"input path {str(raw)!r} does not exist", valid="existing files or folders")
-        if path.is_file():
-            found.append(path.resolve())
+        if not path.exists() and not path.is_symlink():
+            raise ConfigError(f"input path {display_path(raw)!r} does not exist", valid="existing files or folders")
+        if not path.is_dir():
+            found.append(_resolved(path, problems))
             continue
-        for dirpath, dirnames, filenames in os.walk(path):
+        for dirpath, dirnames, filenames in os.walk(path, onerror=lambda e: problems is not None and problems.append(
+                (Path(e.filename or "?"), f"cannot list folder: {e.strerror or e}"))):
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
             for name in sorted(filenames):
                 if not name.startswith("."):
-                    found.append(Path(dirpath, name).resolve())
-    unique = list(dict.fromkeys(found))
-    return unique
+                    found.append(_resolved(Path(dirpath, name), problems))
+    return [p for p in dict.fromkeys(found) if p is not None]
+
+
+def _resolved(path: Path, problems: list[tuple[Path, str]] | None) -> Path | None:
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop
+        if problems is not None:
+            problems.append((path.absolute(), f"cannot resolve: {exc}"))
+        return None
 
 
 def compression_of(path: Path) -> str | None:
@@ -109,10 +129,14 @@ def open_input(path: Path, progress: Callable[[int], None] | None = None) -> tup
     return buffered, None, raw  # type: ignore[return-value]
 
 
+BOM = b"\xef\xbb\xbf"
+
+
 def read_head(path: Path) -> bytes:
     stream, _, raw = open_input(path)
     try:
-        return stream.read(HEAD_BYTES)
+        head = stream.read(HEAD_BYTES)
+        return head[3:] if head.startswith(BOM) else head
     except (EOFError, OSError, zlib.error):
         return b""
     finally:
@@ -129,6 +153,9 @@ def _read(stream: BinaryIO, offset: int) -> bytes:
         raise TruncatedInput(offset, f"compressed stream ends early or is corrupt: {exc}") from exc
 
 
+_BLANK_LINES = re.compile(rb"(?:[ \t\r\f\v]*\n)+")
+
+
 def iter_lines(stream: BinaryIO, max_bytes: int, keep: int) -> Iterator[FileRecord]:
     """JSONL framing: one record per line; CRLF tolerated; blank lines skipped."""
     line_no = 0
@@ -139,8 +166,10 @@ def iter_lines(stream: BinaryIO, max_bytes: int, keep: int) -> Iterator[FileReco
     size = 0
 
     def finish() -> FileRecord | None:
-        nonlocal parts, hasher, size
+        nonlocal parts, hasher, size, offset
         data = b"".join(parts)
+        if line_no == 1 and data.startswith(BOM):  # a UTF-8 byte-order mark is not part of the record
+            data, offset = data[3:], offset + 3
         if hasher is not None:
             rec = FileRecord(line_no, offset, data[:keep], size, True, hasher.hexdigest())
         else:
@@ -155,6 +184,13 @@ def iter_lines(stream: BinaryIO, max_bytes: int, keep: int) -> Iterator[FileReco
             break
         start = 0
         while start < len(chunk):
+            if not parts and hasher is None:  # between records: skip a run of blank lines at once
+                blank = _BLANK_LINES.match(chunk, start)
+                if blank:
+                    line_no += blank.group(0).count(b"\n")
+                    start = blank.end()
+                    offset = pos + start
+                    continue
             nl = chunk.find(b"\n", start)
             piece = chunk[start:] if nl < 0 else chunk[start:nl]
             size += len(piece)
@@ -203,4 +239,6 @@ def read_document(stream: BinaryIO, max_bytes: int, keep: int) -> FileRecord:
     data = b"".join(parts)
     if hasher is not None:
         return FileRecord(None, 0, data, size, True, hasher.hexdigest())
+    if data.startswith(BOM):  # a UTF-8 byte-order mark is not part of the record
+        return FileRecord(None, 3, data[3:], size - 3)
     return FileRecord(None, 0, data, size)

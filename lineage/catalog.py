@@ -221,13 +221,20 @@ class WriteSession:
             for table, model in CATALOG_TABLES.items():
                 con.register("_empty", arrow_schema(model).empty_table())
                 con.execute(f"CREATE TABLE IF NOT EXISTS {table} AS SELECT * FROM _empty")
+                have = {r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()}
+                for name, type_, *_ in con.execute("DESCRIBE _empty").fetchall():
+                    if name not in have:  # a column added by a later schema version (nullable)
+                        con.execute(f'ALTER TABLE {table} ADD COLUMN "{name}" {type_}')
                 con.unregister("_empty")
             row = con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchall()
             if not row:
                 con.execute("INSERT INTO meta VALUES ('schema_version', ?), ('created_at', ?)",
                             [SCHEMA_VERSION, now_utc().isoformat()])
+            views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
             if fresh or not row:
                 _refresh_views(con, PARQUET_TABLES)
+            elif set(PARQUET_TABLES) - views:  # a table added by a later version: its (empty) view
+                _refresh_views(con, set(PARQUET_TABLES) - views)
             con.execute("COMMIT")
             wh._check_version(con)
         finally:

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import stat
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -52,6 +55,15 @@ def main() -> None:
 # --- ingest ------------------------------------------------------------------------------------
 
 
+def _file_size(path: Path) -> int:
+    """For the progress bar only: a file that cannot be stat'ed (or is not a file) counts 0."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return 0
+    return st.st_size if stat.S_ISREG(st.st_mode) else 0
+
+
 @main.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option("--source", default="local", show_default=True, help="Name of the source these files come from.")
@@ -74,7 +86,7 @@ def ingest(paths: tuple[str, ...], source: str, license_: str | None, format_: s
                          max_record_bytes=int(max_record_mb * (1 << 20)), lock_timeout=wait,
                          flush_bytes=max(1, int(flush_mb * (1 << 20))))
     opts.validate()
-    total = sum(p.stat().st_size for p in find_input_files(paths))
+    total = sum(_file_size(p) for p in find_input_files(paths))
     t0 = time.monotonic()
     with render.byte_progress("ingesting", total) as advance:
         s = ingest_paths(wh, paths, opts, progress=advance)
@@ -86,6 +98,8 @@ def ingest(paths: tuple[str, ...], source: str, license_: str | None, format_: s
     if s.quarantine_reasons:
         c.print(escape("quarantined: " + ", ".join(f"{k} ({v})" for k, v in sorted(s.quarantine_reasons.items()))))
         c.print(f"  see: trajwh sql \"SELECT file_path, line_no, reason FROM quarantine WHERE batch_id = '{s.batch_id}'\"")
+    for f in (f for f in s.files if f.error):
+        c.print(escape(f"  {f.path}: {f.error}"), highlight=False)
     c.print(f"batch {s.batch_id} in {wh.root}; next: [bold]trajwh build[/]")
     if s.nothing_ingested:
         why = ("no input files were found" if not s.files else

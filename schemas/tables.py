@@ -124,6 +124,7 @@ class IngestedFileRow(_Row):
     n_new: int
     n_duplicate: int
     n_quarantined: int
+    error: str | None = None  # why the file could not be (fully) read
 
 
 class RunRow(_Row):
