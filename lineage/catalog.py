@@ -143,6 +143,63 @@ class Warehouse:
         finally:
             con.close()
 
+    def user_query(self, sql: str) -> pa.Table:
+        """Run one user statement, read-only for real (``trajwh sql``; docs/sql.md):
+
+        - exactly one statement, and it must be a query (SELECT / WITH / FROM / DESCRIBE / SHOW /
+          SUMMARIZE): no COPY, EXPORT, ATTACH, SET, PRAGMA, CALL, LOAD or INSTALL, no second
+          statement after a semicolon;
+        - the connection reads only the layer folders of this warehouse (``allowed_directories``
+          with external access off and the configuration locked): not the vault or its salt, not
+          the catalog file, not the host's files; no extension is installed or loaded.
+        """
+        statements = self._parse_user_sql(sql)
+        con = self._snapshot()
+        try:
+            layers = sorted(set(TABLE_LAYERS.values()) | {"_schemas"})
+            allowed = [f"{d}/" for d in layers] + [f"{self.root / d}/" for d in layers]
+            con.execute("SET autoinstall_known_extensions = false")
+            con.execute("SET autoload_known_extensions = false")
+            con.execute("SET allowed_directories = ?", [allowed])
+            con.execute("SET enable_external_access = false")
+            con.execute("SET lock_configuration = true")
+            return con.sql(statements[0]).to_arrow_table()
+        finally:
+            con.close()
+
+    def _snapshot(self) -> duckdb.DuckDBPyConnection:
+        """An in-memory database holding a copy of the catalog's tables and views over the same
+        (immutable, content-named) Parquet files: a long user query never holds the catalog file,
+        so writers are not kept waiting by readers."""
+        con = self.connect(read_only=True)
+        try:
+            tables = {t: con.sql(f"SELECT * FROM {t}").to_arrow_table() for t in ("table_files", "meta", *CATALOG_TABLES)}
+        finally:
+            con.close()
+        mem = duckdb.connect(":memory:")
+        mem.execute(f"SET file_search_path = '{_sql_str(str(self.root))}'")
+        for name, data in tables.items():
+            mem.register("_t", data)
+            mem.execute(f"CREATE TABLE {name} AS SELECT * FROM _t")
+            mem.unregister("_t")
+        _refresh_views(mem, PARQUET_TABLES)
+        return mem
+
+    @staticmethod
+    def _parse_user_sql(sql: str) -> list[str]:
+        try:
+            statements = duckdb.extract_statements(sql)
+        except duckdb.Error as exc:
+            raise ConfigError(f"the SQL does not parse: {exc}", valid="one SELECT query") from None
+        if len(statements) != 1:
+            raise ConfigError(f"{len(statements)} statements given; trajwh sql runs exactly one",
+                              valid="one SELECT / WITH / DESCRIBE / SHOW query, without a second statement")
+        kind = statements[0].type
+        if kind != duckdb.StatementType.SELECT:
+            raise ConfigError(f"{kind.name} statements are not allowed: the catalog is read-only",
+                              valid="a query: SELECT, WITH ... SELECT, FROM, DESCRIBE, SHOW, SUMMARIZE")
+        return [statements[0].query]
+
     def files(self, table: str, *, batch_id: str | None = None) -> list[Path]:
         sql = "SELECT path FROM table_files WHERE table_name = ?"
         params: list[Any] = [table]

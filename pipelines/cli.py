@@ -216,7 +216,7 @@ def sql(query: str, fmt: str, out: str | None, max_rows: int, warehouse: str | N
 
     wh = Warehouse(warehouse)
     try:
-        data = wh.query(query)
+        data = wh.user_query(query)
     except duckdb.Error as exc:
         render.err_console.print(f"[bold red]query failed:[/] {exc}")
         sys.exit(2)

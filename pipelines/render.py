@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 from collections.abc import Iterator
 from datetime import datetime
@@ -22,6 +23,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 # piped output is not wrapped at 80 columns (lines stay greppable)
 console = Console(soft_wrap=not sys.stdout.isatty(), width=None if sys.stdout.isatty() else 160)
@@ -37,16 +39,21 @@ def human_bytes(n: float | int | Decimal | None) -> str:
     return f"{n:.1f} TB"
 
 
-def fmt(value: Any, width: int = 80) -> str:
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def fmt(value: Any, width: int = 80) -> Text:
+    """A cell as plain text: data is never Rich markup (``[/INST]`` stays text) and control
+    characters (escape sequences, bidi overrides) are shown escaped, never sent to the terminal."""
     if value is None:
-        return "∅"
+        return Text("∅")
     if isinstance(value, datetime):
-        return value.isoformat(timespec="seconds")
+        return Text(value.isoformat(timespec="seconds"))
     if isinstance(value, Decimal):
         value = int(value) if value == value.to_integral_value() else float(value)
-    text = str(value)
-    text = text.replace("\n", "⏎")
-    return text if len(text) <= width else text[: width - 1] + "…"
+    text = str(value).replace("\n", "⏎").replace("\t", "⇥")
+    text = _CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
+    return Text(text if len(text) <= width else text[: width - 1] + "…")
 
 
 def arrow_table(data: pa.Table, title: str | None = None, max_rows: int = 50) -> Table:

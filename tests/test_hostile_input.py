@@ -215,3 +215,91 @@ def test_damaged_corpus_files_never_raise_out_of_a_build(tmp_path, monkeypatch):
     redact_warehouse(wh, run_id="r")
     wh.query("SELECT * FROM redacted_episodes").to_pylist()
     wh.query("SELECT * FROM redacted_steps").to_pylist()
+
+
+# --- trajwh sql is read-only, really ---------------------------------------------------------------
+
+@pytest.fixture
+def built_wh(wh, cases, monkeypatch):
+    monkeypatch.delenv("TRAJWH_VAULT_KEY", raising=False)
+    monkeypatch.delenv("TRAJWH_VAULT_KEY_FILE", raising=False)
+    ingest_paths(wh, [cases / "redaction"], IngestOptions(source="cases"))
+    normalize_warehouse(wh, run_id="n")
+    redact_warehouse(wh, run_id="r")
+    assert (wh.root / "vault" / "salt").exists()
+    return wh
+
+
+@pytest.mark.parametrize("attack", [
+    "COPY (SELECT * FROM steps) TO 'redacted/redacted_steps/evil.parquet' (FORMAT parquet)",
+    "COPY redacted_steps TO '/tmp/trajwh-evil.csv'",
+    "EXPORT DATABASE '/tmp/trajwh-evil-db'",
+    "SELECT * FROM read_blob('vault/salt')",
+    "SELECT * FROM read_blob('{root}/vault/salt')",
+    "SELECT * FROM read_blob('normalized/../vault/salt')",
+    "SELECT * FROM read_text('/etc/passwd')",
+    "SELECT * FROM glob('/etc/*')",
+    "SELECT * FROM read_blob('catalog.duckdb')",
+    "SELECT 1; COPY (SELECT 1) TO '/tmp/trajwh-evil2.csv'",
+    "ATTACH '/tmp/trajwh-evil.db' AS x",
+    "SET enable_external_access = true",
+    "INSTALL httpfs",
+    "LOAD httpfs",
+    "PRAGMA database_list",
+    "CREATE TABLE t AS SELECT 1",
+    "DELETE FROM batches",
+    "CALL pragma_version()",
+])
+def test_sql_attacks_are_refused(built_wh, attack):
+    import duckdb
+
+    from schemas.errors import ConfigError
+
+    before = {p: p.read_bytes() for p in (built_wh.root / "redacted").rglob("*.parquet")}
+    with pytest.raises((ConfigError, duckdb.Error)):
+        built_wh.user_query(attack.format(root=built_wh.root))
+    after = {p: p.read_bytes() for p in (built_wh.root / "redacted").rglob("*.parquet")}
+    assert before == after
+    assert not Path("/tmp/trajwh-evil.csv").exists() and not Path("/tmp/trajwh-evil-db").exists()
+
+
+def test_sql_still_answers_queries(built_wh):
+    assert built_wh.user_query("SELECT count(*) AS n FROM redacted_steps").column(0)[0].as_py() > 0
+    assert built_wh.user_query("WITH x AS (SELECT * FROM batches) SELECT count(*) FROM x").column(0)[0].as_py() == 1
+    assert built_wh.user_query("DESCRIBE steps").num_rows > 5
+    assert built_wh.user_query("SELECT count(*) FROM read_parquet('redacted/redacted_steps/*.parquet')").num_rows == 1
+
+
+def test_a_long_reader_does_not_block_a_writer(built_wh, cases, cli_env):
+    """`trajwh sql` runs on an in-memory snapshot of the catalog: the catalog file is released at
+    once, so a writer in another process does not wait for a long query (it used to fail with exit 2)."""
+    import subprocess
+    import time
+
+    from conftest import trajwh_cmd
+
+    env = {**cli_env, "TRAJWH_WAREHOUSE": str(built_wh.root)}
+    reader = subprocess.Popen([*trajwh_cmd(), "sql", "SELECT count(*) FROM range(100000) a, range(1000000) b WHERE (a.range * b.range) % 7 = 3"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(3)  # the query is running
+        assert reader.poll() is None
+        t0 = time.monotonic()
+        s = ingest_paths(built_wh, [cases / "two_episodes.jsonl"], IngestOptions(source="more", lock_timeout=5))
+        assert s.n_new == 2 and time.monotonic() - t0 < 5
+    finally:
+        reader.kill()
+        reader.wait()
+
+
+def test_data_is_never_markup_nor_terminal_control(tmp_path):
+    import pyarrow as pa
+    from rich.console import Console
+
+    from pipelines import render
+
+    table = pa.table({"t": ["[/INST] [bold]x\x1b[31mred\u202e"]})
+    console = Console(record=True, width=200, file=open(os.devnull, "w"))
+    console.print(render.arrow_table(table))
+    out = console.export_text()
+    assert "[/INST] [bold]x\\x1b[31mred\\u202e" in out and "\x1b" not in out
