@@ -91,7 +91,7 @@ def test_sql_output_formats(built, tmp_path):
 
 def test_sql_is_read_only_and_errors_are_clear(built):
     bad = run(built, "sql", "SELEC nothing", ok=False)
-    assert bad.returncode == 2 and "query failed" in bad.stderr
+    assert bad.returncode == 2 and "does not parse" in bad.stderr and "LINE 1" in bad.stderr
     write = run(built, "sql", "DROP VIEW episodes", ok=False)
     assert write.returncode == 2 and "read-only" in write.stderr.lower()
 
