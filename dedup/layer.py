@@ -25,7 +25,7 @@ from dedup.leaks import RULE_VERSION, find_leaks
 from dedup.minhash import MinHashParams, lsh_pairs, signatures
 from dedup.splits import SPLIT_VERSION, SplitConfig, assign_splits
 from lineage.catalog import Warehouse, now_utc
-from lineage.rebuild import inputs_fingerprint, is_current, replace_tables, run_row
+from lineage.rebuild import inputs_fingerprint, is_current, mark_running, replace_tables, run_row
 from schemas import ids
 from schemas.tables import LeakFlagRow, NearDupClusterRow, SplitRow, TaskGroupRow
 
@@ -169,9 +169,12 @@ def curate_warehouse(wh: Warehouse, *, run_id: str, cfg: CurateConfig = CurateCo
     summary = CurateSummary(run_id)
     started = now_utc()
     with wh.write_session("curate", timeout=lock_timeout) as session:
+        mark_running(session, run_id, "curate", started)
         version = f"{cfg.version()};inputs={inputs_fingerprint(wh, ['redacted_episodes', 'redacted_steps'])}"
         if not full and is_current(wh, "splits", version):
             summary.skipped = True
+            session.upsert_rows("runs", [run_row(run_id, "curate", started, params={"version": version, "skipped": True},
+                                                 counts=summary.__dict__, code_version=f"{TRANSFORM}@{CURATE_VERSION}")])
             return summary
         if progress:
             progress("reading features")

@@ -21,7 +21,7 @@ from fragments.outcomes import OUTCOME_RULES_VERSION, classify_outcome
 from fragments.select import RULES_VERSION, Fragment, SelectConfig, select_fragments
 from fragments.task_stats import StatsConfig, task_statistics
 from lineage.catalog import Warehouse, now_utc
-from lineage.rebuild import inputs_fingerprint, is_current, replace_tables, run_row
+from lineage.rebuild import inputs_fingerprint, is_current, mark_running, replace_tables, run_row
 from schemas.tables import FragmentRow, OutcomeRow, TaskStatsRow
 
 TRANSFORM = "fragments"
@@ -81,11 +81,14 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
     summary = FragmentSummary(run_id)
     started = now_utc()
     with wh.write_session("fragments", timeout=lock_timeout) as session:
+        mark_running(session, run_id, "fragments", started)
         inputs = inputs_fingerprint(wh, ["redacted_episodes", "redacted_steps", "near_dup_clusters", "splits",
                                          "leak_flags"])
         v = f"{version(cfg, sel)};inputs={inputs}"
         if not full and is_current(wh, "fragments", v):
             summary.skipped = True
+            session.upsert_rows("runs", [run_row(run_id, "fragments", started, params={"version": v, "skipped": True},
+                                                 counts=summary.__dict__, code_version=f"{TRANSFORM}@{RULES_VERSION}")])
             return summary
         lineage = {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": v}
         eps = wh.query("""SELECT e.*, c.weight AS dedup_weight, s.split,

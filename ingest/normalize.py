@@ -30,7 +30,7 @@ from ingest.sessions import find_parts, find_superseded
 from ingest.test_output import parse_test_output
 from ingest.truncation import truncation
 from lineage.catalog import Warehouse, WriteSession, now_utc
-from lineage.rebuild import run_row
+from lineage.rebuild import mark_running, run_row
 from lineage.storage import WrittenFile
 from schemas import ids
 from schemas.arrow import arrow_schema
@@ -336,6 +336,8 @@ def _batch_outputs(wh: Warehouse, batch_id: str) -> list[Path]:
     """The files a previous normalization of this batch wrote (replaced on rebuild)."""
     rows = wh.query(
         "SELECT path FROM table_files WHERE batch_id = ? AND coalesce(transform_version, '') LIKE '%;normalize=%' "
+        # the redaction stage's versions embed the normalized version they were made from: not ours
+        "AND NOT starts_with(coalesce(transform_version, ''), 'redact@') "
         "AND (list_contains(?, table_name) OR table_name = 'quarantine')",
         [batch_id, list(_DERIVED_TABLES)],
     )
@@ -349,6 +351,7 @@ def normalize_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, lock_
     summary = NormalizeSummary(run_id)
     started = now_utc()
     with wh.write_session("build", timeout=lock_timeout) as session:
+        mark_running(session, run_id, "build", started)
         batches = wh.query("SELECT batch_id, formats, n_new FROM batches WHERE status = 'committed' "
                            "ORDER BY committed_at, batch_id").to_pylist()
         built = {r["batch_id"]: r["version"] for r in wh.query(

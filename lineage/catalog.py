@@ -246,6 +246,30 @@ def _acquire(fd: int, lock_path: Path, op: str, timeout: float) -> None:
     os.pwrite(fd, info.encode(), 0)
 
 
+def _init_schema(con: duckdb.DuckDBPyConnection, *, fresh: bool) -> None:
+    """Manifest, metadata tables (with columns added by later versions) and views, idempotently."""
+    con.execute("BEGIN")
+    con.execute(_MANIFEST_DDL)
+    for table, model in CATALOG_TABLES.items():
+        con.register("_empty", arrow_schema(model).empty_table())
+        con.execute(f"CREATE TABLE IF NOT EXISTS {table} AS SELECT * FROM _empty")
+        have = {r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()}
+        for name, type_, *_ in con.execute("DESCRIBE _empty").fetchall():
+            if name not in have:  # a column added by a later schema version (nullable)
+                con.execute(f'ALTER TABLE {table} ADD COLUMN "{name}" {type_}')
+        con.unregister("_empty")
+    row = con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchall()
+    if not row:
+        con.execute("INSERT INTO meta VALUES ('schema_version', ?), ('created_at', ?)",
+                    [SCHEMA_VERSION, now_utc().isoformat()])
+    views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+    if fresh or not row:
+        _refresh_views(con, PARQUET_TABLES)
+    elif set(PARQUET_TABLES) - views:  # a table added by a later version: its (empty) view
+        _refresh_views(con, set(PARQUET_TABLES) - views)
+    con.execute("COMMIT")
+
+
 def _sql_str(value: str) -> str:
     return value.replace("'", "''")
 
@@ -270,34 +294,25 @@ class WriteSession:
             data = sink.getvalue().to_pybytes()
             if not empty.exists() or empty.read_bytes() != data:
                 write_bytes_atomic(data, empty, restricted=False)
+        for stale in wh.root.glob(".catalog-*.tmp*"):  # a creation killed half-way (we hold the lock)
+            stale.unlink(missing_ok=True)
         fresh = not wh.catalog_path.exists()
+        if fresh:  # built under a temporary name, then renamed: readers see no catalog or a whole one
+            tmp = wh.root / f".catalog-{os.getpid()}.tmp"
+            con = duckdb.connect(str(tmp))
+            try:
+                con.execute(f"SET file_search_path = '{_sql_str(str(wh.root))}'")
+                _init_schema(con, fresh=True)
+            finally:
+                con.close()
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, wh.catalog_path)
         con = wh.connect(read_only=False)
         try:
-            con.execute("BEGIN")
-            con.execute(_MANIFEST_DDL)
-            for table, model in CATALOG_TABLES.items():
-                con.register("_empty", arrow_schema(model).empty_table())
-                con.execute(f"CREATE TABLE IF NOT EXISTS {table} AS SELECT * FROM _empty")
-                have = {r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()}
-                for name, type_, *_ in con.execute("DESCRIBE _empty").fetchall():
-                    if name not in have:  # a column added by a later schema version (nullable)
-                        con.execute(f'ALTER TABLE {table} ADD COLUMN "{name}" {type_}')
-                con.unregister("_empty")
-            row = con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchall()
-            if not row:
-                con.execute("INSERT INTO meta VALUES ('schema_version', ?), ('created_at', ?)",
-                            [SCHEMA_VERSION, now_utc().isoformat()])
-            views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
-            if fresh or not row:
-                _refresh_views(con, PARQUET_TABLES)
-            elif set(PARQUET_TABLES) - views:  # a table added by a later version: its (empty) view
-                _refresh_views(con, set(PARQUET_TABLES) - views)
-            con.execute("COMMIT")
+            _init_schema(con, fresh=False)
             wh._check_version(con)
         finally:
             con.close()
-        if fresh:
-            os.chmod(wh.catalog_path, 0o600)
 
     def collect_garbage(self) -> list[Path]:
         """Remove data files no manifest lists (left by a crashed writer) and temp files."""

@@ -7,6 +7,8 @@ the new files of every output table replace the old ones in one catalog commit.
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any
 
 import pyarrow as pa
@@ -37,6 +39,16 @@ def replace_tables(session: WriteSession, rows: dict[str, list[dict[str, Any]]],
     old = [wh.root / p for p in wh.query("SELECT path FROM table_files WHERE list_contains(?, table_name)",
                                         [list(rows)]).column(0).to_pylist()]
     session.commit(files, removed=old, run_id=run_id, transform_version=version)
+
+
+def mark_running(session: WriteSession, run_id: str, job: str, started: Any) -> None:
+    """Record a stage run as ``running`` before it does anything (with the process that runs it),
+    so a run that is killed or fails shows as such, never as succeeded; the stage's final
+    ``run_row`` replaces it. ``lineage.status.run_state`` tells an interrupted run from a live one."""
+    session.upsert_rows("runs", [{
+        "run_id": run_id, "job": job, "started_at": started, "finished_at": None, "status": "running",
+        "params": json_text({"pid": os.getpid(), "host": socket.gethostname()}), "counts": json_text({}),
+        "code_version": "", "error": None}])
 
 
 def run_row(run_id: str, job: str, started: Any, *, params: dict[str, Any], counts: dict[str, Any],

@@ -2,10 +2,34 @@
 
 from __future__ import annotations
 
+import json
+import os
+import socket
 from typing import Any
 
 from lineage.catalog import Warehouse
 from schemas.arrow import CATALOG_TABLES, PARQUET_TABLES, TABLE_LAYERS
+
+
+def run_state(run: dict[str, Any]) -> str:
+    """A run's status, telling a run that is still going from one whose process is gone (killed,
+    crashed): ``running`` rows record the pid and host of the process (``lineage.rebuild.mark_running``)."""
+    if run.get("status") != "running":
+        return run.get("status") or "unknown"
+    try:
+        params = json.loads(run.get("params") or "{}")
+    except ValueError:
+        return "running"
+    pid, host = params.get("pid"), params.get("host")
+    if not pid or host != socket.gethostname():
+        return "running"
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return "interrupted"
+    except PermissionError:
+        return "running"
+    return "running"
 
 
 def warehouse_status(wh: Warehouse) -> dict[str, Any]:
@@ -25,8 +49,9 @@ def warehouse_status(wh: Warehouse) -> dict[str, Any]:
         "tables": tables,
         "batches": wh.query("SELECT batch_id, source, committed_at, n_files, n_new, n_duplicate, n_quarantined, "
                             "bytes_read FROM batches ORDER BY committed_at DESC LIMIT 5").to_pylist(),
-        "runs": wh.query("SELECT run_id, job, status, started_at, finished_at FROM runs "
-                         "ORDER BY started_at DESC LIMIT 5").to_pylist(),
+        "runs": [{**{k: v for k, v in r.items() if k != "params"}, "status": run_state(r)} for r in wh.query(
+            "SELECT run_id, job, status, started_at, finished_at, params FROM runs "
+            "ORDER BY started_at DESC LIMIT 5").to_pylist()],
         "quarantine": wh.query("SELECT stage, reason_code, count(*) AS n FROM quarantine "
                                "GROUP BY ALL ORDER BY n DESC").to_pylist(),
         "totals": wh.query("""SELECT (SELECT count(*) FROM episodes) AS episodes,

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lineage.catalog import Warehouse, now_utc
-from lineage.rebuild import run_row
+from lineage.rebuild import mark_running, run_row
 from redaction.engine import POLICY_VERSION, SCOPE_KINDS, Detector, Redactor, Replacement, Scope
 from redaction.vault import Vault, load_key
 from schemas import ids
@@ -183,6 +183,18 @@ def _redact_batch(wh: Warehouse, session: Any, batch_id: str, run_id: str, redac
     return files, worker.vault_entries()
 
 
+def _complete_batches(wh: Warehouse) -> dict[str, str]:
+    """Batch -> version of its redacted layer, for batches whose outputs are all there: a batch
+    with episodes but without its redaction lineage edges (lost to a crash or another stage) is
+    rebuilt, not skipped."""
+    rows = wh.query("""
+        SELECT e.batch_id, any_value(e.transform_version) AS v, sum(e.rows) AS episodes,
+               (SELECT count(*) FROM table_files l WHERE l.table_name = 'lineage_edges' AND l.batch_id = e.batch_id
+                 AND l.transform_version = any_value(e.transform_version)) AS edge_files
+        FROM table_files e WHERE e.table_name = 'redacted_episodes' GROUP BY e.batch_id""").to_pylist()
+    return {r["batch_id"]: r["v"] for r in rows if r["episodes"] == 0 or r["edge_files"] > 0}
+
+
 def redact_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, scope_kind: str = "episode",
                      private_addresses: bool = True, lock_timeout: float = 60.0,
                      progress: Callable[[int], None] | None = None,
@@ -194,6 +206,7 @@ def redact_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, scope_ki
     summary = RedactSummary(run_id)
     started = now_utc()
     with wh.write_session("redact", timeout=lock_timeout) as session:
+        mark_running(session, run_id, "redact", started)
         vault = Vault(wh, load_key())
         summary.vault_written = vault.enabled
         redactor = Redactor(vault.salt(), scope_kind=scope_kind,
@@ -201,9 +214,7 @@ def redact_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, scope_ki
         sources = {r["batch_id"]: r["v"] for r in wh.query(
             "SELECT batch_id, any_value(transform_version) AS v FROM table_files WHERE table_name = 'episodes' "
             "GROUP BY 1").to_pylist()}
-        built = {r["batch_id"]: r["v"] for r in wh.query(
-            "SELECT batch_id, any_value(transform_version) AS v FROM table_files WHERE table_name = 'redacted_episodes' "
-            "GROUP BY 1").to_pylist()}
+        built = _complete_batches(wh)
         todo = [(b, layer_version(scope_kind, v, private_addresses)) for b, v in sorted(sources.items())
                 if full or built.get(b) != layer_version(scope_kind, v, private_addresses)]
         summary.batches_skipped = len(sources) - len(todo)
@@ -219,7 +230,9 @@ def redact_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, scope_ki
             vault.write_batch(batch_id, entries)
             session.commit(files, removed=old, batch_id=batch_id, run_id=run_id, transform_version=version)
             summary.batches_done += 1
-        gone = set(built) - set(sources)  # batches whose normalized rows no longer exist
+        redacted = set(wh.query("SELECT DISTINCT batch_id FROM table_files WHERE table_name = 'redacted_episodes'")
+                       .column(0).to_pylist())
+        gone = redacted - set(sources)  # batches whose normalized rows no longer exist
         for batch_id in gone:
             old = [wh.root / p for p in wh.query("SELECT path FROM table_files WHERE batch_id = ? AND list_contains(?, table_name)",
                                                  [batch_id, list(_OUT_TABLES)]).column(0).to_pylist()]
