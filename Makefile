@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test bench lint format schema clean
+.PHONY: venv demo test bench stress lint format schema clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -23,6 +23,9 @@ test: venv
 
 bench: venv
 	$(PY) bench/run.py
+
+stress: venv
+	$(PY) bench/stress.py
 
 lint: venv
 	$(VENV)/bin/ruff check .

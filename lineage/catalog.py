@@ -117,8 +117,12 @@ class Warehouse:
                 con = duckdb.connect(str(self.catalog_path), read_only=read_only)
                 break
             except duckdb.IOException as exc:
-                if "lock" not in str(exc).lower() or time.monotonic() > deadline:
+                if "lock" not in str(exc).lower():
                     raise CatalogError(f"cannot open catalog {self.catalog_path}: {exc}") from exc
+                if time.monotonic() > deadline:  # another process keeps the catalog file open
+                    raise WarehouseBusyError(
+                        f"catalog {self.catalog_path} is busy: another process holds it open ({exc})",
+                        valid="wait for it to finish, or pass a longer --wait") from exc
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
         con.execute(f"SET file_search_path = '{_sql_str(str(self.root))}'").fetchall()

@@ -10,6 +10,7 @@ import click
 from lineage.catalog import Warehouse
 from pipelines import render
 from pipelines.cli import handle_errors, main, warehouse_option
+from schemas.errors import ConfigError
 
 # --- redaction -----------------------------------------------------------------------------------
 
@@ -96,3 +97,24 @@ def vault_reveal(placeholder: str, scope: str | None, warehouse: str | None) -> 
         sys.exit(1)
     for f in found:
         click.echo(f"{f['placeholder']}\t{f['scope_kind']}:{f['scope_id']}\t{f['entity_type']}\t{f['value']}")
+
+
+@vault.command("rotate")
+@click.option("--new-key-file", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="The new key (make it with `trajwh vault init-key`); the old key stays configured for this run.")
+@warehouse_option
+@handle_errors
+def vault_rotate(new_key_file: str, warehouse: str | None) -> None:
+    """Re-encrypt every vault entry with a new key; then point TRAJWH_VAULT_KEY_FILE at it."""
+    from redaction.vault import Vault, load_key
+
+    wh = Warehouse(warehouse)
+    wh.require()
+    old = load_key()
+    if old is None:
+        raise ConfigError("no current vault key configured", valid="set TRAJWH_VAULT_KEY or TRAJWH_VAULT_KEY_FILE to the old key")
+    with wh.write_session("vault-rotate"):
+        n = Vault(wh, old).rotate(Path(new_key_file).expanduser().read_bytes().strip())
+    render.console.print(f"re-encrypted {n} vault entries with the key in {new_key_file}; "
+                         f"now set TRAJWH_VAULT_KEY_FILE={new_key_file}")
+

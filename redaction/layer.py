@@ -208,6 +208,7 @@ def redact_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, scope_ki
     with wh.write_session("redact", timeout=lock_timeout) as session:
         mark_running(session, run_id, "redact", started)
         vault = Vault(wh, load_key())
+        vault.check_key()  # a key that does not open this vault stops the build before anything is written
         summary.vault_written = vault.enabled
         redactor = Redactor(vault.salt(), scope_kind=scope_kind,
                             detector=Detector(redact_private_ips=private_addresses))

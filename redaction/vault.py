@@ -80,17 +80,59 @@ class Vault:
             write_bytes_atomic(secrets.token_bytes(32), path, restricted=True)
         return path.read_bytes()
 
-    def write_batch(self, batch_id: str, entries: list[dict]) -> Path | None:
-        """Replace the vault entries of one batch; values are encrypted here."""
+    CHECK = b"trajwh-vault-key-check"
+
+    def check_key(self) -> None:
+        """Fail clearly when the configured key is not the one this vault was written with (a
+        build would otherwise split the vault between two keys). The first write records a
+        check value encrypted with the key; a vault from before that is checked on an entry."""
         if not self.enabled:
-            return None
+            return
+        from cryptography.fernet import InvalidToken
+
+        check = self.root / "key-check"
+        token = check.read_bytes() if check.exists() else None
+        if token is None:
+            sample = next(iter(sorted(self.root.glob("*/part-*.parquet"))), None)
+            if sample is None:
+                ensure_dir(self.root, restricted=True)
+                write_bytes_atomic(self._fernet.encrypt(self.CHECK), check, restricted=True)
+                return
+            token = pq.read_table(sample, columns=["ciphertext"]).column(0)[0].as_py()
+        try:
+            self._fernet.decrypt(token)
+        except InvalidToken:
+            raise ConfigError(
+                f"the vault key does not open the vault of {self.root.parent}: it was written with another key",
+                where=ENV_KEY_FILE if os.environ.get(ENV_KEY_FILE) else ENV_KEY,
+                valid="the key this vault was written with; to change keys run `trajwh vault rotate --new-key-file F`"
+                      " with the old key configured") from None
+        if not check.exists():
+            write_bytes_atomic(self._fernet.encrypt(self.CHECK), check, restricted=True)
+
+    def rotate(self, new_key: bytes) -> int:
+        """Re-encrypt every entry with ``new_key`` (batch by batch, each folder swapped whole);
+        returns the number of entries. The old key must be the configured one."""
+        from cryptography.fernet import Fernet
+
+        self.check_key()
+        new = Fernet(new_key)
+        n = 0
+        for folder in sorted(p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            rows = [r for path in sorted(folder.glob("part-*.parquet")) for r in pq.read_table(path).to_pylist()]
+            for r in rows:
+                r["ciphertext"] = new.encrypt(self._fernet.decrypt(r["ciphertext"]))
+            self._swap(folder.name, rows)
+            n += len(rows)
+        write_bytes_atomic(new.encrypt(self.CHECK), self.root / "key-check", restricted=True)
+        self._fernet, self.key = new, new_key
+        return n
+
+    def _swap(self, batch_id: str, rows: list[dict]) -> Path:
         folder = self.root / batch_id
         staging = self.root / f".{batch_id}.new"
         shutil.rmtree(staging, ignore_errors=True)
         ensure_dir(staging, restricted=True)
-        rows = [{"placeholder": e["placeholder"], "scope_kind": e["scope_kind"], "scope_id": e["scope_id"],
-                 "entity_type": e["entity_type"], "ciphertext": self._fernet.encrypt(e["value"].encode()),
-                 "policy_version": e["policy_version"], "created_at": now_utc()} for e in entries]
         if rows:
             write_parquet("vault", pa.Table.from_pylist(rows, schema=arrow_schema(VaultRow)), staging, restricted=True)
         old = self.root / f".{batch_id}.old"
@@ -100,6 +142,15 @@ class Vault:
         staging.rename(folder)
         shutil.rmtree(old, ignore_errors=True)
         return folder
+
+    def write_batch(self, batch_id: str, entries: list[dict]) -> Path | None:
+        """Replace the vault entries of one batch; values are encrypted here."""
+        if not self.enabled:
+            return None
+        rows = [{"placeholder": e["placeholder"], "scope_kind": e["scope_kind"], "scope_id": e["scope_id"],
+                 "entity_type": e["entity_type"], "ciphertext": self._fernet.encrypt(e["value"].encode()),
+                 "policy_version": e["policy_version"], "created_at": now_utc()} for e in entries]
+        return self._swap(batch_id, rows)
 
     def reveal(self, placeholder: str, scope_id: str | None = None) -> list[dict]:
         if not self.enabled:

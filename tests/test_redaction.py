@@ -306,3 +306,24 @@ def test_the_held_out_set_holds():
     result = score(load_cases(), lambda c: red.text(c["text"], red.scope(c["id"]), "text", []))
     assert result["recall"] >= 0.98 and result["decoys_kept"] >= 0.98, (result["missed"], result["destroyed"])
     assert min(v["recall"] for v in result["per_type"].values()) >= 0.95, result["per_type"]
+
+
+def test_another_vault_key_fails_clearly_and_rotation_keeps_every_value(redacted_wh, monkeypatch, tmp_path):
+    first = new_key_file(tmp_path / "a.key")
+    monkeypatch.setenv("TRAJWH_VAULT_KEY_FILE", str(first))
+    redact_warehouse(redacted_wh, run_id="r1")
+    placeholder = redacted_wh.query("SELECT placeholder FROM redaction_events WHERE entity_type = 'EMAIL' LIMIT 1"
+                                    ).column(0)[0].as_py()
+    other = new_key_file(tmp_path / "b.key")
+    monkeypatch.setenv("TRAJWH_VAULT_KEY_FILE", str(other))
+    with pytest.raises(ConfigError, match="another key"):
+        redact_warehouse(redacted_wh, run_id="r2", full=True)
+    monkeypatch.setenv("TRAJWH_VAULT_KEY_FILE", str(first))
+    n = Vault(redacted_wh, load_key()).rotate(other.read_bytes().strip())
+    assert n > 0
+    monkeypatch.setenv("TRAJWH_VAULT_KEY_FILE", str(other))
+    assert Vault(redacted_wh, load_key()).reveal(placeholder)[0]["value"] == "ops.lead@corp-mail.com"
+    redact_warehouse(redacted_wh, run_id="r3", full=True)  # the new key now opens the vault
+    monkeypatch.setenv("TRAJWH_VAULT_KEY_FILE", str(first))
+    with pytest.raises(ConfigError, match="another key"):
+        Vault(redacted_wh, load_key()).check_key()
