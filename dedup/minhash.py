@@ -8,8 +8,9 @@ shingle hash function both give identical signatures (a test checks it against
 ``datasketch.MinHash.update_batch``).
 
 Speed comes from doing everything as array operations over many documents at once: shingles
-are hashed in bulk with polars' vectorized string hash (instead of one ``sha1`` call per
-shingle in Python), the ``shingles x num_perm`` products are computed in chunks, and
+are hashed in bulk by a compiled MurmurHash3 x86 32-bit over the UTF-8 bytes Arrow holds
+contiguously (instead of one ``sha1`` call per shingle in Python; a hash with a fixed
+specification, so signatures do not change with a library release), the ``shingles x num_perm`` products are computed in chunks, and
 ``np.minimum.reduceat`` takes each document's minimum.
 
 Banding: ``b`` bands of ``r`` rows, chosen like datasketch's ``MinHashLSH`` by minimizing the
@@ -27,6 +28,7 @@ from functools import cache
 import numba
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 _FMIX = (np.uint32(16), np.uint32(0x85EBCA6B), np.uint32(13), np.uint32(0xC2B2AE35), np.uint32(16))
 _HASH_SEED = 20261129
@@ -45,7 +47,8 @@ class MinHashParams:
 
     def describe(self) -> str:
         b, r = self.bands
-        return f"minhash(affine32,num_perm={self.num_perm},seed={self.seed},threshold={self.threshold},b={b},r={r})"
+        return (f"minhash(affine32,num_perm={self.num_perm},seed={self.seed},threshold={self.threshold},b={b},r={r},"
+                f"shingle_hash={SHINGLE_HASH})")
 
 
 @cache
@@ -66,10 +69,68 @@ def fmix32(hv: np.ndarray) -> np.ndarray:
     return hv ^ (hv >> s3)
 
 
+#: the shingle hash, by its specification (recorded in the layer's version): MurmurHash3 x86 32-bit
+#: of the shingle's UTF-8 bytes with this seed. Its output is fixed by the algorithm, not by a
+#: library's release (polars' ``Series.hash`` was used before and promises no stability).
+SHINGLE_HASH = f"murmur3_x86_32(utf8,seed={_HASH_SEED})"
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _murmur3_32(data: np.ndarray, offsets: np.ndarray, seed: np.uint32, out: np.ndarray) -> None:
+    # numba widens 32-bit arithmetic: every step is masked back to 32 bits
+    m = np.uint64(0xFFFFFFFF)
+    c1, c2 = np.uint64(0xCC9E2D51), np.uint64(0x1B873593)
+    for i in numba.prange(offsets.shape[0] - 1):
+        start, end = offsets[i], offsets[i + 1]
+        n = end - start
+        h = np.uint64(seed)
+        nblocks = n // 4
+        for j in range(nblocks):
+            p = start + 4 * j
+            k = (np.uint64(data[p]) | (np.uint64(data[p + 1]) << np.uint64(8)) | (np.uint64(data[p + 2]) << np.uint64(16))
+                 | (np.uint64(data[p + 3]) << np.uint64(24)))
+            k = (k * c1) & m
+            k = ((k << np.uint64(15)) | (k >> np.uint64(17))) & m
+            k = (k * c2) & m
+            h = h ^ k
+            h = ((h << np.uint64(13)) | (h >> np.uint64(19))) & m
+            h = (h * np.uint64(5) + np.uint64(0xE6546B64)) & m
+        tail = start + 4 * nblocks
+        rest = n & 3
+        k = np.uint64(0)
+        if rest == 3:
+            k = k ^ (np.uint64(data[tail + 2]) << np.uint64(16))
+        if rest >= 2:
+            k = k ^ (np.uint64(data[tail + 1]) << np.uint64(8))
+        if rest >= 1:
+            k = k ^ np.uint64(data[tail])
+            k = (k * c1) & m
+            k = ((k << np.uint64(15)) | (k >> np.uint64(17))) & m
+            k = (k * c2) & m
+            h = h ^ k
+        h = h ^ np.uint64(n)
+        h = h ^ (h >> np.uint64(16))
+        h = (h * np.uint64(0x85EBCA6B)) & m
+        h = h ^ (h >> np.uint64(13))
+        h = (h * np.uint64(0xC2B2AE35)) & m
+        h = h ^ (h >> np.uint64(16))
+        out[i] = np.uint32(h)
+
+
 def hash_shingles(shingles: list[str] | pl.Series) -> np.ndarray:
-    """32-bit hashes of shingles, in bulk (polars' vectorized string hash, fixed seed)."""
+    """32-bit hashes of shingles, in bulk: ``SHINGLE_HASH`` over the UTF-8 bytes that Arrow already
+    holds contiguously (no per-shingle Python call)."""
     series = shingles if isinstance(shingles, pl.Series) else pl.Series(shingles, dtype=pl.Utf8)
-    return (series.hash(seed=_HASH_SEED).to_numpy() & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    arr = series.to_arrow()
+    arr = pa.concat_arrays(arr.chunks) if isinstance(arr, pa.ChunkedArray) else arr
+    arr = arr.cast(pa.large_string())
+    out = np.empty(len(arr), dtype=np.uint32)
+    if len(arr):
+        buffers = arr.buffers()
+        offsets = np.frombuffer(buffers[1], dtype=np.int64)[arr.offset:arr.offset + len(arr) + 1]
+        data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else np.empty(0, np.uint8)
+        _murmur3_32(data, offsets, np.uint32(_HASH_SEED), out)
+    return out
 
 
 def shingle_hash32(shingle: bytes) -> int:

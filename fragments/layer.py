@@ -21,7 +21,7 @@ from fragments.outcomes import OUTCOME_RULES_VERSION, classify_outcome
 from fragments.select import RULES_VERSION, Fragment, SelectConfig, select_fragments
 from fragments.task_stats import StatsConfig, task_statistics
 from lineage.catalog import Warehouse, now_utc
-from lineage.rebuild import inputs_fingerprint, is_current, mark_running, replace_tables, run_row
+from lineage.rebuild import TableSetWriter, inputs_fingerprint, is_current, mark_running, run_row
 from schemas.tables import FragmentRow, OutcomeRow, TaskStatsRow
 
 TRANSFORM = "fragments"
@@ -74,6 +74,42 @@ def fragment_row(f: Fragment, steps: list[dict], step_id: dict[int, str], sel: S
         "tests_before": list(f.tests_before), "tests_after": list(f.tests_after), "rules_version": RULES_VERSION}
 
 
+_EPISODES_SQL = """
+    SELECT e.*, c.weight AS dedup_weight, s.split,
+           coalesce((SELECT list(DISTINCT l.kind ORDER BY l.kind) FROM leak_flags l
+                     WHERE l.trajectory_key = e.trajectory_key AND l.kind <> 'fix_after_cutoff'), []) AS leak_kinds
+    FROM redacted_episodes e
+    LEFT JOIN near_dup_clusters c USING (trajectory_key) LEFT JOIN splits s USING (trajectory_key)
+    ORDER BY e.trajectory_key"""
+_STEPS_SQL = """
+    SELECT trajectory_key, step_id, step_index, author, role, text, observation, exit_code,
+           action_kind, action_object, action_command, test_results,
+           json_extract(metadata, '$.tests_summary') AS tests_summary
+    FROM redacted_steps ORDER BY trajectory_key, step_index"""
+
+
+def _episodes_with_steps(wh: Warehouse):
+    """(episode, its steps) in trajectory-key order, merged from two ordered streams."""
+    step_stream, episode_stream = wh.stream(_STEPS_SQL), wh.stream(_EPISODES_SQL, batch_rows=2_000)
+    try:
+        steps = (s for batch in step_stream for s in batch)
+        pending = next(steps, None)
+        for batch in episode_stream:
+            for e in batch:
+                key, mine = e["trajectory_key"], []
+                while pending is not None and pending["trajectory_key"] < key:
+                    pending = next(steps, None)  # steps of an episode that is gone: skipped
+                while pending is not None and pending["trajectory_key"] == key:
+                    if pending["tests_summary"]:
+                        pending["tests_summary"] = orjson.loads(pending["tests_summary"])
+                    mine.append(pending)
+                    pending = next(steps, None)
+                yield e, mine
+    finally:  # the catalog connections close here, before the stage commits
+        step_stream.close()
+        episode_stream.close()
+
+
 def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = None, full: bool = False,
                     lock_timeout: float = 60.0, select: SelectConfig | None = None) -> FragmentSummary:
     cfg = cfg or StatsConfig()
@@ -91,30 +127,17 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
                                                  counts=summary.__dict__, code_version=f"{TRANSFORM}@{RULES_VERSION}")])
             return summary
         lineage = {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": v}
-        eps = wh.query("""SELECT e.*, c.weight AS dedup_weight, s.split,
-                                 coalesce((SELECT list(DISTINCT l.kind ORDER BY l.kind) FROM leak_flags l
-                                           WHERE l.trajectory_key = e.trajectory_key AND l.kind <> 'fix_after_cutoff'),
-                                          []) AS leak_kinds
-                          FROM redacted_episodes e
-                          LEFT JOIN near_dup_clusters c USING (trajectory_key) LEFT JOIN splits s USING (trajectory_key)
-                          ORDER BY e.trajectory_key""").to_pylist()
-        steps_of: dict[str, list[dict]] = {}
-        for s in wh.query("""SELECT trajectory_key, step_id, step_index, author, role, text, observation, exit_code,
-                                    action_kind, action_object, action_command, test_results,
-                                    json_extract(metadata, '$.tests_summary') AS tests_summary
-                             FROM redacted_steps ORDER BY trajectory_key, step_index""").to_pylist():
-            if s["tests_summary"]:
-                s["tests_summary"] = orjson.loads(s["tests_summary"])
-            steps_of.setdefault(s["trajectory_key"], []).append(s)
-        rows: dict[str, list[dict]] = {t: [] for t in TABLES}
+        writer = TableSetWriter(session, _MODELS)
         stat_rows = []
-        for e in eps:
-            steps = steps_of.get(e["trajectory_key"], [])
+        # episodes and their steps stream in trajectory-key order, side by side: one episode's
+        # steps in memory at a time, never the layer (DuckDB sorts and spills within its limit)
+        for e, steps in _episodes_with_steps(wh):
+            summary.episodes += 1
             o = classify_outcome(e, steps)
-            rows["outcomes"].append({"trajectory_key": e["trajectory_key"], "outcome": o.outcome, "cause": o.cause,
-                                     "policy_failure": o.policy_failure, "quarantined": o.quarantined,
-                                     "evidence_field": o.evidence_field, "evidence_step": o.evidence_step,
-                                     "evidence": o.evidence, "rules_version": OUTCOME_RULES_VERSION, **lineage})
+            writer.add("outcomes", {"trajectory_key": e["trajectory_key"], "outcome": o.outcome, "cause": o.cause,
+                                    "policy_failure": o.policy_failure, "quarantined": o.quarantined,
+                                    "evidence_field": o.evidence_field, "evidence_step": o.evidence_step,
+                                    "evidence": o.evidence, "rules_version": OUTCOME_RULES_VERSION, **lineage})
             summary.causes[o.cause] = summary.causes.get(o.cause, 0) + 1
             stat_rows.append({"task_id": e["task_id"] or e["instance_id"] or f"episode:{e['trajectory_key']}",
                               "cause": o.cause, "policy_name": e["policy_name"], "harness_name": e["harness_name"],
@@ -125,12 +148,13 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
                 summary.withheld[why] = summary.withheld.get(why, 0) + 1
                 continue
             for f in select_fragments(e, steps, o.cause, o.quarantined, sel):
-                rows["fragments"].append({**fragment_row(f, steps, step_id, sel), "dedup_weight": e["dedup_weight"],
-                                          "split": e["split"], "leak_kinds": e["leak_kinds"], **lineage})
+                writer.add("fragments", {**fragment_row(f, steps, step_id, sel), "dedup_weight": e["dedup_weight"],
+                                         "split": e["split"], "leak_kinds": e["leak_kinds"], **lineage})
                 summary.fragments[f.kind] = summary.fragments.get(f.kind, 0) + 1
-        rows["task_stats"] = [{**r, **lineage} for r in task_statistics(stat_rows, cfg)]
-        replace_tables(session, rows, _MODELS, run_id=run_id, version=v)
-        summary.episodes, summary.tasks = len(eps), len({r["task_id"] for r in rows["task_stats"]})
+        task_stats = [{**r, **lineage} for r in task_statistics(stat_rows, cfg)]
+        writer.add("task_stats", task_stats)
+        writer.commit(run_id=run_id, version=v)
+        summary.tasks = len({r["task_id"] for r in task_stats})
         params = {"version": v, "config_digest": cfg.config_digest}
         session.upsert_rows("runs", [run_row(run_id, "fragments", started, params=params,
                                              counts=summary.__dict__, code_version=f"{TRANSFORM}@{RULES_VERSION}")])

@@ -147,6 +147,25 @@ class Warehouse:
         finally:
             con.close()
 
+    def stream(self, sql: str, params: Sequence[Any] | None = None, *, batch_rows: int = 10_000,
+               memory_limit: str = "384MB") -> Iterator[list[dict[str, Any]]]:
+        """Rows of a read-only query in batches of dicts, never the whole result in memory: DuckDB
+        streams the result (sorting and joining within ``memory_limit``, spilling the rest to a
+        temporary folder under the warehouse)."""
+        con = self.connect(read_only=True)
+        try:
+            spill = self.root / ".tmp"
+            spill.mkdir(exist_ok=True)
+            con.execute(f"SET memory_limit = '{memory_limit}'")
+            current = con.execute("SELECT current_setting('temp_directory')").fetchall()[0][0]
+            if current != str(spill):  # connections to one file share an instance: set it once
+                con.execute(f"SET temp_directory = '{_sql_str(str(spill))}'")
+            reader = con.sql(sql, params=list(params or [])).fetch_record_batch(batch_rows)
+            for rb in reader:
+                yield rb.to_pylist()
+        finally:
+            con.close()
+
     def user_query(self, sql: str) -> pa.Table:
         """Run one user statement, read-only for real (``trajwh sql``; docs/sql.md):
 

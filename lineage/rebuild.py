@@ -34,11 +34,47 @@ def is_current(wh: Warehouse, table: str, version: str) -> bool:
 def replace_tables(session: WriteSession, rows: dict[str, list[dict[str, Any]]], models: dict[str, type[BaseModel]],
                    *, run_id: str, version: str) -> None:
     """Write every table's rows as new files and drop the old files of those tables, atomically."""
-    wh = session.wh
-    files = [session.write(t, pa.Table.from_pylist(rows[t], schema=arrow_schema(models[t]))) for t in rows]
-    old = [wh.root / p for p in wh.query("SELECT path FROM table_files WHERE list_contains(?, table_name)",
-                                        [list(rows)]).column(0).to_pylist()]
-    session.commit(files, removed=old, run_id=run_id, transform_version=version)
+    writer = TableSetWriter(session, {t: models[t] for t in rows})
+    for t, table_rows in rows.items():
+        writer.add(t, table_rows)
+    writer.commit(run_id=run_id, version=version)
+
+
+class TableSetWriter:
+    """Rows of a set of tables written file by file as they come (bounded memory), then swapped in
+    for the tables' old files in one catalog commit; a crash before it leaves the old tables."""
+
+    def __init__(self, session: WriteSession, models: dict[str, type[BaseModel]], flush_rows: int = 50_000):
+        self.session, self.models, self.flush_rows = session, models, flush_rows
+        self.buffers: dict[str, list[dict[str, Any]]] = {t: [] for t in models}
+        self.files: list[Any] = []
+        self.written: set[str] = set()
+
+    def add(self, table: str, rows: list[dict[str, Any]] | dict[str, Any]) -> None:
+        buf = self.buffers[table]
+        if isinstance(rows, dict):
+            buf.append(rows)
+        else:
+            buf.extend(rows)
+        if len(buf) >= self.flush_rows:
+            self._flush(table)
+
+    def _flush(self, table: str) -> None:
+        buf = self.buffers[table]
+        if buf or table not in self.written:  # every table gets at least one (maybe empty) file
+            schema = arrow_schema(self.models[table])
+            self.files.append(self.session.write(table, pa.Table.from_pylist(buf, schema=schema)))
+            self.written.add(table)
+        self.buffers[table] = []
+
+    def commit(self, *, run_id: str, version: str) -> None:
+        for table in self.models:
+            if self.buffers[table] or table not in self.written:
+                self._flush(table)
+        wh = self.session.wh
+        old = [wh.root / p for p in wh.query("SELECT path FROM table_files WHERE list_contains(?, table_name)",
+                                            [list(self.models)]).column(0).to_pylist()]
+        self.session.commit(self.files, removed=old, run_id=run_id, transform_version=version)
 
 
 def mark_running(session: WriteSession, run_id: str, job: str, started: Any) -> None:

@@ -206,3 +206,24 @@ def test_task_clustered_interval_is_wider_than_the_rollout_binomial():
     assert ci["tasks"] == 30 and ci["rollouts"] == 600
     assert ci["low"] <= ci["rate"] <= ci["high"]
     assert (ci["high"] - ci["low"]) > 2 * (hi - lo)
+
+
+def test_the_shingle_hash_is_murmur3_by_its_specification():
+    """Signatures must not change with a library release: the shingle hash is MurmurHash3 x86
+    32-bit, checked against the algorithm's published test vectors and a plain reference."""
+    import numpy as np
+
+    from dedup.minhash import _HASH_SEED, SHINGLE_HASH, MinHashParams, _murmur3_32, hash_shingles
+
+    def vector(text: bytes, seed: int) -> int:
+        out = np.empty(1, np.uint32)
+        _murmur3_32(np.frombuffer(text, dtype=np.uint8), np.array([0, len(text)], dtype=np.int64), np.uint32(seed), out)
+        return int(out[0])
+
+    assert vector(b"", 0) == 0 and vector(b"", 1) == 0x514E28B7 and vector(b"hello", 0) == 0x248BFA47
+    assert vector(b"The quick brown fox jumps over the lazy dog", 0x9747B28C) == 0x2FA826CD
+    assert vector(b"aaaa", 0x9747B28C) == 0x5A97808A and vector(b"abc", 0) == 0xB3DD93FA
+    words = ["", "a", "ab", "abc", "abcd", "héllo wörld", "x" * 1001]
+    got = hash_shingles(words)
+    assert [vector(w.encode(), _HASH_SEED) for w in words] == [int(g) for g in got]
+    assert SHINGLE_HASH in MinHashParams().describe()  # the layer's version names the hash
