@@ -10,7 +10,11 @@ and a diff is one placeholder everywhere in the episode, even where nothing arou
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import collections
+import multiprocessing
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,14 +136,92 @@ def _lineage(row: dict, run_id: str) -> dict:
     return {**row, "_run_id": run_id, "_transform": TRANSFORM, "_transform_version": POLICY_VERSION}
 
 
+#: a batch with at least this many episodes is redacted by worker processes (episode scope only:
+#: a repository or dataset scope spans episodes and stays in one process)
+PARALLEL_MIN_EPISODES = 2_000
+_CHUNK_EPISODES = 64
+_worker: EpisodeRedactor | None = None
+
+
+def workers_wanted() -> int:
+    """``$TRAJWH_WORKERS`` or the machine's cores (at most 8); 1 turns worker processes off."""
+    env = os.environ.get("TRAJWH_WORKERS")
+    if env:
+        return max(1, int(env))
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def _init_worker(salt: bytes, scope_kind: str, private_addresses: bool) -> None:
+    global _worker
+    _worker = EpisodeRedactor(Redactor(salt, scope_kind=scope_kind,
+                                       detector=Detector(redact_private_ips=private_addresses)), scope_kind)
+
+
+def _redact_chunk(items: list[tuple[dict, list[dict]]]) -> tuple[list[tuple[dict, list[dict], list[dict]]], list[dict]]:
+    """In a worker: redact a chunk of episodes; their vault entries come back with them."""
+    assert _worker is not None
+    _worker.scopes.clear()
+    out = [_worker.redact(e, steps) for e, steps in items]
+    return out, _worker.vault_entries()
+
+
+def _batch_items(wh: Warehouse, batch_id: str, episodes: dict[str, dict]) -> Iterator[tuple[dict, list[dict]]]:
+    """(episode, its steps in order) for every episode of a batch, one steps file at a time."""
+    done = set()
+    for path in wh.files("steps", batch_id=batch_id):
+        by_key: dict[str, list[dict]] = {}
+        for s in pq.read_table(path).to_pylist():
+            by_key.setdefault(s["trajectory_key"], []).append(s)
+        for key, steps in by_key.items():
+            done.add(key)
+            yield episodes[key], sorted(steps, key=lambda s: s["step_index"])
+    for key in episodes.keys() - done:  # episodes without steps
+        yield episodes[key], []
+
+
+def _redacted(items: Iterator[tuple[dict, list[dict]]], worker: EpisodeRedactor, n_episodes: int,
+              vault: list[dict], private_addresses: bool) -> Iterator[tuple[dict, list[dict], list[dict]]]:
+    """Redacted episodes in input order: in this process, or in worker processes for big batches
+    (a bounded number of chunks in flight, so memory stays flat)."""
+    n_workers = workers_wanted()
+    if n_workers < 2 or worker.scope_kind != "episode" or n_episodes < PARALLEL_MIN_EPISODES:
+        for e, steps in items:
+            yield worker.redact(e, steps)
+        vault.extend(worker.vault_entries())
+        return
+    ctx = multiprocessing.get_context("spawn")  # not fork: DuckDB and numba threads live in this process
+    red = worker.redactor
+    with ProcessPoolExecutor(n_workers, mp_context=ctx, initializer=_init_worker,
+                             initargs=(red.salt, worker.scope_kind, private_addresses)) as pool:
+        pending: collections.deque = collections.deque()
+        chunk: list = []
+        for item in items:
+            chunk.append(item)
+            if len(chunk) >= _CHUNK_EPISODES:
+                pending.append(pool.submit(_redact_chunk, chunk))
+                chunk = []
+                while len(pending) > 2 * n_workers:
+                    done, entries = pending.popleft().result()
+                    vault.extend(entries)
+                    yield from done
+        if chunk:
+            pending.append(pool.submit(_redact_chunk, chunk))
+        while pending:
+            done, entries = pending.popleft().result()
+            vault.extend(entries)
+            yield from done
+
+
 def _redact_batch(wh: Warehouse, session: Any, batch_id: str, run_id: str, redactor: Redactor, scope_kind: str,
-                  summary: RedactSummary, progress: Callable[[int], None] | None) -> tuple[list, list[dict]]:
+                  summary: RedactSummary, progress: Callable[[int], None] | None,
+                  private_addresses: bool = True) -> tuple[list, list[dict]]:
     episodes = {}
     for path in wh.files("episodes", batch_id=batch_id):
         for e in pq.read_table(path).to_pylist():
             episodes[e["trajectory_key"]] = e
     worker = EpisodeRedactor(redactor, scope_kind)
-    files, done = [], set()
+    files: list = []
+    vault: list[dict] = []
     out_eps, out_steps, out_events, out_edges = [], [], [], []
 
     def flush() -> None:
@@ -150,12 +232,12 @@ def _redact_batch(wh: Warehouse, session: Any, batch_id: str, run_id: str, redac
                 files.append(session.write(table, pa.Table.from_pylist(rows, schema=arrow_schema(model))))
             rows.clear()
 
-    def emit(key: str, steps: list[dict]) -> None:
-        ep, st, ev = worker.redact(episodes[key], steps)
+    edge = {"transform": TRANSFORM, "transform_version": POLICY_VERSION, "run_id": run_id}
+    for ep, st, ev in _redacted(_batch_items(wh, batch_id, episodes), worker, len(episodes), vault, private_addresses):
+        key = ep["trajectory_key"]
         out_eps.append(_lineage(ep, run_id))
         out_steps.extend(_lineage(s, run_id) for s in st)
         out_events.extend({**e, "_batch_id": batch_id, "_run_id": run_id} for e in ev)
-        edge = {"transform": TRANSFORM, "transform_version": POLICY_VERSION, "run_id": run_id}
         out_edges.append({"child_id": key, "child_table": "redacted_episodes", "parent_id": key,
                           "parent_table": "episodes", **edge})
         out_edges.extend({"child_id": s["step_id"], "child_table": "redacted_steps", "parent_id": s["step_id"],
@@ -165,22 +247,12 @@ def _redact_batch(wh: Warehouse, session: Any, batch_id: str, run_id: str, redac
         summary.replacements += len(ev)
         for e in ev:
             summary.by_type[e["entity_type"]] = summary.by_type.get(e["entity_type"], 0) + 1
-        done.add(key)
-
-    for path in wh.files("steps", batch_id=batch_id):
-        by_key: dict[str, list[dict]] = {}
-        for s in pq.read_table(path).to_pylist():
-            by_key.setdefault(s["trajectory_key"], []).append(s)
-        for key, steps in by_key.items():
-            emit(key, sorted(steps, key=lambda s: s["step_index"]))
-            if progress:
-                progress(1)
+        if progress:
+            progress(1)
         if len(out_steps) >= 20_000:
             flush()
-    for key in episodes.keys() - done:  # episodes without steps
-        emit(key, [])
     flush()
-    return files, worker.vault_entries()
+    return files, vault
 
 
 def _complete_batches(wh: Warehouse) -> dict[str, str]:
@@ -223,7 +295,8 @@ def redact_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, scope_ki
             on_plan(wh.query("SELECT count(*) FROM episodes WHERE list_contains(?, _batch_id)",
                              [[b for b, _ in todo]]).column(0)[0].as_py())
         for batch_id, version in todo:
-            files, entries = _redact_batch(wh, session, batch_id, run_id, redactor, scope_kind, summary, progress)
+            files, entries = _redact_batch(wh, session, batch_id, run_id, redactor, scope_kind, summary, progress,
+                                           private_addresses)
             old = [wh.root / p for p in wh.query(
                 "SELECT path FROM table_files WHERE batch_id = ? AND (list_contains(?, table_name) OR "
                 "(table_name = 'lineage_edges' AND transform_version LIKE 'redact@%'))",

@@ -327,3 +327,41 @@ def test_another_vault_key_fails_clearly_and_rotation_keeps_every_value(redacted
     monkeypatch.setenv("TRAJWH_VAULT_KEY_FILE", str(first))
     with pytest.raises(ConfigError, match="another key"):
         Vault(redacted_wh, load_key()).check_key()
+
+
+def test_worker_processes_give_the_same_redacted_layer(wh, small_corpus, monkeypatch, tmp_path):
+    """Big batches are redacted by worker processes (episode scope); the result must not depend on it."""
+    import shutil
+
+    import redaction.layer as layer
+
+    monkeypatch.delenv("TRAJWH_VAULT_KEY", raising=False)
+    monkeypatch.setenv("TRAJWH_VAULT_KEY_FILE", str(new_key_file(tmp_path / "k.key")))
+    ingest_paths(wh, [small_corpus], IngestOptions(source="synthetic"))
+    normalize_warehouse(wh, run_id="n")
+    Vault(wh, load_key()).salt()
+    other = tmp_path / "other"
+    shutil.copytree(wh.root, other)
+    monkeypatch.setenv("TRAJWH_WORKERS", "1")
+    redact_warehouse(wh, run_id="serial")
+    monkeypatch.setenv("TRAJWH_WORKERS", "2")
+    monkeypatch.setattr(layer, "PARALLEL_MIN_EPISODES", 1)
+    monkeypatch.setattr(layer, "_CHUNK_EPISODES", 7)
+    from lineage.catalog import Warehouse
+
+    wh2 = Warehouse(other)
+    redact_warehouse(wh2, run_id="parallel")
+    for table, cols in (("redacted_steps", "step_id, text, observation, tool_calls, metadata"),
+                        ("redacted_episodes", "trajectory_key, task_text, metadata"),
+                        ("redaction_events", "event_id, placeholder, entity_type, start, \"end\"")):
+        q = f"SELECT {cols} FROM {table} ORDER BY 1"
+        assert wh.query(q).to_pylist() == wh2.query(q).to_pylist(), table
+    a = sorted((r["placeholder"], r["scope_id"]) for r in pq_rows(wh.root / "vault"))
+    b = sorted((r["placeholder"], r["scope_id"]) for r in pq_rows(other / "vault"))
+    assert a == b and a
+
+
+def pq_rows(folder):
+    import pyarrow.parquet as pq
+
+    return [r for p in sorted(folder.glob("*/part-*.parquet")) for r in pq.read_table(p).to_pylist()]
