@@ -155,7 +155,7 @@ class Warehouse:
         con = self.connect(read_only=True)
         try:
             spill = self.root / ".tmp"
-            spill.mkdir(exist_ok=True)
+            ensure_dir(spill, restricted=True)  # spilled rows are warehouse data: owner-only
             con.execute(f"SET memory_limit = '{memory_limit}'")
             current = con.execute("SELECT current_setting('temp_directory')").fetchall()[0][0]
             if current != str(spill):  # connections to one file share an instance: set it once
