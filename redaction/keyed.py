@@ -67,7 +67,7 @@ def secret_name(name: str) -> bool:
     return not _NOT_SECRET.search(words)
 
 
-def keyed_value_ok(value: str, *, quoted: bool, name: str = "") -> bool:
+def keyed_value_ok(value: str, *, quoted: bool) -> bool:
     """Could this be the secret value of a secret name? (Code, placeholders, paths, flags refused.)"""
     v = value.strip()
     if len(v) < 6 or len(v) > 4096 or v.lower().rstrip(".,;:!") in _BOOLEANS or is_placeholder(v):
@@ -195,7 +195,7 @@ def _find_assignments(text: str, start: int, end: int) -> Iterator[tuple[int, in
         if value.lower().startswith("base64:") and len(value) > 12:
             yield s, e, "SECRET", "keyed"
             continue
-        if keyed_value_ok(value, quoted=m.group("open") is not None, name=name):
+        if keyed_value_ok(value, quoted=m.group("open") is not None):
             yield s, e, "SECRET", "keyed_url" if url_query else "keyed"
     for m in _FLAG.finditer(text, start, end):
         if not secret_name(m.group("name").replace("-", "_")):

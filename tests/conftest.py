@@ -46,3 +46,17 @@ def cli_env(tmp_path: Path) -> dict[str, str]:
 def trajwh_cmd() -> list[str]:
     exe = Path(sys.executable).with_name("trajwh")
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "pipelines.cli"]
+
+
+@pytest.fixture
+def redaction_case_wh(wh, cases, monkeypatch):
+    """The hand-made redaction case (tests/cases/redaction) ingested and normalized, no vault key set."""
+    from ingest.normalize import normalize_warehouse
+    from ingest.raw_store import IngestOptions, ingest_paths
+
+    monkeypatch.delenv("TRAJWH_VAULT_KEY", raising=False)
+    monkeypatch.delenv("TRAJWH_VAULT_KEY_FILE", raising=False)
+    ingest_paths(wh, [cases / "redaction"], IngestOptions(source="cases"))
+    normalize_warehouse(wh, run_id="n")
+    return wh
+

@@ -220,11 +220,8 @@ def test_damaged_corpus_files_never_raise_out_of_a_build(tmp_path, monkeypatch):
 # --- trajwh sql is read-only, really ---------------------------------------------------------------
 
 @pytest.fixture
-def built_wh(wh, cases, monkeypatch):
-    monkeypatch.delenv("TRAJWH_VAULT_KEY", raising=False)
-    monkeypatch.delenv("TRAJWH_VAULT_KEY_FILE", raising=False)
-    ingest_paths(wh, [cases / "redaction"], IngestOptions(source="cases"))
-    normalize_warehouse(wh, run_id="n")
+def built_wh(redaction_case_wh):
+    wh = redaction_case_wh
     redact_warehouse(wh, run_id="r")
     assert (wh.root / "vault" / "salt").exists()
     return wh

@@ -114,12 +114,8 @@ def test_tool_call_arguments_stay_valid_json(redactor):
 
 
 @pytest.fixture
-def redacted_wh(wh, cases, monkeypatch):
-    monkeypatch.delenv("TRAJWH_VAULT_KEY", raising=False)
-    monkeypatch.delenv("TRAJWH_VAULT_KEY_FILE", raising=False)
-    ingest_paths(wh, [cases / "redaction"], IngestOptions(source="cases"))
-    normalize_warehouse(wh, run_id="n")
-    return wh
+def redacted_wh(redaction_case_wh):
+    return redaction_case_wh
 
 
 def test_one_token_is_one_placeholder_across_the_episode(redacted_wh, monkeypatch, tmp_path):
