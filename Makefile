@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test bench stress lint format schema clean
+.PHONY: venv demo test bench bench-scale stress lint format schema clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -23,6 +23,12 @@ test: venv
 
 bench: venv
 	$(PY) bench/run.py
+
+# the design's scale (107,000 episodes by default; EPISODES=20000 for a quicker run): full,
+# +1 % incremental and no-op builds, per stage wall / CPU / peak RSS (about half an hour)
+EPISODES ?= 107000
+bench-scale: venv
+	$(PY) bench/scale.py --episodes $(EPISODES)
 
 stress: venv
 	$(PY) bench/stress.py

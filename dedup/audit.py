@@ -30,9 +30,10 @@ def _one(wh: Warehouse, sql: str) -> Any:
 
 
 def requested(wh: Warehouse) -> dict[str, Any]:
-    """What the last curate run was asked for (fractions, cutoff, group-share limit)."""
+    """What the last curate run that wrote the splits was asked for (fractions, cutoff, group-share
+    limit); a run that found nothing to do asked for nothing new."""
     rows = wh.query("SELECT params FROM runs WHERE job = 'curate' AND status = 'succeeded' "
-                    "ORDER BY started_at DESC LIMIT 1").to_pylist()
+                    "AND json_exists(params, '$.requested') ORDER BY started_at DESC LIMIT 1").to_pylist()
     params = orjson.loads(rows[0]["params"]) if rows else {}
     return params.get("requested") or {}
 
@@ -130,3 +131,11 @@ def audit(wh: Warehouse) -> dict[str, Any]:
                                     FROM leak_flags l LEFT JOIN splits s USING (trajectory_key)
                                     ORDER BY l.trajectory_key, l.step_index""").to_pylist(),
     }
+
+
+def audit_cached(wh: Warehouse) -> dict[str, Any]:
+    """``audit``, reused while the curated tables and the episodes it reads are unchanged."""
+    from lineage.checks import cached
+
+    return cached(wh, "split_audit", ["splits", "task_groups", "near_dup_clusters", "leak_flags", "redacted_episodes"],
+                  lambda: audit(wh))

@@ -13,8 +13,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from lineage.catalog import Warehouse
 
@@ -47,60 +49,96 @@ class EpisodeFeatures:
     started_at: datetime | None = None
     resolved: bool | None = None
     n_steps: int = 0
+    # computed once per batch and stored (``episode_features``); ``None`` until then
+    symbols: list[str] | None = None  # functions / classes the patch modifies
+    exact: str | None = None  # digest of actions + text (exact duplicates); None when both are empty
+    action_sig: Any = None  # MinHash signature (uint32 array) of the action shingles, or None
+    text_sig: Any = None
+    signed: bool = False
 
 
 _PATCH = re.compile(r"diff --git a/.*", re.S)
 
+_EPISODES_SQL = """
+    SELECT trajectory_key, repository, base_commit, base_commit_at, task_id, instance_id, issue_created_at, fix_merged_at,
+           started_at, resolved, n_steps, metadata,
+           list_transform(list_filter(coalesce(test_results, []), lambda t: t.status <> 'passed'), lambda t: t.name)
+               AS failing
+    FROM redacted_episodes {where} ORDER BY trajectory_key"""
+# the steps that features and time leaks read: model actions and words, submissions, and the
+# observations that hold a patch or name a remote branch (their text only then)
+_STEPS_SQL = """
+    SELECT trajectory_key, step_id, step_index, author, action_kind, action_object, action_command, text,
+           CASE WHEN observation LIKE '%diff --git%' OR observation LIKE '%origin/%' OR observation LIKE '%upstream/%'
+                THEN observation END AS observation,
+           list_transform(coalesce(tool_calls, []), lambda c: c.arguments) AS args
+    FROM redacted_steps
+    WHERE (author = 'model' OR action_kind = 'submit' OR observation LIKE '%diff --git%'
+           OR (author = 'environment' AND observation LIKE '%origin/%')) {where}
+    ORDER BY trajectory_key, step_index"""
 
-def load_features(wh: Warehouse) -> list[EpisodeFeatures]:
-    """Features of every redacted episode, ordered by trajectory key (input order never matters)."""
-    eps = wh.query("""
-        SELECT trajectory_key, repository, base_commit, base_commit_at, task_id, instance_id, issue_created_at, fix_merged_at,
-               started_at, resolved, n_steps, metadata,
-               list_transform(list_filter(coalesce(test_results, []), lambda t: t.status <> 'passed'), lambda t: t.name)
-                   AS failing
-        FROM redacted_episodes ORDER BY trajectory_key""").to_pylist()
-    steps = wh.query("""
-        SELECT trajectory_key, step_index, author, action_kind, action_object, text, observation,
-               list_transform(coalesce(tool_calls, []), lambda c: c.arguments) AS args
-        FROM redacted_steps WHERE author = 'model' OR action_kind = 'submit' OR observation LIKE '%diff --git%'
-        ORDER BY trajectory_key, step_index""").to_pylist()
-    by_key: dict[str, EpisodeFeatures] = {}
-    for e in eps:
-        f = EpisodeFeatures(e["trajectory_key"], repository=e["repository"], base_commit=e["base_commit"],
-                            base_commit_at=e["base_commit_at"],
-                            task_id=e["task_id"], instance_id=e["instance_id"],
-                            failing_tests=sorted(set(e["failing"] or [])), issue_created_at=e["issue_created_at"],
-                            fix_merged_at=e["fix_merged_at"], started_at=e["started_at"], resolved=e["resolved"],
-                            n_steps=e["n_steps"])
-        meta = e["metadata"] or ""
-        m = _PATCH.search(meta.replace("\\n", "\n")) if "diff --git" in meta else None
-        if m:
-            f.patch = m.group(0)
-        by_key[f.key] = f
-    text_parts: dict[str, list[str]] = {}
+
+def _episode_features(e: dict) -> EpisodeFeatures:
+    f = EpisodeFeatures(e["trajectory_key"], repository=e["repository"], base_commit=e["base_commit"],
+                        base_commit_at=e["base_commit_at"], task_id=e["task_id"], instance_id=e["instance_id"],
+                        failing_tests=sorted(set(e["failing"] or [])), issue_created_at=e["issue_created_at"],
+                        fix_merged_at=e["fix_merged_at"], started_at=e["started_at"], resolved=e["resolved"],
+                        n_steps=e["n_steps"])
+    meta = e["metadata"] or ""
+    m = _PATCH.search(meta.replace("\\n", "\n")) if "diff --git" in meta else None
+    if m:
+        f.patch = m.group(0)
+    return f
+
+
+def _add_steps(f: EpisodeFeatures, steps: list[dict]) -> None:
+    parts: list[str] = []
+    size = 0
     for s in steps:
-        f = by_key.get(s["trajectory_key"])
-        if f is None:
-            continue
         if s["author"] == "model":
             if s["action_kind"]:
                 obj = normalize_object(s["action_object"])
                 f.actions.append(f"{s['action_kind']}:{obj}")
                 if s["action_kind"] == "edit" and obj:
                     f.touched_files.append(obj)
-            if s["text"]:
-                parts = text_parts.setdefault(f.key, [])
-                if sum(len(p) for p in parts) < MAX_TEXT:
-                    parts.append(s["text"])
+            if s["text"] and size < MAX_TEXT:
+                parts.append(s["text"])
+                size += len(s["text"])
         for blob in [s["observation"] or "", *(a or "" for a in s["args"] or [])]:
             if "diff --git" in blob and f.patch is None:
                 f.patch = _PATCH.search(blob.replace("\\n", "\n")).group(0)
-    for key, parts in text_parts.items():
-        by_key[key].text = "\n".join(parts)[:MAX_TEXT]
-    for f in by_key.values():
-        f.touched_files = sorted(set(f.touched_files))
-    return list(by_key.values())
+    f.text = "\n".join(parts)[:MAX_TEXT]
+    f.touched_files = sorted(set(f.touched_files))
+
+
+def stream_features(wh: Warehouse, batch_id: str | None = None) -> Iterator[tuple[EpisodeFeatures, list[dict]]]:
+    """(features, the steps they were read from) of every redacted episode (of one batch), in
+    trajectory-key order, one episode's steps in memory at a time (DuckDB sorts and spills)."""
+    where, params = ("", None) if batch_id is None else ("WHERE _batch_id = ?", [batch_id])
+    step_where = "" if batch_id is None else "AND _batch_id = ?"
+    episodes = wh.stream(_EPISODES_SQL.format(where=where), params, batch_rows=2_000)
+    step_stream = wh.stream(_STEPS_SQL.format(where=step_where), params)
+    try:
+        steps = (s for batch in step_stream for s in batch)
+        pending = next(steps, None)
+        for batch in episodes:
+            for e in batch:
+                f, mine = _episode_features(e), []
+                while pending is not None and pending["trajectory_key"] < f.key:
+                    pending = next(steps, None)
+                while pending is not None and pending["trajectory_key"] == f.key:
+                    mine.append(pending)
+                    pending = next(steps, None)
+                _add_steps(f, mine)
+                yield f, mine
+    finally:
+        step_stream.close()
+        episodes.close()
+
+
+def load_features(wh: Warehouse) -> list[EpisodeFeatures]:
+    """Features of every redacted episode, ordered by trajectory key (input order never matters)."""
+    return [f for f, _ in stream_features(wh)]
 
 
 def action_shingles(actions: list[str], k: int = 3) -> list[str]:

@@ -136,7 +136,7 @@ def episode_keys(f: EpisodeFeatures, repo: str | None, cfg: GroupConfig, cluster
     if "touched_file" in cfg.keys:
         keys += [f"file:{scope}:{p}" for p in f.touched_files]
     if "patch_symbol" in cfg.keys:
-        keys += [f"symbol:{scope}:{s}" for s in patch_symbols(f.patch)]
+        keys += [f"symbol:{scope}:{s}" for s in (f.symbols if f.symbols is not None else patch_symbols(f.patch))]
     if "near_dup" in cfg.keys and cluster:
         keys.append(f"cluster:{cluster}")
     if repo and (cfg.whole_repository or (cfg.repository_fallback and not (task or f.base_commit))):
@@ -228,10 +228,17 @@ def assign_groups(features: list[EpisodeFeatures], cfg: GroupConfig = GroupConfi
     for f in features:
         if any(k in cut for k in keys_of[f.key]):
             flags_of[f.key].append("weak_link_cut")
-    # a group's id: digest of its smallest member key (independent of input order)
+    # a group's id: digest of its smallest task (independent of input order, and stable when new
+    # attempts of its tasks arrive: only a merge with a task that sorts first renames a group);
+    # groups that would share it (tasks that are not a grouping key) take their smallest member too
     group_of = {}
-    for keys in _members({k: merged[g] for k, g in strong.items()}).values():
-        gid = "g-" + ids.digest(min(keys))[:16]
+    members = list(_members({k: merged[g] for k, g in strong.items()}).values())
+    first_task = [min(task_of[k] for k in keys) for keys in members]
+    taken: dict[str, int] = {}
+    for t in first_task:
+        taken[t] = taken.get(t, 0) + 1
+    for keys, t in zip(members, first_task, strict=True):
+        gid = "g-" + ids.digest(t if taken[t] == 1 else f"{t}\x1f{min(keys)}")[:16]
         for k in keys:
             group_of[k] = gid
     return GroupResult(group_of, keys_of, flags_of, repo_of, dropped, cut)

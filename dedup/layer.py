@@ -18,19 +18,24 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
+import orjson
+import pyarrow as pa
+
 from dedup.components import components_uf
-from dedup.features import EpisodeFeatures, action_shingles, load_features, text_shingles
-from dedup.groups import GroupConfig, assign_groups
-from dedup.leaks import RULE_VERSION, find_leaks
+from dedup.features import EpisodeFeatures, action_shingles, stream_features, text_shingles
+from dedup.groups import GroupConfig, assign_groups, patch_symbols
+from dedup.leaks import RULE_VERSION, LeakFlag, episode_leaks
 from dedup.minhash import MinHashParams, lsh_pairs, signatures
 from dedup.splits import SPLIT_VERSION, SplitConfig, assign_splits
 from lineage.catalog import Warehouse, now_utc
 from lineage.rebuild import inputs_fingerprint, is_current, mark_running, replace_tables, run_row
 from schemas import ids
-from schemas.tables import LeakFlagRow, NearDupClusterRow, SplitRow, TaskGroupRow
+from schemas.arrow import arrow_schema
+from schemas.tables import EpisodeFeatureRow, LeakFlagRow, NearDupClusterRow, SplitRow, TaskGroupRow
 
 TRANSFORM = "curate"
-CURATE_VERSION = "2.0.0"  # 2.0: capped weak merges, held-out rules
+CURATE_VERSION = "2.1.0"  # 2.0: capped weak merges, held-out rules; 2.1: group id from its first task
 TABLES = ("near_dup_clusters", "task_groups", "splits", "leak_flags")
 
 
@@ -59,22 +64,44 @@ class Clusters:
     similarity: dict[str, float] = field(default_factory=dict)
 
 
+def sign(features: list[EpisodeFeatures], cfg: CurateConfig = CurateConfig()) -> None:
+    """Fill what near-duplicate search and grouping need from an episode's text, once: the exact
+    digest, the MinHash signatures of its action and text shingles, the patch's symbols. The
+    curate stage stores them per batch (``episode_features``), so a new batch signs only itself."""
+    todo = [f for f in features if not f.signed]
+    for f in todo:
+        f.exact = ids.digest([f.actions, f.text]) if f.actions or f.text else None
+        if f.symbols is None:
+            f.symbols = patch_symbols(f.patch)
+    for attr, docs in (
+        ("action_sig", [action_shingles(f.actions, cfg.action_k) if len(f.actions) >= cfg.min_actions else []
+                        for f in todo]),
+        ("text_sig", [text_shingles(f.text, cfg.text_k) for f in todo]),
+    ):
+        present = [i for i, d in enumerate(docs) if d]  # empty documents are nobody's duplicate
+        sigs = signatures([docs[i] for i in present], cfg.minhash)
+        for row, i in enumerate(present):
+            setattr(todo[i], attr, sigs[row])
+    for f in todo:
+        f.signed = True
+
+
 def near_duplicates(features: list[EpisodeFeatures], cfg: CurateConfig = CurateConfig()) -> Clusters:
     """Exact duplicates, near-duplicate action sequences and near-duplicate text, as clusters."""
+    sign(features, cfg)
     keys = [f.key for f in features]
     edges: list[tuple[str, str, str, float]] = []
     exact: dict[str, list[str]] = {}
     for f in features:
-        if f.actions or f.text:
-            exact.setdefault(ids.digest([f.actions, f.text]), []).append(f.key)
+        if f.exact:
+            exact.setdefault(f.exact, []).append(f.key)
     for group in exact.values():
         edges += [(group[0], k, "exact", 1.0) for k in group[1:]]
-    for signal, docs in (
-        ("actions", [action_shingles(f.actions, cfg.action_k) if len(f.actions) >= cfg.min_actions else [] for f in features]),
-        ("text", [text_shingles(f.text, cfg.text_k) for f in features]),
-    ):
-        present = [i for i, d in enumerate(docs) if d]  # empty documents are nobody's duplicate
-        sigs = signatures([docs[i] for i in present], cfg.minhash)
+    for signal, attr in (("actions", "action_sig"), ("text", "text_sig")):
+        present = [i for i, f in enumerate(features) if getattr(f, attr) is not None]
+        if len(present) < 2:
+            continue
+        sigs = np.stack([getattr(features[i], attr) for i in present])
         for i, j in lsh_pairs(sigs, cfg.minhash):
             sim = float((sigs[i] == sigs[j]).mean())
             edges.append((keys[present[i]], keys[present[j]], signal, sim))
@@ -145,6 +172,7 @@ def curate(features: list[EpisodeFeatures], leaks: list, cfg: CurateConfig, run_
     return rows
 
 
+_FEATURE_SCHEMA = arrow_schema(EpisodeFeatureRow)
 _MODELS = {"near_dup_clusters": NearDupClusterRow, "task_groups": TaskGroupRow, "splits": SplitRow,
            "leak_flags": LeakFlagRow}
 
@@ -162,31 +190,153 @@ class CurateSummary:
     held_out: int = 0
     splits: dict[str, int] = field(default_factory=dict)
     leaks: int = 0
+    batches_featurized: int = 0
+    episodes_featurized: int = 0
+    moved: dict[str, int] = field(default_factory=dict)  # "train->test": episodes that changed side
+
+
+FEATURES_VERSION = "1.0.0"
+
+
+def features_version(cfg: CurateConfig) -> str:
+    """What a stored ``episode_features`` file was computed with (its batch's inputs are added)."""
+    return (f"features@{FEATURES_VERSION};{cfg.minhash.describe()};k={cfg.action_k}/{cfg.text_k};"
+            f"min_actions={cfg.min_actions};leaks={RULE_VERSION}")
+
+
+def _sig_bytes(sig: Any) -> bytes | None:
+    return None if sig is None else np.asarray(sig, dtype="<u4").tobytes()
+
+
+def feature_row(f: EpisodeFeatures, leaks: list[LeakFlag], lineage: dict[str, Any]) -> dict[str, Any]:
+    return {"trajectory_key": f.key, "repository": f.repository, "base_commit": f.base_commit,
+            "base_commit_at": f.base_commit_at, "task_id": f.task_id, "instance_id": f.instance_id,
+            "failing_tests": f.failing_tests, "touched_files": f.touched_files, "patch_symbols": f.symbols or [],
+            "issue_created_at": f.issue_created_at, "fix_merged_at": f.fix_merged_at, "started_at": f.started_at,
+            "resolved": f.resolved, "n_steps": f.n_steps, "exact_digest": f.exact,
+            "action_signature": _sig_bytes(f.action_sig), "text_signature": _sig_bytes(f.text_sig),
+            "leaks": orjson.dumps([[x.step_id, x.step_index, x.kind, x.evidence] for x in leaks]).decode()
+            if leaks else None, **lineage}
+
+
+def stored_features(wh: Warehouse) -> tuple[list[EpisodeFeatures], list[LeakFlag]]:
+    """Every episode's stored features (signed, without text) and leak flags, by trajectory key."""
+    features: list[EpisodeFeatures] = []
+    leaks: list[LeakFlag] = []
+    for batch in wh.stream("SELECT * EXCLUDE (_batch_id, _run_id, _transform, _transform_version) "
+                           "FROM episode_features ORDER BY trajectory_key", batch_rows=5_000):
+        for r in batch:
+            f = EpisodeFeatures(
+                r["trajectory_key"], repository=r["repository"], base_commit=r["base_commit"],
+                base_commit_at=r["base_commit_at"], task_id=r["task_id"], instance_id=r["instance_id"],
+                failing_tests=r["failing_tests"], touched_files=r["touched_files"], issue_created_at=r["issue_created_at"],
+                fix_merged_at=r["fix_merged_at"], started_at=r["started_at"], resolved=r["resolved"],
+                n_steps=r["n_steps"], symbols=r["patch_symbols"], exact=r["exact_digest"], signed=True)
+            if r["action_signature"] is not None:
+                f.action_sig = np.frombuffer(r["action_signature"], dtype="<u4")
+            if r["text_signature"] is not None:
+                f.text_sig = np.frombuffer(r["text_signature"], dtype="<u4")
+            features.append(f)
+            if r["leaks"]:
+                leaks += [LeakFlag(f.key, *x) for x in orjson.loads(r["leaks"])]
+    return features, leaks
+
+
+def _featurize(wh: Warehouse, session: Any, cfg: CurateConfig, run_id: str, full: bool,
+               progress: Callable[[str], None] | None, chunk: int = 2_000) -> tuple[int, int]:
+    """Compute and store ``episode_features`` for every redacted batch that is new or changed
+    since its features were stored (all with ``full``); drop those of batches that are gone.
+    Streams each batch's episodes in key order and writes a file per ``chunk`` episodes, so
+    memory holds one chunk. Returns (batches featurized, episodes)."""
+    fv = features_version(cfg)
+    sources = {r["batch_id"]: ids.digest(r["shas"])[:16] for r in wh.query(
+        "SELECT batch_id, string_agg(sha256, ',' ORDER BY sha256) AS shas FROM table_files "
+        "WHERE table_name IN ('redacted_episodes', 'redacted_steps') GROUP BY batch_id").to_pylist()}
+    built = {r["batch_id"]: r["v"] for r in wh.query(
+        "SELECT batch_id, any_value(transform_version) AS v FROM table_files WHERE table_name = 'episode_features' "
+        "GROUP BY batch_id").to_pylist()}
+    gone = [b for b in built if b not in sources]
+    if gone:
+        session.commit(removed=[wh.root / p for p in wh.query(
+            "SELECT path FROM table_files WHERE table_name = 'episode_features' AND list_contains(?, batch_id)",
+            [gone]).column(0).to_pylist()], run_id=run_id)
+    done = episodes = 0
+    for batch_id, src in sorted(sources.items()):
+        version = f"{fv};inputs={src}"
+        if not full and built.get(batch_id) == version:
+            continue
+        if progress:
+            progress(f"features of batch {batch_id}")
+        lineage = {"_batch_id": batch_id, "_run_id": run_id, "_transform": "features", "_transform_version": version}
+        files, pending = [], []
+
+        def flush() -> None:
+            sign([f for f, _ in pending], cfg)
+            rows = [feature_row(f, lk, lineage) for f, lk in pending]
+            files.append(session.write("episode_features", pa.Table.from_pylist(rows, schema=_FEATURE_SCHEMA)))
+            pending.clear()
+
+        for f, steps in stream_features(wh, batch_id):
+            pending.append((f, episode_leaks(f.key, steps)))
+            episodes += 1
+            if len(pending) >= chunk:
+                flush()
+        if pending or not files:
+            flush()
+        old = [wh.root / p for p in wh.query("SELECT path FROM table_files WHERE table_name = 'episode_features' "
+                                            "AND batch_id = ?", [batch_id]).column(0).to_pylist()]
+        session.commit(files, removed=old, batch_id=batch_id, run_id=run_id, transform_version=version)
+        done += 1
+    return done, episodes
+
+
+_SIDE = {"train": "train", "valid": "eval", "test": "eval", "held_out": "held_out"}
+
+
+def count_moves(before: dict[str, str], after: dict[str, str]) -> dict[str, int]:
+    """Episodes that an earlier curation put on one side (train, evaluation, held out) and this
+    one puts on another, by direction ("train->test"). A group merge, or a group renamed by a
+    merge, can move episodes; the curate run reports them, never silently."""
+    moved: dict[str, int] = {}
+    for key, new in after.items():
+        old = before.get(key)
+        if old is not None and _SIDE.get(old, old) != _SIDE.get(new, new):
+            moved[f"{old}->{new}"] = moved.get(f"{old}->{new}", 0) + 1
+    return dict(sorted(moved.items()))
+
+
+def _previous_splits(wh: Warehouse) -> dict[str, str]:
+    if not wh.query("SELECT count(*) FROM table_files WHERE table_name = 'splits'").column(0)[0].as_py():
+        return {}
+    data = wh.query("SELECT trajectory_key, split FROM splits").to_pydict()
+    return dict(zip(data["trajectory_key"], data["split"], strict=True))
 
 
 def curate_warehouse(wh: Warehouse, *, run_id: str, cfg: CurateConfig = CurateConfig(), full: bool = False,
                      lock_timeout: float = 60.0, progress: Callable[[str], None] | None = None) -> CurateSummary:
+    """Features per batch (only the batches that changed), then the global steps over the stored
+    features of every episode: clusters, groups, splits and leak flags, swapped in one commit."""
     summary = CurateSummary(run_id)
     started = now_utc()
     with wh.write_session("curate", timeout=lock_timeout) as session:
         mark_running(session, run_id, "curate", started)
-        version = f"{cfg.version()};inputs={inputs_fingerprint(wh, ['redacted_episodes', 'redacted_steps'])}"
+        summary.batches_featurized, summary.episodes_featurized = _featurize(wh, session, cfg, run_id, full, progress)
+        version = f"{cfg.version()};inputs={inputs_fingerprint(wh, ['episode_features'])}"
         if not full and is_current(wh, "splits", version):
             summary.skipped = True
             session.upsert_rows("runs", [run_row(run_id, "curate", started, params={"version": version, "skipped": True},
                                                  counts=summary.__dict__, code_version=f"{TRANSFORM}@{CURATE_VERSION}")])
             return summary
         if progress:
-            progress("reading features")
-        features = load_features(wh)
-        if progress:
-            progress("finding leaks")
-        leaks = find_leaks(wh)
+            progress("reading stored features")
+        features, leaks = stored_features(wh)
         if progress:
             progress("clustering, grouping, splitting")
         rows = curate(features, leaks, cfg, run_id)
+        del features
+        summary.moved = count_moves(_previous_splits(wh), {r["trajectory_key"]: r["split"] for r in rows["splits"]})
         replace_tables(session, rows, _MODELS, run_id=run_id, version=version)
-        summary.episodes = len(features)
+        summary.episodes = len(rows["splits"])
         summary.clusters = len({r["cluster_id"] for r in rows["near_dup_clusters"]})
         summary.duplicates = sum(1 for r in rows["near_dup_clusters"] if r["cluster_size"] > 1)
         summary.groups = len({r["group_id"] for r in rows["task_groups"]})

@@ -38,30 +38,35 @@ class LeakFlag:
     evidence: str
 
 
-def find_leaks(wh: Warehouse) -> list[LeakFlag]:
-    rows = wh.query("""
-        SELECT trajectory_key, step_id, step_index, author, action_command, action_object, observation,
-               list_transform(coalesce(tool_calls, []), lambda c: c.arguments) AS args
-        FROM redacted_steps
-        WHERE (author = 'model' AND (action_kind IN ('run', 'read', 'search', 'browse', 'edit')
-                                     OR action_command IS NOT NULL))
-           OR (author = 'environment' AND observation LIKE '%origin/%')
-        ORDER BY trajectory_key, step_index""").to_pylist()
+_ACTION_KINDS = ("run", "read", "search", "browse", "edit")
+
+
+def episode_leaks(key: str, steps: list[dict]) -> list[LeakFlag]:
+    """Leak flags of one episode from its steps (``dedup.features`` step rows, in order)."""
     out: list[LeakFlag] = []
-    seen: set[tuple[str, int, str]] = set()
-    for r in rows:
+    seen: set[tuple[int, str]] = set()
+    for r in steps:
         if r["author"] == "model":
+            if not (r["action_kind"] in _ACTION_KINDS or r["action_command"] is not None):
+                continue
             texts = [r["action_command"] or "", r["action_object"] or "", *(a or "" for a in r["args"] or [])]
             for kind, rule in _COMMAND_RULES:
                 for text in texts:
                     m = rule.search(text)
-                    if m and (r["trajectory_key"], r["step_index"], kind) not in seen:
-                        seen.add((r["trajectory_key"], r["step_index"], kind))
-                        out.append(LeakFlag(r["trajectory_key"], r["step_id"], r["step_index"], kind, m.group(0)[:200]))
+                    if m and (r["step_index"], kind) not in seen:
+                        seen.add((r["step_index"], kind))
+                        out.append(LeakFlag(key, r["step_id"], r["step_index"], kind, m.group(0)[:200]))
                         break
-        else:
+        elif r["author"] == "environment":
             m = _REMOTE_IN_OUTPUT.search(r["observation"] or "")
-            if m and (r["trajectory_key"], r["step_index"], "future_in_output") not in seen:
-                seen.add((r["trajectory_key"], r["step_index"], "future_in_output"))
-                out.append(LeakFlag(r["trajectory_key"], r["step_id"], r["step_index"], "future_in_output", m.group(0)))
+            if m and (r["step_index"], "future_in_output") not in seen:
+                seen.add((r["step_index"], "future_in_output"))
+                out.append(LeakFlag(key, r["step_id"], r["step_index"], "future_in_output", m.group(0)))
     return out
+
+
+def find_leaks(wh: Warehouse) -> list[LeakFlag]:
+    """Leak flags of every redacted episode (the curate stage computes them batch by batch)."""
+    from dedup.features import stream_features
+
+    return [flag for f, steps in stream_features(wh) for flag in episode_leaks(f.key, steps)]

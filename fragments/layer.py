@@ -22,6 +22,7 @@ from fragments.select import RULES_VERSION, Fragment, SelectConfig, select_fragm
 from fragments.task_stats import StatsConfig, task_statistics
 from lineage.catalog import Warehouse, now_utc
 from lineage.rebuild import TableSetWriter, inputs_fingerprint, is_current, mark_running, run_row
+from schemas import ids
 from schemas.tables import FragmentRow, OutcomeRow, TaskStatsRow
 
 TRANSFORM = "fragments"
@@ -38,6 +39,7 @@ class FragmentSummary:
     tasks: int = 0
     fragments: dict[str, int] = field(default_factory=dict)
     withheld: dict[str, int] = field(default_factory=dict)  # episodes giving no fragments, by why
+    rebuilt: int | None = None  # an incremental run: the episodes it redid (None: all of them)
 
 
 def version(cfg: StatsConfig, sel: SelectConfig) -> str:
@@ -74,23 +76,44 @@ def fragment_row(f: Fragment, steps: list[dict], step_id: dict[int, str], sel: S
         "tests_before": list(f.tests_before), "tests_after": list(f.tests_after), "rules_version": RULES_VERSION}
 
 
+_LEAK_KINDS = """(SELECT trajectory_key, list(DISTINCT kind ORDER BY kind) AS kinds FROM leak_flags
+                  WHERE kind <> 'fix_after_cutoff' GROUP BY trajectory_key)"""
+# joins, not a correlated subquery: at 107,000 episodes DuckDB runs these within the stream's
+# memory limit (spilling the sort), where the subquery ran out of memory
 _EPISODES_SQL = """
-    SELECT e.*, c.weight AS dedup_weight, s.split,
-           coalesce((SELECT list(DISTINCT l.kind ORDER BY l.kind) FROM leak_flags l
-                     WHERE l.trajectory_key = e.trajectory_key AND l.kind <> 'fix_after_cutoff'), []) AS leak_kinds
+    SELECT e.*, c.weight AS dedup_weight, s.split, coalesce(l.kinds, []) AS leak_kinds
     FROM redacted_episodes e
     LEFT JOIN near_dup_clusters c USING (trajectory_key) LEFT JOIN splits s USING (trajectory_key)
-    ORDER BY e.trajectory_key"""
+    LEFT JOIN """ + _LEAK_KINDS + """ l USING (trajectory_key)
+    {where} ORDER BY e.trajectory_key"""
 _STEPS_SQL = """
     SELECT trajectory_key, step_id, step_index, author, role, text, observation, exit_code,
            action_kind, action_object, action_command, test_results,
            json_extract(metadata, '$.tests_summary') AS tests_summary
-    FROM redacted_steps ORDER BY trajectory_key, step_index"""
+    FROM redacted_steps {where} ORDER BY trajectory_key, step_index"""
+#: what an episode's outcome and fragments are made from, per episode (its batch's redacted files
+#: stand for its rows); the task expression is the one task_stats groups by
+_INPUTS_SQL = """
+    SELECT e.trajectory_key, e._batch_id AS batch_id, c.weight, s.split,
+           coalesce(l.kinds, []) AS leak_kinds,
+           coalesce(nullif(e.task_id, ''), nullif(e.instance_id, ''), 'episode:' || e.trajectory_key) AS task
+    FROM redacted_episodes e
+    LEFT JOIN near_dup_clusters c USING (trajectory_key) LEFT JOIN splits s USING (trajectory_key)
+    LEFT JOIN """ + _LEAK_KINDS + """ l USING (trajectory_key)"""
+_KEYS = "(SELECT unnest(?::VARCHAR[]))"
 
 
-def _episodes_with_steps(wh: Warehouse):
-    """(episode, its steps) in trajectory-key order, merged from two ordered streams."""
-    step_stream, episode_stream = wh.stream(_STEPS_SQL), wh.stream(_EPISODES_SQL, batch_rows=2_000)
+def _episodes_with_steps(wh: Warehouse, keys: list[str] | None = None):
+    """(episode, its steps) in trajectory-key order, merged from two ordered streams (only the
+    episodes in ``keys`` when given)."""
+    params = None if keys is None else [keys]
+    # both queries run in one DuckDB instance and share its memory limit (each alone fits in 384 MB
+    # at 107,000 episodes; side by side they did not)
+    limit = "640MB"
+    step_stream = wh.stream(_STEPS_SQL.format(where="" if keys is None else f"WHERE trajectory_key IN {_KEYS}"), params,
+                            memory_limit=limit)
+    episode_stream = wh.stream(_EPISODES_SQL.format(where="" if keys is None else f"WHERE e.trajectory_key IN {_KEYS}"),
+                               params, batch_rows=2_000, memory_limit=limit)
     try:
         steps = (s for batch in step_stream for s in batch)
         pending = next(steps, None)
@@ -110,8 +133,76 @@ def _episodes_with_steps(wh: Warehouse):
         episode_stream.close()
 
 
+def episode_inputs(wh: Warehouse) -> dict[str, tuple[str, str]]:
+    """Trajectory key -> (digest of its inputs, its task), for every redacted episode."""
+    batches = {r["batch_id"]: r["shas"] for r in wh.query(
+        "SELECT batch_id, string_agg(sha256, ',' ORDER BY sha256) AS shas FROM table_files "
+        "WHERE table_name IN ('redacted_episodes', 'redacted_steps') GROUP BY batch_id").to_pylist()}
+    src = {b: ids.digest(v)[:16] for b, v in batches.items()}
+    out = {}
+    for batch in wh.stream(_INPUTS_SQL, batch_rows=50_000):
+        for r in batch:
+            out[r["trajectory_key"]] = (ids.digest([src.get(r["batch_id"]), r["weight"], r["split"], r["leak_kinds"]])[:16],
+                                        r["task"])
+    return out
+
+
+def _previous(wh: Warehouse, rules: str) -> dict[str, tuple[str, str]]:
+    """What the stored tables were made from, when they were made by these rules (else nothing:
+    everything is rebuilt)."""
+    versions = wh.query("SELECT DISTINCT transform_version FROM table_files WHERE list_contains(?, table_name)",
+                        [list(TABLES)]).column(0).to_pylist()
+    if not versions or any(v.split(";inputs=")[0] != rules for v in versions):
+        return {}
+    rows = wh.query("""SELECT o.trajectory_key, o.inputs_digest,
+                              coalesce(nullif(e.task_id, ''), nullif(e.instance_id, ''), 'episode:' || o.trajectory_key) AS task
+                       FROM outcomes o LEFT JOIN redacted_episodes e USING (trajectory_key)""").to_pylist()
+    if any(r["inputs_digest"] is None for r in rows):
+        return {}
+    return {r["trajectory_key"]: (r["inputs_digest"], r["task"]) for r in rows}
+
+
+def _kept(wh: Warehouse, writer: TableSetWriter, redo: list[str], redo_tasks: list[str]) -> list[dict]:
+    """Copy the rows of episodes (and tasks) that need no rebuild as they are; return the
+    task-statistics inputs of the kept episodes of the tasks that do."""
+    for table in ("outcomes", "fragments"):
+        for rb in wh.stream(f"SELECT * FROM {table} WHERE trajectory_key NOT IN {_KEYS}", [redo],
+                            batch_rows=50_000, arrow=True):
+            writer.add_arrow(table, rb)
+    for rb in wh.stream(f"SELECT * FROM task_stats WHERE task_id NOT IN {_KEYS}", [redo_tasks],
+                        batch_rows=50_000, arrow=True):
+        writer.add_arrow("task_stats", rb)
+    return wh.query(f"""
+        SELECT o.trajectory_key, t.task AS task_id, o.cause, e.policy_name, e.harness_name, e.started_at
+        FROM outcomes o JOIN redacted_episodes e USING (trajectory_key)
+        JOIN (SELECT trajectory_key, coalesce(nullif(task_id, ''), nullif(instance_id, ''), 'episode:' || trajectory_key)
+                     AS task FROM redacted_episodes) t USING (trajectory_key)
+        WHERE o.trajectory_key NOT IN {_KEYS} AND t.task IN (SELECT unnest(?::VARCHAR[]))
+        ORDER BY o.trajectory_key""", [redo, redo_tasks]).to_pylist()
+
+
+def _totals(wh: Warehouse, summary: FragmentSummary, sel: SelectConfig) -> None:
+    """The summary's counts over the whole tables (an incremental run rebuilt only some episodes)."""
+    summary.causes = {r["cause"]: r["n"] for r in wh.query(
+        "SELECT cause, count(*) AS n FROM outcomes GROUP BY ALL ORDER BY 1").to_pylist()}
+    summary.fragments = {r["kind"]: r["n"] for r in wh.query(
+        "SELECT kind, count(*) AS n FROM fragments GROUP BY ALL ORDER BY 1").to_pylist()}
+    summary.withheld = {}
+    for r in wh.query(_INPUTS_SQL).select(["split", "leak_kinds"]).to_pylist():
+        if not gives_fragments(r["split"], r["leak_kinds"], sel):
+            why = "leak_flagged" if r["split"] == "train" else r["split"]
+            summary.withheld[why] = summary.withheld.get(why, 0) + 1
+    summary.tasks = wh.query("SELECT count(DISTINCT task_id) FROM task_stats").column(0)[0].as_py()
+    summary.episodes = wh.query("SELECT count(*) FROM outcomes").column(0)[0].as_py()
+
+
 def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = None, full: bool = False,
                     lock_timeout: float = 60.0, select: SelectConfig | None = None) -> FragmentSummary:
+    """Outcomes, task statistics and fragments. Incremental: an episode is redone only when its
+    inputs changed (its batch's redacted rows, its cluster weight, split or leak flags), a task's
+    statistics only when one of its episodes was; the other rows are kept as they are (with the
+    run that made them), and the three tables are swapped in one commit. The result equals a
+    full rebuild's (a test compares them)."""
     cfg = cfg or StatsConfig()
     sel = select or SelectConfig()
     summary = FragmentSummary(run_id)
@@ -120,26 +211,34 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
         mark_running(session, run_id, "fragments", started)
         inputs = inputs_fingerprint(wh, ["redacted_episodes", "redacted_steps", "near_dup_clusters", "splits",
                                          "leak_flags"])
-        v = f"{version(cfg, sel)};inputs={inputs}"
+        rules = version(cfg, sel)
+        v = f"{rules};inputs={inputs}"
         if not full and is_current(wh, "fragments", v):
             summary.skipped = True
             session.upsert_rows("runs", [run_row(run_id, "fragments", started, params={"version": v, "skipped": True},
                                                  counts=summary.__dict__, code_version=f"{TRANSFORM}@{RULES_VERSION}")])
             return summary
+        current = episode_inputs(wh)
+        previous = {} if full else _previous(wh, rules)
         lineage = {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": v}
         writer = TableSetWriter(session, _MODELS)
-        stat_rows = []
-        # episodes and their steps stream in trajectory-key order, side by side: one episode's
-        # steps in memory at a time, never the layer (DuckDB sorts and spills within its limit)
-        for e, steps in _episodes_with_steps(wh):
+        keys, stat_rows = None, []
+        if previous:
+            keys = sorted(k for k, (d, _) in current.items() if previous.get(k, (None,))[0] != d)
+            gone = [k for k in previous if k not in current]
+            tasks = sorted({current[k][1] for k in keys} | {previous[k][1] for k in keys + gone if k in previous})
+            stat_rows = _kept(wh, writer, keys + gone, tasks)
+            summary.rebuilt = len(keys)
+        for e, steps in _episodes_with_steps(wh, keys):
             summary.episodes += 1
             o = classify_outcome(e, steps)
             writer.add("outcomes", {"trajectory_key": e["trajectory_key"], "outcome": o.outcome, "cause": o.cause,
                                     "policy_failure": o.policy_failure, "quarantined": o.quarantined,
                                     "evidence_field": o.evidence_field, "evidence_step": o.evidence_step,
-                                    "evidence": o.evidence, "rules_version": OUTCOME_RULES_VERSION, **lineage})
+                                    "evidence": o.evidence, "rules_version": OUTCOME_RULES_VERSION,
+                                    "inputs_digest": current[e["trajectory_key"]][0], **lineage})
             summary.causes[o.cause] = summary.causes.get(o.cause, 0) + 1
-            stat_rows.append({"task_id": e["task_id"] or e["instance_id"] or f"episode:{e['trajectory_key']}",
+            stat_rows.append({"trajectory_key": e["trajectory_key"], "task_id": e["task_id"] or e["instance_id"] or f"episode:{e['trajectory_key']}",
                               "cause": o.cause, "policy_name": e["policy_name"], "harness_name": e["harness_name"],
                               "started_at": e["started_at"]})
             step_id = {s["step_index"]: s["step_id"] for s in steps}
@@ -151,10 +250,14 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
                 writer.add("fragments", {**fragment_row(f, steps, step_id, sel), "dedup_weight": e["dedup_weight"],
                                          "split": e["split"], "leak_kinds": e["leak_kinds"], **lineage})
                 summary.fragments[f.kind] = summary.fragments.get(f.kind, 0) + 1
+        if previous:
+            stat_rows.sort(key=lambda r: r["trajectory_key"])  # the order a full run sees them in
         task_stats = [{**r, **lineage} for r in task_statistics(stat_rows, cfg)]
         writer.add("task_stats", task_stats)
         writer.commit(run_id=run_id, version=v)
         summary.tasks = len({r["task_id"] for r in task_stats})
+        if previous:
+            _totals(wh, summary, sel)
         params = {"version": v, "config_digest": cfg.config_digest}
         session.upsert_rows("runs", [run_row(run_id, "fragments", started, params=params,
                                              counts=summary.__dict__, code_version=f"{TRANSFORM}@{RULES_VERSION}")])

@@ -13,7 +13,7 @@ rest of the batch goes on.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from ingest.sessions import find_parts, find_superseded
 from ingest.test_output import parse_test_output
 from ingest.truncation import truncation
 from lineage.catalog import Warehouse, WriteSession, now_utc
+from lineage.parallel import PARALLEL_MIN_ITEMS, ordered_chunks, workers_wanted
 from lineage.rebuild import mark_running, run_row
 from lineage.storage import WrittenFile
 from schemas import ids
@@ -113,6 +114,67 @@ class FactIndex:
         return lambda kind, key: self.index.get((source, kind, key), {})
 
 
+#: records per chunk sent to a worker process (big batches only; lineage.parallel)
+_CHUNK_RECORDS = 32
+_worker_facts: dict | None = None
+
+
+def _facts_lookup(index: dict) -> Callable[[str], Any]:
+    return lambda source: (lambda kind, key: index.get((source, kind, key), {}))
+
+
+def prepare_record(rec: dict[str, Any], facts: Callable[[str], Any], parts: list[bytes] | None = None) -> tuple:
+    """The work on one record that needs nothing but the record (and the facts of companions):
+    decode, parse, check values, compute trajectory keys, annotate steps. Runs in worker
+    processes for big batches. Returns ``("companion",)``, ``("reject", code, reason)`` or
+    ``("ok", adapter, version, [(index, episode or None, key, used, missing, problem), ...])``."""
+    ctx = RecordContext(rec["record_id"], rec["source"], rec["file_path"], rec["line_no"], facts(rec["source"]))
+    adapter = None
+    try:
+        adapter = get_adapter(rec["format"])
+        if adapter.companion:
+            return ("companion",)
+        obj = adapter.decode(rec["payload"])
+        if parts is not None:  # one session in many files: parse them as one
+            obj = adapter.combine([adapter.decode(p) for p in parts])
+        parsed = adapter.parse(obj, ctx)
+    except (InputFormatError, ConfigError, orjson.JSONDecodeError, UnicodeDecodeError) as exc:
+        return ("reject", "invalid_record", str(exc))
+    except Exception as exc:  # noqa: BLE001 - an adapter bug must not stop the batch
+        name = adapter.name if adapter else rec["format"]
+        return ("reject", "adapter_error", f"{name} adapter failed: {type(exc).__name__}: {exc}")
+    out = []
+    for index, pe in enumerate(parsed):
+        problem = bad_value(pe.episode, "episode") or bad_value(pe.steps, "steps") \
+            or bad_value(pe.tool_schemas, "tool_schemas")
+        if problem:  # a value no table can hold: this episode is quarantined, the batch goes on
+            out.append((index, None, None, None, None, problem))
+            continue
+        if pe.tool_schemas and not pe.episode.get("tool_schema_digest"):
+            pe.episode["tool_schema_digest"] = ids.digest(pe.tool_schemas["schema_text"])
+        key, used, missing = ids.trajectory_key(pe.episode, raw_origin=f"{rec['record_id']}:{index}")
+        for step in pe.steps:
+            annotate_step(step)
+            _read_test_output(step)
+            if step.get("author") == "environment":
+                cut = truncation(step.get("observation"))
+                if cut:
+                    step["metadata"] = _with_meta(step.get("metadata"), cut)
+        out.append((index, pe, key, used, missing, None))
+    return ("ok", adapter.name, adapter.version, out)
+
+
+def _init_worker(facts_index: dict) -> None:
+    global _worker_facts
+    _worker_facts = facts_index
+
+
+def _prepare_chunk(recs: list[dict[str, Any]]) -> list[tuple]:
+    assert _worker_facts is not None
+    lookup = _facts_lookup(_worker_facts)
+    return [prepare_record(r, lookup) for r in recs]
+
+
 class _BatchNormalizer:
     def __init__(self, session: WriteSession, batch_id: str, run_id: str, keys: dict[str, str],
                  summary: NormalizeSummary, facts: FactIndex,
@@ -136,51 +198,53 @@ class _BatchNormalizer:
         self.records: dict[str, dict[str, Any]] = {}  # where the buffered rows' records came from
         self.wrote_episodes = False
 
-    def run(self, raw_files: list[Path], progress: Callable[[int], None] | None) -> None:
-        for path in raw_files:
-            pf = pq.ParquetFile(path)
-            for rb in pf.iter_batches(batch_size=256, columns=_RAW_COLUMNS):
-                for rec in rb.to_pylist():
-                    self.record(rec)
-                    if len(self.steps) >= FLUSH_STEPS or self.quarantine_bytes >= FLUSH_QUARANTINE_BYTES:
-                        self.flush()
-                if progress:
-                    progress(rb.num_rows)
+    def run(self, raw_files: list[Path], progress: Callable[[int], None] | None, n_records: int = 0) -> None:
+        def records() -> Iterator[dict[str, Any]]:
+            for path in raw_files:
+                for rb in pq.ParquetFile(path).iter_batches(batch_size=256, columns=_RAW_COLUMNS):
+                    yield from rb.to_pylist()
+
+        n_workers = workers_wanted()
+        if n_workers < 2 or n_records < PARALLEL_MIN_ITEMS:
+            prepared: Iterator[tuple[dict[str, Any], tuple | None]] = ((r, None) for r in records())
+        else:  # decode, parse and annotate in worker processes; keys, order and writes stay here
+            prepared = ((r, p) for recs, results in ordered_chunks(
+                _prepare_chunk, records(), chunk=_CHUNK_RECORDS, workers=n_workers, initializer=_init_worker,
+                initargs=(self.facts.index,)) for r, p in zip(recs, results, strict=True))
+        done = 0
+        for rec, result in prepared:
+            self.record(rec, result)
+            if len(self.steps) >= FLUSH_STEPS or self.quarantine_bytes >= FLUSH_QUARANTINE_BYTES:
+                self.flush()
+            done += 1
+            if progress and done % 256 == 0:
+                progress(256)
+        if progress and done % 256:
+            progress(done % 256)
         self.flush(final=True)
 
-    def record(self, rec: dict[str, Any]) -> None:
+    def record(self, rec: dict[str, Any], prepared: tuple | None = None) -> None:
         self.summary.records += 1
         self.records[rec["record_id"]] = {k: rec[k] for k in ("source", "file_path", "line_no", "byte_offset", "format")}
         if rec["record_id"] in self.superseded:  # a shorter copy of a session: the longer one is the episode
             self.summary.superseded += 1
             return
-        ctx = RecordContext(rec["record_id"], rec["source"], rec["file_path"], rec["line_no"],
-                            self.facts.lookup(rec["source"]))
-        try:
-            adapter = get_adapter(rec["format"])
-            if adapter.companion:
-                self.summary.companions += 1
-                return
-            obj = adapter.decode(rec["payload"])
-            if rec["record_id"] in self.parts:  # one session in many files: parse them as one
-                obj = adapter.combine([adapter.decode(p) for p in self._payloads(self.parts[rec["record_id"]])])
-            parsed = adapter.parse(obj, ctx)
-        except (InputFormatError, ConfigError, orjson.JSONDecodeError, UnicodeDecodeError) as exc:
-            self.reject(rec, "invalid_record", str(exc))
+        if rec["record_id"] in self.parts:
+            prepared = prepare_record(rec, self.facts.lookup, self._payloads(self.parts[rec["record_id"]]))
+        elif prepared is None:
+            prepared = prepare_record(rec, self.facts.lookup)
+        if prepared[0] == "companion":
+            self.summary.companions += 1
             return
-        except Exception as exc:  # noqa: BLE001 - an adapter bug must not stop the batch
-            self.reject(rec, "adapter_error", f"{adapter.name} adapter failed: {type(exc).__name__}: {exc}")
+        if prepared[0] == "reject":
+            self.reject(rec, prepared[1], prepared[2])
             return
+        _, adapter, version, episodes = prepared
         accepted = []
-        for index, pe in enumerate(parsed):
-            problem = bad_value(pe.episode, "episode") or bad_value(pe.steps, "steps") \
-                or bad_value(pe.tool_schemas, "tool_schemas")
-            if problem:  # a value no table can hold: this episode is quarantined, the batch goes on
+        for index, pe, key, used, missing, problem in episodes:
+            if problem:
                 self.reject(rec, "invalid_value", f"episode {index} of this record: {problem}")
                 continue
-            if pe.tool_schemas and not pe.episode.get("tool_schema_digest"):
-                pe.episode["tool_schema_digest"] = ids.digest(pe.tool_schemas["schema_text"])
-            key, used, missing = ids.trajectory_key(pe.episode, raw_origin=f"{rec['record_id']}:{index}")
             owner = self.keys.get(key)
             repeated = any(key == k for _, _, k, _, _ in accepted)
             if repeated or (owner is not None and owner != rec["record_id"]):
@@ -191,7 +255,7 @@ class _BatchNormalizer:
             self.keys[key] = rec["record_id"]
             accepted.append((index, pe, key, used, missing))
         for index, pe, key, used, missing in accepted:
-            self.emit(rec, adapter.name, adapter.version, index, pe, key, used, missing)
+            self.emit(rec, adapter, version, index, pe, key, used, missing)
 
     def _payloads(self, record_ids: list[str]) -> list[bytes]:
         rows = self.session.wh.query("SELECT record_id, payload FROM raw_records WHERE list_contains(?, record_id)",
@@ -221,13 +285,7 @@ class _BatchNormalizer:
             self.edges.append(_edge(key, "episodes", old, "raw_records", {
                 **lineage, "_transform": "assembles" if old in assembled else "supersedes",
                 "_transform_version": NORMALIZE_VERSION}))
-        for step in pe.steps:
-            annotate_step(step)
-            _read_test_output(step)
-            if step.get("author") == "environment":
-                cut = truncation(step.get("observation"))
-                if cut:
-                    step["metadata"] = _with_meta(step.get("metadata"), cut)
+        for step in pe.steps:  # annotated by prepare_record
             sid = ids.step_id(key, step["step_index"])
             self.steps.append({**step, "step_id": sid, "trajectory_key": key, **lineage})
             self.edges.append(_edge(sid, "steps", key, "episodes", lineage))
@@ -350,8 +408,8 @@ def normalize_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, lock_
     """Build ``episodes`` and ``steps`` for every batch that needs it (all batches if ``full``)."""
     summary = NormalizeSummary(run_id)
     started = now_utc()
-    with wh.write_session("build", timeout=lock_timeout) as session:
-        mark_running(session, run_id, "build", started)
+    with wh.write_session("normalize", timeout=lock_timeout) as session:
+        mark_running(session, run_id, "normalize", started)
         batches = wh.query("SELECT batch_id, formats, n_new FROM batches WHERE status = 'committed' "
                            "ORDER BY committed_at, batch_id").to_pylist()
         built = {r["batch_id"]: r["version"] for r in wh.query(
@@ -374,6 +432,7 @@ def normalize_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, lock_
             else:
                 todo.append((b["batch_id"], version))
         rebuilding = {bid for bid, _ in todo}
+        n_new = {b["batch_id"]: b["n_new"] for b in batches}
         keys = {r["trajectory_key"]: r["_record_id"] for r in wh.query(
             "SELECT trajectory_key, _record_id, _batch_id FROM episodes").to_pylist()
             if r["_batch_id"] not in rebuilding}
@@ -382,11 +441,11 @@ def normalize_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, lock_
             on_plan(sum(b["n_new"] for b in batches if b["batch_id"] in rebuilding))
         for batch_id, version in todo:
             worker = _BatchNormalizer(session, batch_id, run_id, keys, summary, facts, superseded, parts, schemas_known)
-            worker.run(wh.files("raw_records", batch_id=batch_id), progress)
+            worker.run(wh.files("raw_records", batch_id=batch_id), progress, n_records=n_new[batch_id])
             session.commit(worker.files, removed=_batch_outputs(wh, batch_id), batch_id=batch_id,
                            run_id=run_id, transform_version=version)
             summary.batches_done += 1
         session.upsert_rows("runs", [run_row(
-            run_id, "build", started, params={"full": full},
+            run_id, "normalize", started, params={"full": full},
             counts={k: v for k, v in summary.__dict__.items() if k != "run_id"}, code_version=f"normalize@{NORMALIZE_VERSION}")])
     return summary

@@ -148,10 +148,10 @@ class Warehouse:
             con.close()
 
     def stream(self, sql: str, params: Sequence[Any] | None = None, *, batch_rows: int = 10_000,
-               memory_limit: str = "384MB") -> Iterator[list[dict[str, Any]]]:
-        """Rows of a read-only query in batches of dicts, never the whole result in memory: DuckDB
-        streams the result (sorting and joining within ``memory_limit``, spilling the rest to a
-        temporary folder under the warehouse)."""
+               memory_limit: str = "384MB", arrow: bool = False) -> Iterator[Any]:
+        """Rows of a read-only query in batches of dicts (Arrow record batches with ``arrow``), never
+        the whole result in memory: DuckDB streams the result (sorting and joining within
+        ``memory_limit``, spilling the rest to a temporary folder under the warehouse)."""
         con = self.connect(read_only=True)
         try:
             spill = self.root / ".tmp"
@@ -162,7 +162,7 @@ class Warehouse:
                 con.execute(f"SET temp_directory = '{_sql_str(str(spill))}'")
             reader = con.sql(sql, params=list(params or [])).fetch_record_batch(batch_rows)
             for rb in reader:
-                yield rb.to_pylist()
+                yield rb if arrow else rb.to_pylist()
         finally:
             con.close()
 

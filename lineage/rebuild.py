@@ -19,10 +19,11 @@ from schemas import ids
 from schemas.arrow import arrow_schema
 
 
-def inputs_fingerprint(wh: Warehouse, tables: list[str]) -> str:
-    """Digest of the content hashes of every file of ``tables`` (any change -> a new digest)."""
-    shas = wh.query("SELECT string_agg(sha256, ',' ORDER BY sha256) FROM table_files WHERE list_contains(?, table_name)",
-                    [tables]).column(0)[0].as_py() or ""
+def inputs_fingerprint(wh: Warehouse, tables: list[str], where: str = "") -> str:
+    """Digest of the content hashes of every file of ``tables`` (any change -> a new digest);
+    ``where``: a further condition on ``table_files`` rows (e.g. only one stage's edges)."""
+    shas = wh.query("SELECT string_agg(sha256, ',' ORDER BY sha256) FROM table_files WHERE list_contains(?, table_name)"
+                    + (f" AND ({where})" if where else ""), [tables]).column(0)[0].as_py() or ""
     return ids.digest(shas)[:16]
 
 
@@ -44,7 +45,7 @@ class TableSetWriter:
     """Rows of a set of tables written file by file as they come (bounded memory), then swapped in
     for the tables' old files in one catalog commit; a crash before it leaves the old tables."""
 
-    def __init__(self, session: WriteSession, models: dict[str, type[BaseModel]], flush_rows: int = 50_000):
+    def __init__(self, session: WriteSession, models: dict[str, type[BaseModel]], flush_rows: int = 10_000):
         self.session, self.models, self.flush_rows = session, models, flush_rows
         self.buffers: dict[str, list[dict[str, Any]]] = {t: [] for t in models}
         self.files: list[Any] = []
@@ -58,6 +59,13 @@ class TableSetWriter:
             buf.extend(rows)
         if len(buf) >= self.flush_rows:
             self._flush(table)
+
+    def add_arrow(self, table: str, data: pa.Table | pa.RecordBatch) -> None:
+        """Rows already in Arrow (kept rows of an incremental rebuild): written as they are."""
+        if data.num_rows:
+            data = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
+            self.files.append(self.session.write(table, data))
+            self.written.add(table)
 
     def _flush(self, table: str) -> None:
         buf = self.buffers[table]

@@ -136,7 +136,11 @@ def curated(context: dg.AssetExecutionContext, config: CurateAssetConfig, wareho
                                                                         "episodes_in_dup_clusters": s.duplicates})
     yield dg.MaterializeResult(asset_key="task_groups", metadata={
         **common, "groups": s.groups, "largest_group": s.largest_group, "episodes_with_weak_key_dropped": s.weak_key_episodes})
-    yield dg.MaterializeResult(asset_key="splits", metadata={**common, **{f"split:{k}": v for k, v in sorted(s.splits.items())}})
+    if s.moved:  # a merge moved episodes that an earlier build had placed: said, never silent
+        context.log.warning(f"episodes changed side since the last curation: {s.moved} (docs/dedup.md)")
+    yield dg.MaterializeResult(asset_key="splits", metadata={
+        **common, **{f"split:{k}": v for k, v in sorted(s.splits.items())},
+        **{f"moved:{k}": v for k, v in s.moved.items()}, "batches_featurized": s.batches_featurized})
     yield dg.MaterializeResult(asset_key="leak_flags", metadata={**common, "flags": s.leaks})
 
 
@@ -160,7 +164,8 @@ def fragment_layer(context: dg.AssetExecutionContext, config: FragmentsConfig, w
     s = build_fragments(warehouse.get(), run_id=context.run_id, full=config.full,
                         cfg=settings_mod.stats_config(settings), select=settings_mod.select_config(settings),
                         lock_timeout=warehouse.lock_timeout)
-    common = {"skipped_unchanged": s.skipped, "episodes": s.episodes}
+    common = {"skipped_unchanged": s.skipped, "episodes": s.episodes,
+              "episodes_rebuilt": s.episodes if s.rebuilt is None else s.rebuilt}
     yield dg.MaterializeResult(asset_key="outcomes", metadata={**common, **{f"cause:{k}": v for k, v in sorted(s.causes.items())}})
     yield dg.MaterializeResult(asset_key="task_stats", metadata={**common, "tasks": s.tasks})
     yield dg.MaterializeResult(asset_key="fragments", metadata={

@@ -4,11 +4,17 @@
 
 import dagster as dg
 
-from dedup.audit import audit
+from dedup.audit import audit_cached
 from ingest.adapters.registry import adapters
-from lineage.checks import lineage_gaps, passed, reconcile_normalized
+from lineage.checks import cached, lineage_gaps, passed, reconcile_normalized
 from pipelines.resources import WarehouseResource
 from redaction.audit import rescan_sample
+from redaction.engine import POLICY_VERSION
+
+# every check reads only the tables named with it; a result is reused while their files are unchanged
+_LINEAGE_INPUTS = ["raw_records", "lineage_edges"]
+# the normalized layer's checks read only the edges normalize wrote (later stages add their own)
+_NORMALIZED_EDGES = "table_name <> 'lineage_edges' OR NOT starts_with(coalesce(transform_version, ''), 'redact@')"
 
 
 def _result(counts: dict) -> dg.AssetCheckResult:
@@ -17,33 +23,43 @@ def _result(counts: dict) -> dg.AssetCheckResult:
 
 @dg.asset_check(asset="episodes", description="Every episode has lineage columns, a raw parent and an edge.")
 def episodes_have_lineage(warehouse: WarehouseResource) -> dg.AssetCheckResult:
-    return _result(lineage_gaps(warehouse.get(), "episodes"))
+    wh = warehouse.get()
+    return _result(cached(wh, "lineage:episodes", ["episodes", *_LINEAGE_INPUTS], lambda: lineage_gaps(wh, "episodes"),
+                          _NORMALIZED_EDGES))
 
 
 @dg.asset_check(asset="steps", description="Every step has lineage columns, a raw parent and an edge.")
 def steps_have_lineage(warehouse: WarehouseResource) -> dg.AssetCheckResult:
-    return _result(lineage_gaps(warehouse.get(), "steps"))
+    wh = warehouse.get()
+    return _result(cached(wh, "lineage:steps", ["steps", *_LINEAGE_INPUTS], lambda: lineage_gaps(wh, "steps"),
+                          _NORMALIZED_EDGES))
 
 
 @dg.asset_check(asset="episodes", description="Each raw record became episodes or was quarantined; "
                 "step counts match; ids are unique.")
 def normalized_reconciles_with_raw(warehouse: WarehouseResource) -> dg.AssetCheckResult:
     companions = [a.name for a in adapters() if a.companion]
-    return _result(reconcile_normalized(warehouse.get(), companions))
+    wh = warehouse.get()
+    return _result(cached(wh, f"reconcile:{','.join(companions)}", ["raw_records", "episodes", "steps", "quarantine"],
+                          lambda: reconcile_normalized(wh, companions)))
 
 
 @dg.asset_check(asset="redacted_steps", description="A re-scan of the redacted layer (every touched step plus a "
                 "random sample) finds no secret or personal data.")
 def redacted_layer_has_no_secrets(warehouse: WarehouseResource) -> dg.AssetCheckResult:
-    result = rescan_sample(warehouse.get())
+    wh = warehouse.get()
+    result = cached(wh, f"rescan:{POLICY_VERSION}", ["redacted_steps", "redaction_events"], lambda: rescan_sample(wh))
     return dg.AssetCheckResult(passed=result["secret_violations"] == 0, metadata={
         "steps_scanned": result["steps_scanned"], "secret_violations": result["secret_violations"],
+        "cached": int(result["cached"]),
         "examples": dg.MetadataValue.json(result["examples"])})
 
 
 @dg.asset_check(asset="redacted_steps", description="Every redacted step has lineage to its normalized step.")
 def redacted_steps_have_lineage(warehouse: WarehouseResource) -> dg.AssetCheckResult:
-    return _result(lineage_gaps(warehouse.get(), "redacted_steps"))
+    wh = warehouse.get()
+    return _result(cached(wh, "lineage:redacted_steps", ["redacted_steps", *_LINEAGE_INPUTS],
+                          lambda: lineage_gaps(wh, "redacted_steps")))
 
 
 @dg.asset_check(asset="splits", blocking=True,
@@ -51,25 +67,30 @@ def redacted_steps_have_lineage(warehouse: WarehouseResource) -> dg.AssetCheckRe
                             "evaluation, no train episode works on a repository state later than the fix of an "
                             "evaluation task of the same repository, no leak-flagged episode is evaluated.")
 def no_group_crosses_splits(warehouse: WarehouseResource) -> dg.AssetCheckResult:
-    a = audit(warehouse.get())
+    a = audit_cached(warehouse.get())
     return dg.AssetCheckResult(passed=a["violations"] == 0, metadata={
         "groups_across_splits": a["groups_across_splits"], "clusters_across_splits": a["clusters_across_splits"],
         "train_after_eval_fix_pairs": a["train_after_eval_fix_pairs"], "leak_flagged_in_eval": a["leak_flagged_in_eval"],
         "held_out": a["held_out"], "largest_group_share": a["largest_group_share"],
         "time_flagged_episodes": len({t["trajectory_key"] for t in a["time_flagged"]}),
-        "not_eligible_no_times": a["not_eligible_no_times"], "warnings": dg.MetadataValue.json(a["warnings"])})
+        "not_eligible_no_times": a["not_eligible_no_times"], "warnings": dg.MetadataValue.json(a["warnings"]),
+        "cached": int(a.get("cached", False))})
 
 
 @dg.asset_check(asset="outcomes", description="Exactly one outcome per redacted episode; infrastructure "
                 "failures never feed a fragment.")
 def one_outcome_per_episode(warehouse: WarehouseResource) -> dg.AssetCheckResult:
     wh = warehouse.get()
+    return _result(cached(wh, "one_outcome", ["redacted_episodes", "outcomes", "fragments"], lambda: _outcome_counts(wh)))
+
+
+def _outcome_counts(wh) -> dict:
     r = wh.query("""SELECT (SELECT count(*) FROM redacted_episodes) AS episodes, (SELECT count(*) FROM outcomes) AS outcomes,
                            (SELECT count(*) - count(DISTINCT trajectory_key) FROM outcomes) AS duplicate_violations,
                            (SELECT count(*) FROM fragments f JOIN outcomes o USING (trajectory_key) WHERE o.quarantined)
                                AS quarantined_fragment_violations""").to_pylist()[0]
     r["missing_violations"] = r["episodes"] - r["outcomes"]
-    return _result(r)
+    return r
 
 
 @dg.asset_check(asset="fragments", blocking=True,
@@ -77,7 +98,13 @@ def one_outcome_per_episode(warehouse: WarehouseResource) -> dg.AssetCheckResult
                             "episodes, none from leak-flagged ones unless [leaks] train_fragments allows it.")
 def fragments_only_from_train(warehouse: WarehouseResource) -> dg.AssetCheckResult:
     allow_leaks = warehouse.settings().leaks.train_fragments
-    r = warehouse.get().query("""
+    wh = warehouse.get()
+    return _result(cached(wh, f"fragments_only_from_train:{allow_leaks}", ["fragments", "splits", "leak_flags"],
+                          lambda: _fragment_counts(wh, allow_leaks)))
+
+
+def _fragment_counts(wh, allow_leaks: bool) -> dict:
+    r = wh.query("""
         SELECT (SELECT count(*) FROM fragments f JOIN splits s USING (trajectory_key) WHERE s.split <> 'train')
                    AS not_train_violations,
                (SELECT count(DISTINCT f.fragment_id) FROM fragments f JOIN leak_flags l USING (trajectory_key)
@@ -85,7 +112,7 @@ def fragments_only_from_train(warehouse: WarehouseResource) -> dg.AssetCheckResu
                (SELECT count(*) FROM fragments) AS fragments""").to_pylist()[0]
     if not allow_leaks:
         r["leak_flagged_violations"] = r.pop("leak_flagged_fragments")
-    return _result(r)
+    return r
 
 
 ALL_CHECKS = [fragments_only_from_train, one_outcome_per_episode, no_group_crosses_splits, redacted_layer_has_no_secrets, redacted_steps_have_lineage, episodes_have_lineage, steps_have_lineage, normalized_reconciles_with_raw]

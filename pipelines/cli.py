@@ -169,11 +169,11 @@ def print_build(result: Any, seconds: float) -> None:
 
 def print_split_summary(wh: Warehouse) -> None:
     """Requested vs realized split shares, with the reasons and loud warnings (the audit's)."""
-    from dedup.audit import audit
+    from dedup.audit import audit_cached
 
     if not wh.query("SELECT count(*) FROM table_files WHERE table_name = 'splits'").column(0)[0].as_py():
         return
-    a = audit(wh)
+    a = audit_cached(wh)
     parts = [f"{r['split']} {r['episodes']} ({r['realized'] if r['realized'] is not None else r['share']:.1%}"
              + (f" of {r['requested']:.0%} asked)" if r["requested"] is not None else ")") for r in a["splits"]]
     render.console.print("splits: " + ", ".join(parts))

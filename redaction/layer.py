@@ -10,11 +10,7 @@ and a diff is one placeholder everywhere in the episode, even where nothing arou
 
 from __future__ import annotations
 
-import collections
-import multiprocessing
-import os
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lineage.catalog import Warehouse, now_utc
+from lineage.parallel import PARALLEL_MIN_ITEMS, ordered_chunks, workers_wanted
 from lineage.rebuild import mark_running, run_row
 from redaction.engine import POLICY_VERSION, SCOPE_KINDS, Detector, Redactor, Replacement, Scope
 from redaction.vault import Vault, load_key
@@ -138,34 +135,81 @@ def _lineage(row: dict, run_id: str) -> dict:
 
 #: a batch with at least this many episodes is redacted by worker processes (episode scope only:
 #: a repository or dataset scope spans episodes and stays in one process)
-PARALLEL_MIN_EPISODES = 2_000
+PARALLEL_MIN_EPISODES = PARALLEL_MIN_ITEMS
 _CHUNK_EPISODES = 64
 _worker: EpisodeRedactor | None = None
 
 
-def workers_wanted() -> int:
-    """``$TRAJWH_WORKERS`` or the machine's cores (at most 8); 1 turns worker processes off."""
-    env = os.environ.get("TRAJWH_WORKERS")
-    if env:
-        return max(1, int(env))
-    return max(1, min(8, os.cpu_count() or 1))
+_OUT_MODELS = (("redacted_episodes", EpisodeRow), ("redacted_steps", StepRow),
+               ("redaction_events", RedactionEventRow), ("lineage_edges", LineageEdgeRow))
 
 
-def _init_worker(salt: bytes, scope_kind: str, private_addresses: bool) -> None:
-    global _worker
+def _chunk_tables(results: list[tuple[dict, list[dict], list[dict]]], batch_id: str,
+                  run_id: str) -> tuple[dict[str, pa.Table], dict[str, Any]]:
+    """A chunk's redacted episodes as the rows of the four output tables (Arrow), with counts."""
+    rows: dict[str, list[dict]] = {t: [] for t, _ in _OUT_MODELS}
+    counts: dict[str, Any] = {"episodes": len(results), "steps": 0, "replacements": 0, "by_type": {}}
+    edge = {"transform": TRANSFORM, "transform_version": POLICY_VERSION, "run_id": run_id}
+    for ep, st, ev in results:
+        key = ep["trajectory_key"]
+        rows["redacted_episodes"].append(_lineage(ep, run_id))
+        rows["redacted_steps"].extend(_lineage(x, run_id) for x in st)
+        rows["redaction_events"].extend({**e, "_batch_id": batch_id, "_run_id": run_id} for e in ev)
+        rows["lineage_edges"].append({"child_id": key, "child_table": "redacted_episodes", "parent_id": key,
+                                      "parent_table": "episodes", **edge})
+        rows["lineage_edges"].extend({"child_id": x["step_id"], "child_table": "redacted_steps", "parent_id": x["step_id"],
+                                      "parent_table": "steps", **edge} for x in st)
+        counts["steps"] += len(st)
+        counts["replacements"] += len(ev)
+        for e in ev:
+            counts["by_type"][e["entity_type"]] = counts["by_type"].get(e["entity_type"], 0) + 1
+    return {t: pa.Table.from_pylist(rows[t], schema=_SCHEMAS[t]) for t, _ in _OUT_MODELS}, counts
+
+
+_SCHEMAS = {t: arrow_schema(m) for t, m in _OUT_MODELS}
+_worker_ids: tuple[str, str] = ("", "")
+
+
+def _init_worker(salt: bytes, scope_kind: str, private_addresses: bool, batch_id: str, run_id: str) -> None:
+    global _worker, _worker_ids
     _worker = EpisodeRedactor(Redactor(salt, scope_kind=scope_kind,
                                        detector=Detector(redact_private_ips=private_addresses)), scope_kind)
+    _worker_ids = (batch_id, run_id)
 
 
-def _redact_chunk(items: list[tuple[dict, list[dict]]]) -> tuple[list[tuple[dict, list[dict], list[dict]]], list[dict]]:
-    """In a worker: redact a chunk of episodes; their vault entries come back with them."""
+def _redact_chunk(items: list[tuple[dict, list[dict]]]) -> tuple[dict[str, pa.Table], dict[str, Any], list[dict]]:
+    """In a worker: redact a chunk of episodes into the output tables' rows (Arrow: cheap to send
+    back, nothing left for the parent to convert); their vault entries come back with them."""
     assert _worker is not None
     _worker.scopes.clear()
-    out = [_worker.redact(e, steps) for e, steps in items]
-    return out, _worker.vault_entries()
+    tables, counts = _chunk_tables([_worker.redact(e, steps) for e, steps in items], *_worker_ids)
+    return tables, counts, _worker.vault_entries()
 
 
-def _batch_items(wh: Warehouse, batch_id: str, episodes: dict[str, dict]) -> Iterator[tuple[dict, list[dict]]]:
+class _BatchEpisodes:
+    """A batch's episode rows by trajectory key, without holding the batch: an index of which file
+    holds each key, and the rows of the file read last (normalize writes an episode and its steps
+    in the same flush, so the steps files ask for one episodes file after another)."""
+
+    def __init__(self, wh: Warehouse, batch_id: str):
+        self.files = wh.files("episodes", batch_id=batch_id)
+        self.where: dict[str, int] = {}
+        for i, path in enumerate(self.files):
+            for key in pq.read_table(path, columns=["trajectory_key"]).column(0).to_pylist():
+                self.where[key] = i
+        self.current: tuple[int, dict[str, dict]] = (-1, {})
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+    def __getitem__(self, key: str) -> dict:
+        i = self.where[key]
+        if self.current[0] != i:
+            self.current = (i, {e["trajectory_key"]: e for e in pq.read_table(self.files[i]).to_pylist()})
+        return self.current[1][key]
+
+
+def _batch_items(wh: Warehouse, batch_id: str, episodes: _BatchEpisodes) -> Iterator[tuple[dict, list[dict]]]:
     """(episode, its steps in order) for every episode of a batch, one steps file at a time."""
     done = set()
     for path in wh.files("steps", batch_id=batch_id):
@@ -175,82 +219,68 @@ def _batch_items(wh: Warehouse, batch_id: str, episodes: dict[str, dict]) -> Ite
         for key, steps in by_key.items():
             done.add(key)
             yield episodes[key], sorted(steps, key=lambda s: s["step_index"])
-    for key in episodes.keys() - done:  # episodes without steps
+    for key in sorted(episodes.where.keys() - done, key=lambda k: (episodes.where[k], k)):  # episodes without steps
         yield episodes[key], []
 
 
 def _redacted(items: Iterator[tuple[dict, list[dict]]], worker: EpisodeRedactor, n_episodes: int,
-              vault: list[dict], private_addresses: bool) -> Iterator[tuple[dict, list[dict], list[dict]]]:
-    """Redacted episodes in input order: in this process, or in worker processes for big batches
-    (a bounded number of chunks in flight, so memory stays flat)."""
+              vault: list[dict], private_addresses: bool, batch_id: str,
+              run_id: str) -> Iterator[tuple[dict[str, pa.Table], dict[str, Any]]]:
+    """Redacted chunks of episodes (output tables and counts) in input order: in this process, or
+    in worker processes for big batches (a bounded number of chunks in flight, so memory stays flat)."""
     n_workers = workers_wanted()
     if n_workers < 2 or worker.scope_kind != "episode" or n_episodes < PARALLEL_MIN_EPISODES:
+        chunk: list = []
         for e, steps in items:
-            yield worker.redact(e, steps)
+            chunk.append(worker.redact(e, steps))
+            if len(chunk) >= _CHUNK_EPISODES:
+                yield _chunk_tables(chunk, batch_id, run_id)
+                chunk = []
+        if chunk:
+            yield _chunk_tables(chunk, batch_id, run_id)
         vault.extend(worker.vault_entries())
         return
-    ctx = multiprocessing.get_context("spawn")  # not fork: DuckDB and numba threads live in this process
     red = worker.redactor
-    with ProcessPoolExecutor(n_workers, mp_context=ctx, initializer=_init_worker,
-                             initargs=(red.salt, worker.scope_kind, private_addresses)) as pool:
-        pending: collections.deque = collections.deque()
-        chunk: list = []
-        for item in items:
-            chunk.append(item)
-            if len(chunk) >= _CHUNK_EPISODES:
-                pending.append(pool.submit(_redact_chunk, chunk))
-                chunk = []
-                while len(pending) > 2 * n_workers:
-                    done, entries = pending.popleft().result()
-                    vault.extend(entries)
-                    yield from done
-        if chunk:
-            pending.append(pool.submit(_redact_chunk, chunk))
-        while pending:
-            done, entries = pending.popleft().result()
-            vault.extend(entries)
-            yield from done
+    for _, (tables, counts, entries) in ordered_chunks(
+            _redact_chunk, items, chunk=_CHUNK_EPISODES, workers=n_workers, initializer=_init_worker,
+            initargs=(red.salt, worker.scope_kind, private_addresses, batch_id, run_id)):
+        vault.extend(entries)
+        yield tables, counts
 
 
 def _redact_batch(wh: Warehouse, session: Any, batch_id: str, run_id: str, redactor: Redactor, scope_kind: str,
                   summary: RedactSummary, progress: Callable[[int], None] | None,
                   private_addresses: bool = True) -> tuple[list, list[dict]]:
-    episodes = {}
-    for path in wh.files("episodes", batch_id=batch_id):
-        for e in pq.read_table(path).to_pylist():
-            episodes[e["trajectory_key"]] = e
+    episodes = _BatchEpisodes(wh, batch_id)
     worker = EpisodeRedactor(redactor, scope_kind)
     files: list = []
     vault: list[dict] = []
-    out_eps, out_steps, out_events, out_edges = [], [], [], []
+    pending: dict[str, list[pa.Table]] = {t: [] for t, _ in _OUT_MODELS}
+    pending_steps = 0
 
     def flush() -> None:
-        for table, rows, model in (("redacted_episodes", out_eps, EpisodeRow), ("redacted_steps", out_steps, StepRow),
-                                   ("redaction_events", out_events, RedactionEventRow),
-                                   ("lineage_edges", out_edges, LineageEdgeRow)):
-            if rows or table == "redacted_episodes" and not files:
-                files.append(session.write(table, pa.Table.from_pylist(rows, schema=arrow_schema(model))))
-            rows.clear()
+        for table, _ in _OUT_MODELS:
+            parts = [t for t in pending[table] if t.num_rows]
+            if parts or table == "redacted_episodes" and not files:
+                data = pa.concat_tables(parts) if parts else _SCHEMAS[table].empty_table()
+                files.append(session.write(table, data))
+            pending[table] = []
 
-    edge = {"transform": TRANSFORM, "transform_version": POLICY_VERSION, "run_id": run_id}
-    for ep, st, ev in _redacted(_batch_items(wh, batch_id, episodes), worker, len(episodes), vault, private_addresses):
-        key = ep["trajectory_key"]
-        out_eps.append(_lineage(ep, run_id))
-        out_steps.extend(_lineage(s, run_id) for s in st)
-        out_events.extend({**e, "_batch_id": batch_id, "_run_id": run_id} for e in ev)
-        out_edges.append({"child_id": key, "child_table": "redacted_episodes", "parent_id": key,
-                          "parent_table": "episodes", **edge})
-        out_edges.extend({"child_id": s["step_id"], "child_table": "redacted_steps", "parent_id": s["step_id"],
-                          "parent_table": "steps", **edge} for s in st)
-        summary.episodes += 1
-        summary.steps += len(st)
-        summary.replacements += len(ev)
-        for e in ev:
-            summary.by_type[e["entity_type"]] = summary.by_type.get(e["entity_type"], 0) + 1
+    for tables, counts in _redacted(_batch_items(wh, batch_id, episodes), worker, len(episodes), vault,
+                                    private_addresses, batch_id, run_id):
+        for table, data in tables.items():
+            pending[table].append(data)
+        summary.episodes += counts["episodes"]
+        summary.steps += counts["steps"]
+        summary.replacements += counts["replacements"]
+        for k, v in counts["by_type"].items():
+            summary.by_type[k] = summary.by_type.get(k, 0) + v
+        pending_steps += counts["steps"]
         if progress:
-            progress(1)
-        if len(out_steps) >= 20_000:
+            progress(counts["episodes"])
+        if pending_steps >= 20_000:
             flush()
+            pending_steps = 0
     flush()
     return files, vault
 

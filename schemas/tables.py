@@ -12,8 +12,9 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = "1.3.0"  # 1.1: canonical actions on steps and tool calls; 1.2: base_commit_at, normalized repository;
-# 1.3: tool_schemas table, tool calls keep the request the harness executed when it rewrote the model's
+SCHEMA_VERSION = "1.4.0"  # 1.1: canonical actions on steps and tool calls; 1.2: base_commit_at, normalized repository;
+# 1.3: tool_schemas table, tool calls keep the request the harness executed when it rewrote the model's;
+# 1.4: episode_features (per-batch curation inputs), outcomes.inputs_digest
 
 
 class _JsonMarker:
@@ -293,6 +294,34 @@ class VaultRow(_Row):
 # each curation run (global steps), and the run id and parameters are on every row.
 
 
+class EpisodeFeatureRow(_Row):
+    """What the global curation steps read of an episode, computed once per redacted batch (file
+    per batch, like the layers it comes from): grouping keys, times, MinHash signatures, leaks."""
+
+    trajectory_key: str
+    repository: str | None = None  # as the episode spells it (normalized when grouped)
+    base_commit: str | None = None
+    base_commit_at: datetime | None = None
+    task_id: str | None = None
+    instance_id: str | None = None
+    failing_tests: list[str]
+    touched_files: list[str]
+    patch_symbols: list[str]
+    issue_created_at: datetime | None = None
+    fix_merged_at: datetime | None = None
+    started_at: datetime | None = None
+    resolved: bool | None = None
+    n_steps: int
+    exact_digest: str | None = None  # actions + text; None when the episode has neither
+    action_signature: bytes | None = None  # MinHash, num_perm little-endian uint32; None: too few actions
+    text_signature: bytes | None = None  # None: no model text
+    leaks: JsonText | None = None  # [[step_id, step_index, kind, evidence], ...]
+    lin_batch_id: str = _lineage("_batch_id")
+    lin_run_id: str = _lineage("_run_id")
+    lin_transform: str = _lineage("_transform")
+    lin_transform_version: str = _lineage("_transform_version")
+
+
 class NearDupClusterRow(_Row):
     trajectory_key: str
     cluster_id: str
@@ -353,6 +382,9 @@ class OutcomeRow(_Row):
     evidence_step: int | None = None
     evidence: str
     rules_version: str
+    # digest of everything the episode's outcome and fragments were made from (its redacted rows,
+    # cluster weight, split, leak kinds): an incremental build redoes an episode when it changes
+    inputs_digest: str | None = None
     lin_run_id: str = _lineage("_run_id")
     lin_transform: str = _lineage("_transform")
     lin_transform_version: str = _lineage("_transform_version")

@@ -22,6 +22,41 @@ LATEST = datetime(2200, 1, 1, tzinfo=UTC)
 
 def bad_value(value: Any, path: str = "") -> str | None:
     """The first value under ``value`` that no table can hold, as ``path: problem; valid``."""
+    if _fits(value):  # the common case, checked without building a path for every value
+        return None
+    return _find(value, path)
+
+
+def _fits(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        if t is str:
+            if not v.isascii():
+                try:
+                    v.encode("utf-8")
+                except UnicodeEncodeError:
+                    return False
+        elif t is dict:
+            stack.extend(v.values())
+        elif t is list or t is tuple:
+            stack.extend(v)
+        elif t is int:
+            if not INT64_MIN <= v <= INT64_MAX:
+                return False
+        elif v is None or t is bool:
+            continue
+        elif t is float:
+            if not math.isfinite(v):
+                return False
+        else:  # datetimes, subclasses: the full check
+            if _find(v, "") is not None:
+                return False
+    return True
+
+
+def _find(value: Any, path: str) -> str | None:
     if value is None or isinstance(value, bool):
         return None
     if isinstance(value, int):
@@ -48,13 +83,13 @@ def bad_value(value: Any, path: str = "") -> str | None:
         return None
     if isinstance(value, dict):
         for k, v in value.items():
-            problem = bad_value(v, f"{path}.{k}" if path else str(k))
+            problem = _find(v, f"{path}.{k}" if path else str(k))
             if problem:
                 return problem
         return None
     if isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
-            problem = bad_value(v, f"{path}[{i}]")
+            problem = _find(v, f"{path}[{i}]")
             if problem:
                 return problem
     return None

@@ -126,11 +126,19 @@ def _pick_cause(rng: random.Random, task: Task, skill: float) -> str:
     return FAILURE_CAUSES[-1][0]
 
 
+def n_repositories(n_tasks: int) -> int:
+    """About 25 tasks per repository once there are more than 24 repositories (public task sets
+    range from 6 to 400 tasks per repository: SWE-bench 190, SWE-Gym 220, SWE-rebench 6), so a
+    corpus at the design's 107,000 episodes spreads over hundreds of repositories instead of
+    piling thousands of tasks onto 24."""
+    return max(1, min(n_tasks // 4, max(24, n_tasks // 25)))
+
+
 class _Generator:
     def __init__(self, cfg: SynthConfig):
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
-        repos = make_repos(self.rng, min(24, max(1, cfg.n_tasks // 4)))
+        repos = make_repos(self.rng, n_repositories(cfg.n_tasks))
         self.tasks = make_tasks(self.rng, repos, cfg.n_tasks)
         weights = [1.0 / (i + 1) ** 0.6 for i in range(len(self.tasks))]
         self.task_weights = weights

@@ -140,3 +140,29 @@ def test_a_warehouse_inside_the_input_folder_is_not_ingested(tmp_path, cases):
     ingest_paths(wh, [tmp_path], IngestOptions(source="x"))
     again = ingest_paths(wh, [tmp_path], IngestOptions(source="x"))  # the folder now holds the warehouse too
     assert [f.path for f in again.files] == [str(tmp_path / "a.jsonl")] and again.n_quarantined == 0
+
+
+def test_normalize_in_worker_processes_equals_one_process(tmp_path, small_corpus, cases, monkeypatch):
+    """Big batches are parsed and annotated in worker processes: same rows, same quarantine (bad
+    records, duplicates kept-first in input order) as one process."""
+    import shutil
+
+    import ingest.normalize as normalize
+    from lineage.catalog import Warehouse
+    from test_crash_and_concurrency import _fingerprint
+
+    one = Warehouse(tmp_path / "one")
+    ingest_paths(one, [small_corpus, cases / "two_episodes.jsonl", cases / "schema_invalid.jsonl",
+                       cases / "malformed_and_truncated.jsonl", cases / "swe_agent"], IngestOptions(source="mixed"))
+    ingest_paths(one, [small_corpus / sorted(p.name for p in small_corpus.iterdir() if p.is_file())[0]],
+                 IngestOptions(source="again"))  # the same episodes from another source: duplicates
+    shutil.copytree(one.root, tmp_path / "many")
+    many = Warehouse(tmp_path / "many")
+    monkeypatch.setenv("TRAJWH_WORKERS", "1")
+    a = normalize.normalize_warehouse(one, run_id="n")
+    monkeypatch.setenv("TRAJWH_WORKERS", "2")
+    monkeypatch.setattr(normalize, "PARALLEL_MIN_ITEMS", 1)
+    monkeypatch.setattr(normalize, "_CHUNK_RECORDS", 7)
+    b = normalize.normalize_warehouse(many, run_id="n")
+    assert a.episodes == b.episodes > 100 and a.quarantine_reasons == b.quarantine_reasons and a.quarantined > 0
+    assert _fingerprint(one) == _fingerprint(many)

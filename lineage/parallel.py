@@ -1,0 +1,49 @@
+"""Per-batch work on every core: chunks of items mapped in worker processes, results in input order.
+
+Used by the per-batch stages (normalize, redact) for big batches. Workers are spawned, not
+forked (DuckDB and numba threads live in the parent), each set up once by ``initializer``; at
+most ``2 x workers`` chunks are in flight, so memory stays flat whatever the batch size.
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import os
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+#: a batch with at least this many items is worth the workers' start-up (about a second each)
+PARALLEL_MIN_ITEMS = 2_000
+
+
+def workers_wanted() -> int:
+    """``$TRAJWH_WORKERS`` or the machine's cores (at most 8); 1 turns worker processes off."""
+    env = os.environ.get("TRAJWH_WORKERS")
+    if env:
+        return max(1, int(env))
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def ordered_chunks(fn: Callable[[list[Any]], Any], items: Iterable[Any], *, chunk: int, workers: int,
+                   initializer: Callable[..., None] | None = None,
+                   initargs: tuple[Any, ...] = ()) -> Iterator[tuple[list[Any], Any]]:
+    """``(chunk, fn(chunk))`` for consecutive chunks of ``items``, in input order."""
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=initializer, initargs=initargs) as pool:
+        pending: collections.deque = collections.deque()
+        part: list[Any] = []
+        for item in items:
+            part.append(item)
+            if len(part) >= chunk:
+                pending.append((part, pool.submit(fn, part)))
+                part = []
+                while len(pending) > 2 * workers:
+                    done, fut = pending.popleft()
+                    yield done, fut.result()
+        if part:
+            pending.append((part, pool.submit(fn, part)))
+        while pending:
+            done, fut = pending.popleft()
+            yield done, fut.result()
