@@ -242,6 +242,13 @@ def stored_features(wh: Warehouse) -> tuple[list[EpisodeFeatures], list[LeakFlag
     return features, leaks
 
 
+def _write_features(session: Any, chunk: list[tuple[EpisodeFeatures, list[LeakFlag]]], lineage: dict[str, Any],
+                    cfg: CurateConfig) -> Any:
+    sign([f for f, _ in chunk], cfg)
+    rows = [feature_row(f, lk, lineage) for f, lk in chunk]
+    return session.write("episode_features", pa.Table.from_pylist(rows, schema=_FEATURE_SCHEMA))
+
+
 def _featurize(wh: Warehouse, session: Any, cfg: CurateConfig, run_id: str, full: bool,
                progress: Callable[[str], None] | None, chunk: int = 2_000) -> tuple[int, int]:
     """Compute and store ``episode_features`` for every redacted batch that is new or changed
@@ -268,21 +275,16 @@ def _featurize(wh: Warehouse, session: Any, cfg: CurateConfig, run_id: str, full
         if progress:
             progress(f"features of batch {batch_id}")
         lineage = {"_batch_id": batch_id, "_run_id": run_id, "_transform": "features", "_transform_version": version}
-        files, pending = [], []
-
-        def flush() -> None:
-            sign([f for f, _ in pending], cfg)
-            rows = [feature_row(f, lk, lineage) for f, lk in pending]
-            files.append(session.write("episode_features", pa.Table.from_pylist(rows, schema=_FEATURE_SCHEMA)))
-            pending.clear()
-
+        files: list[Any] = []
+        pending: list[tuple[EpisodeFeatures, list[LeakFlag]]] = []
         for f, steps in stream_features(wh, batch_id):
             pending.append((f, episode_leaks(f.key, steps)))
             episodes += 1
             if len(pending) >= chunk:
-                flush()
+                files.append(_write_features(session, pending, lineage, cfg))
+                pending = []
         if pending or not files:
-            flush()
+            files.append(_write_features(session, pending, lineage, cfg))
         old = [wh.root / p for p in wh.query("SELECT path FROM table_files WHERE table_name = 'episode_features' "
                                             "AND batch_id = ?", [batch_id]).column(0).to_pylist()]
         session.commit(files, removed=old, batch_id=batch_id, run_id=run_id, transform_version=version)

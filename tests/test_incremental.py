@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import SHARED_CORPUS
+
 from ingest.raw_store import IngestOptions, ingest_paths
 from lineage.catalog import Warehouse
 from pipelines.definitions import build

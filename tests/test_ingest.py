@@ -147,9 +147,10 @@ def test_normalize_in_worker_processes_equals_one_process(tmp_path, small_corpus
     records, duplicates kept-first in input order) as one process."""
     import shutil
 
+    from test_crash_and_concurrency import _fingerprint
+
     import ingest.normalize as normalize
     from lineage.catalog import Warehouse
-    from test_crash_and_concurrency import _fingerprint
 
     one = Warehouse(tmp_path / "one")
     ingest_paths(one, [small_corpus, cases / "two_episodes.jsonl", cases / "schema_invalid.jsonl",
