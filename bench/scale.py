@@ -152,24 +152,24 @@ def split_corpus(corpus: Path, n: int, base: Path, inc: Path) -> tuple[int, int]
 
 
 def realized(wh: Path) -> dict:
-    con = duckdb.connect(str(wh / "catalog.duckdb"), read_only=True)
+    sys.path.insert(0, str(ROOT))
+    from lineage.catalog import Warehouse
+
+    w = Warehouse(wh)
+    one = lambda sql: w.query(sql).to_pylist()[0]  # noqa: E731
     try:
-        con.execute("SET search_path = 'main'")
-        splits = dict(con.execute("SELECT split, count(*) FROM splits GROUP BY ALL").fetchall())
-        groups, largest = con.execute(
-            "SELECT count(DISTINCT group_id), max(group_size) FROM task_groups").fetchone()
-        repos = con.execute("SELECT count(DISTINCT repository) FROM task_groups").fetchone()[0]
-        clusters = con.execute("SELECT count(DISTINCT cluster_id), count(*) FILTER (WHERE cluster_size > 1) "
-                               "FROM near_dup_clusters").fetchone()
-        fragments = con.execute("SELECT count(*) FROM fragments").fetchone()[0]
-    except duckdb.Error as e:
+        splits = {r["split"]: r["n"] for r in w.query("SELECT split, count(*) AS n FROM splits GROUP BY ALL").to_pylist()}
+        g = one("SELECT count(DISTINCT group_id) AS groups, max(group_size) AS largest, "
+                "count(DISTINCT repository) AS repositories FROM task_groups")
+        c = one("SELECT count(DISTINCT cluster_id) AS clusters, count(*) FILTER (WHERE cluster_size > 1) AS dups "
+                "FROM near_dup_clusters")
+        fragments = one("SELECT count(*) AS n FROM fragments")["n"]
+    except Exception as e:  # noqa: BLE001 - a report, not a check
         return {"error": str(e)}
-    finally:
-        con.close()
     total = sum(splits.values()) or 1
     return {"splits": splits, "split_shares": {k: round(v / total, 4) for k, v in sorted(splits.items())},
-            "groups": groups, "largest_group": largest, "repositories": repos, "clusters": clusters[0],
-            "episodes_in_clusters": clusters[1], "fragments": fragments}
+            "groups": g["groups"], "largest_group": g["largest"], "repositories": g["repositories"],
+            "clusters": c["clusters"], "episodes_in_clusters": c["dups"], "fragments": fragments}
 
 
 def main() -> None:

@@ -433,10 +433,13 @@ def normalize_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, lock_
                 todo.append((b["batch_id"], version))
         rebuilding = {bid for bid, _ in todo}
         n_new = {b["batch_id"]: b["n_new"] for b in batches}
-        keys = {r["trajectory_key"]: r["_record_id"] for r in wh.query(
-            "SELECT trajectory_key, _record_id, _batch_id FROM episodes").to_pylist()
-            if r["_batch_id"] not in rebuilding}
-        schemas_known = _schemas_known(wh, rebuilding)
+        keys: dict[str, str] = {}
+        schemas_known: set[str] = set()
+        if todo:  # the keys of every stored episode: read only when a batch is built
+            keys = {r["trajectory_key"]: r["_record_id"] for r in wh.query(
+                "SELECT trajectory_key, _record_id, _batch_id FROM episodes").to_pylist()
+                if r["_batch_id"] not in rebuilding}
+            schemas_known = _schemas_known(wh, rebuilding)
         if on_plan:
             on_plan(sum(b["n_new"] for b in batches if b["batch_id"] in rebuilding))
         for batch_id, version in todo:

@@ -137,6 +137,12 @@ def _automaton(triggers: set[str]) -> ahocorasick.Automaton:
 
 _TRIGGERS_CASED = _automaton({t for sh in ALL_SHAPES if not sh.fold for t in sh.triggers})
 _TRIGGERS_FOLDED = _automaton({t for sh in ALL_SHAPES if sh.fold for t in sh.triggers})
+#: shapes by position: those without triggers always run, the others when one of theirs is present
+_ALWAYS = frozenset(i for i, sh in enumerate(ALL_SHAPES) if not sh.triggers)
+_SHAPES_OF: dict[str, list[int]] = {}
+for _i, _sh in enumerate(ALL_SHAPES):
+    for _t in _sh.triggers:
+        _SHAPES_OF.setdefault(_t, []).append(_i)
 
 
 def _windows(lower: str, needles: tuple[str, ...]) -> list[tuple[int, int]]:
@@ -180,11 +186,13 @@ class Detector:
         present = {t for _, t in _TRIGGERS_CASED.iter(text)} | {t for _, t in _TRIGGERS_FOLDED.iter(lower)}
         windows: dict[tuple[tuple[str, ...], bool], list[tuple[int, int]]] = {}
         short = len(text) <= _SHORT
-        for shape in ALL_SHAPES:
+        wanted = set(_ALWAYS)
+        for t in present:
+            wanted.update(_SHAPES_OF.get(t, ()))
+        for i in sorted(wanted):  # in ALL_SHAPES order, only the shapes whose triggers occur
+            shape = ALL_SHAPES[i]
             if not shape.triggers:
                 found += [Finding(*f) for f in shape.find(text)]
-                continue
-            if present.isdisjoint(shape.triggers):
                 continue
             if short:  # a short text: the pattern on all of it
                 found += [Finding(*f) for f in shape.find(text)]

@@ -312,8 +312,6 @@ def redact_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, scope_ki
         vault = Vault(wh, load_key())
         vault.check_key()  # a key that does not open this vault stops the build before anything is written
         summary.vault_written = vault.enabled
-        redactor = Redactor(vault.salt(), scope_kind=scope_kind,
-                            detector=Detector(redact_private_ips=private_addresses))
         sources = {r["batch_id"]: r["v"] for r in wh.query(
             "SELECT batch_id, any_value(transform_version) AS v FROM table_files WHERE table_name = 'episodes' "
             "GROUP BY 1").to_pylist()}
@@ -324,6 +322,9 @@ def redact_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, scope_ki
         if on_plan:
             on_plan(wh.query("SELECT count(*) FROM episodes WHERE list_contains(?, _batch_id)",
                              [[b for b, _ in todo]]).column(0)[0].as_py())
+        if todo:  # the detectors are built only when there is something to redact
+            redactor = Redactor(vault.salt(), scope_kind=scope_kind,
+                                detector=Detector(redact_private_ips=private_addresses))
         for batch_id, version in todo:
             files, entries = _redact_batch(wh, session, batch_id, run_id, redactor, scope_kind, summary, progress,
                                            private_addresses)
