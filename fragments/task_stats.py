@@ -62,7 +62,9 @@ def pass_hat_k(n: int, c: int, k: int) -> float | None:
 
 
 def _beta_ppf(q: float, a: float, b: float) -> float:
-    from scipy.special import betaincinv  # imported when needed: scipy.stats costs 1.4 s at start-up
+    from scipy.special import (
+        betaincinv,  # imported when needed: scipy.stats costs 1.4 s at start-up
+    )
 
     return float(betaincinv(a, b, q))
 
