@@ -148,7 +148,7 @@ class Warehouse:
             con.close()
 
     def stream(self, sql: str, params: Sequence[Any] | None = None, *, batch_rows: int = 10_000,
-               memory_limit: str = "384MB", arrow: bool = False) -> Iterator[Any]:
+               memory_limit: str = "384MB", arrow: bool = False, threads: int | None = None) -> Iterator[Any]:
         """Rows of a read-only query in batches of dicts (Arrow record batches with ``arrow``), never
         the whole result in memory: DuckDB streams the result (sorting and joining within
         ``memory_limit``, spilling the rest to a temporary folder under the warehouse)."""
@@ -157,6 +157,8 @@ class Warehouse:
             spill = self.root / ".tmp"
             ensure_dir(spill, restricted=True)  # spilled rows are warehouse data: owner-only
             con.execute(f"SET memory_limit = '{memory_limit}'")
+            if threads:
+                con.execute(f"SET threads = {int(threads)}")
             current = con.execute("SELECT current_setting('temp_directory')").fetchall()[0][0]
             if current != str(spill):  # connections to one file share an instance: set it once
                 con.execute(f"SET temp_directory = '{_sql_str(str(spill))}'")
