@@ -11,11 +11,21 @@ credentials, so the redacted layer keeps it as it is.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 __all__ = ["is_normalized_remote", "normalize_repository"]
 
 
 def normalize_repository(url: str | None, instance_id: str | None = None) -> str | None:
+    """The normalized form (below); memoized: a build asks for a few thousand distinct pairs."""
+    try:
+        return _normalized(url, instance_id)
+    except TypeError:  # an unhashable value (bad input) is computed, not cached
+        return _normalized.__wrapped__(url, instance_id)
+
+
+@lru_cache(maxsize=1 << 16)
+def _normalized(url: str | None, instance_id: str | None = None) -> str | None:
     """``https://github.com/Org/Repo.git``, ``git@github.com:org/repo``, ``org/repo`` ->
     ``github.com/org/repo``. A fork is mapped to its upstream when the SWE-bench-style instance
     id names it (``owner__repo-123``): the instance id, not the URL, says which project it is."""
