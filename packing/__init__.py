@@ -1,0 +1,1 @@
+"""The packed token layer: tokenizers, chat-template rendering with exact loss masks (issue 15)."""
