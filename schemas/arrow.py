@@ -90,6 +90,7 @@ PARQUET_TABLES: dict[str, type[BaseModel]] = {
     "outcomes": tables.OutcomeRow,
     "task_stats": tables.TaskStatsRow,
     "fragments": tables.FragmentRow,
+    "packs": tables.PackRow,
 }
 
 #: table name -> layer folder
@@ -111,6 +112,7 @@ TABLE_LAYERS: dict[str, str] = {
     "outcomes": "curated",
     "task_stats": "curated",
     "fragments": "fragments",
+    "packs": "packed",
 }
 
 #: tables kept inside catalog.duckdb itself (small metadata)

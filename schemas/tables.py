@@ -449,3 +449,36 @@ class FragmentRow(_Row):
     lin_run_id: str = _lineage("_run_id")
     lin_transform: str = _lineage("_transform")
     lin_transform_version: str = _lineage("_transform_version")
+
+
+# --- packed zone -----------------------------------------------------------------------------
+
+
+class PackSegmentRow(_Row):
+    fragment_id: str  # "fragment_id#k" for the k-th piece of a split fragment
+    start: int  # token offsets in the sequence, end exclusive
+    end: int
+    trajectory_key: str
+    dedup_weight: float | None = None
+    cluster_id: str | None = None
+
+
+class PackRow(_Row):
+    """One packed sequence of one split, in one pack set (tokenizer + template + packing config)."""
+
+    pack_id: str
+    pack_set: str
+    split: str
+    tokenizer_id: str
+    template_id: str
+    seq_len: int
+    n_tokens: int
+    n_trainable: int
+    input_ids: list[int]
+    loss_mask: list[int]
+    position_ids: list[int]
+    segments: list[PackSegmentRow]
+    lin_run_id: str = _lineage("_run_id")
+    lin_transform: str = _lineage("_transform")
+    lin_transform_version: str = _lineage("_transform_version")
+

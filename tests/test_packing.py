@@ -187,3 +187,38 @@ def test_rendered_fragments_pack_densely(built: Warehouse):
     assert bfd.efficiency >= ff.efficiency and len(bfd.sequences) <= len(ff.sequences)
     kept = {fid for s in bfd.sequences for fid, _, _ in s.segments}
     assert kept | set(bfd.dropped) == {s.fragment_id for s in segs}
+
+
+def test_packs_table_per_split_beside_other_pack_sets(built: Warehouse):
+    from packing.layer import PackConfig, build_packs
+
+    s = build_packs(built, run_id="p1", cfg=PackConfig(seq_len=8192))
+    assert s.fragments > 0 and sum(s.sequences.values()) > 0 and 0.5 < s.efficiency <= 1.0
+    packs = built.query("SELECT * FROM packs").to_pylist()
+    frag = {r["fragment_id"]: r for r in built.query(
+        "SELECT fragment_id, trajectory_key, split, step_ids, span_step_ids FROM fragments").to_pylist()}
+    reps = {r["trajectory_key"] for r in built.query(
+        "SELECT trajectory_key FROM near_dup_clusters WHERE is_representative").to_pylist()}
+    tok = get_tokenizer()
+    checked = 0
+    for p in packs:
+        assert p["n_tokens"] == len(p["input_ids"]) == len(p["loss_mask"]) <= 8192
+        for seg in p["segments"]:
+            f = frag[seg["fragment_id"]]
+            assert f["split"] == p["split"] and f["trajectory_key"] in reps  # no split mixing; representatives
+            assert p["position_ids"][seg["start"]:seg["end"]] == list(range(seg["end"] - seg["start"]))
+            if checked < 40:  # the segment is the fragment, rendered: token for token, mask for mask
+                by_id = {x["step_id"]: x for x in _steps(built, f["trajectory_key"])}
+                r = render([by_id[i] for i in f["step_ids"]], set(f["span_step_ids"]), tok)
+                assert p["input_ids"][seg["start"]:seg["end"]] == r.ids
+                assert p["loss_mask"][seg["start"]:seg["end"]] == r.mask
+                checked += 1
+    assert checked == 40
+    again = build_packs(built, run_id="p2", cfg=PackConfig(seq_len=8192))
+    assert again.skipped
+    other = build_packs(built, run_id="p3", cfg=PackConfig(seq_len=4096, tokenizer="cl100k"))
+    sets = built.query("SELECT pack_set, any_value(tokenizer_id) AS t, count(*) AS n FROM packs GROUP BY 1").to_pylist()
+    assert {r["pack_set"] for r in sets} == {s.pack_set, other.pack_set}  # beside, not over
+    assert {r["t"].split("@")[0] for r in sets} == {"qwen2.5", "cl100k"}
+    with pytest.raises(ConfigError, match="dedup choice"):
+        build_packs(built, run_id="p4", cfg=PackConfig(dedup="some"))
