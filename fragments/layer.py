@@ -76,6 +76,8 @@ def fragment_row(f: Fragment, steps: list[dict], step_id: dict[int, str], sel: S
         "tests_before": list(f.tests_before), "tests_after": list(f.tests_after), "rules_version": RULES_VERSION}
 
 
+#: an episode's task as task_stats groups by it (``e``: the episodes table's alias and dot, or "")
+_TASK = "coalesce(nullif({e}task_id, ''), nullif({e}instance_id, ''), 'episode:' || {e}trajectory_key)"
 _LEAK_KINDS = """(SELECT trajectory_key, list(DISTINCT kind ORDER BY kind) AS kinds FROM leak_flags
                   WHERE kind <> 'fix_after_cutoff' GROUP BY trajectory_key)"""
 # joins, not a correlated subquery: at 107,000 episodes DuckDB runs these within the stream's
@@ -96,7 +98,7 @@ _STEPS_SQL = """
 _INPUTS_SQL = """
     SELECT e.trajectory_key, e._batch_id AS batch_id, c.weight, s.split,
            coalesce(l.kinds, []) AS leak_kinds,
-           coalesce(nullif(e.task_id, ''), nullif(e.instance_id, ''), 'episode:' || e.trajectory_key) AS task
+           """ + _TASK.format(e="e.") + """ AS task
     FROM redacted_episodes e
     LEFT JOIN near_dup_clusters c USING (trajectory_key) LEFT JOIN splits s USING (trajectory_key)
     LEFT JOIN """ + _LEAK_KINDS + """ l USING (trajectory_key)"""
@@ -155,9 +157,8 @@ def _previous(wh: Warehouse, rules: str) -> dict[str, tuple[str, str]]:
                         [list(TABLES)]).column(0).to_pylist()
     if not versions or any(v.split(";inputs=")[0] != rules for v in versions):
         return {}
-    rows = wh.query("""SELECT o.trajectory_key, o.inputs_digest,
-                              coalesce(nullif(e.task_id, ''), nullif(e.instance_id, ''), 'episode:' || o.trajectory_key) AS task
-                       FROM outcomes o LEFT JOIN redacted_episodes e USING (trajectory_key)""").to_pylist()
+    rows = wh.query(f"""SELECT o.trajectory_key, o.inputs_digest, {_TASK.format(e="e.")} AS task
+                        FROM outcomes o JOIN redacted_episodes e USING (trajectory_key)""").to_pylist()
     if any(r["inputs_digest"] is None for r in rows):
         return {}
     return {r["trajectory_key"]: (r["inputs_digest"], r["task"]) for r in rows}
@@ -174,11 +175,9 @@ def _kept(wh: Warehouse, writer: TableSetWriter, redo: list[str], redo_tasks: li
                         batch_rows=50_000, arrow=True):
         writer.add_arrow("task_stats", rb)
     return wh.query(f"""
-        SELECT o.trajectory_key, t.task AS task_id, o.cause, e.policy_name, e.harness_name, e.started_at
+        SELECT o.trajectory_key, {_TASK.format(e="e.")} AS task_id, o.cause, e.policy_name, e.harness_name, e.started_at
         FROM outcomes o JOIN redacted_episodes e USING (trajectory_key)
-        JOIN (SELECT trajectory_key, coalesce(nullif(task_id, ''), nullif(instance_id, ''), 'episode:' || trajectory_key)
-                     AS task FROM redacted_episodes) t USING (trajectory_key)
-        WHERE o.trajectory_key NOT IN {_KEYS} AND t.task IN (SELECT unnest(?::VARCHAR[]))
+        WHERE o.trajectory_key NOT IN {_KEYS} AND {_TASK.format(e="e.")} IN (SELECT unnest(?::VARCHAR[]))
         ORDER BY o.trajectory_key""", [redo, redo_tasks]).to_pylist()
 
 
@@ -221,14 +220,15 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
             return summary
         current = episode_inputs(wh)
         previous = {} if full else _previous(wh, rules)
+        if previous and len(previous) != wh.query("SELECT count(*) FROM outcomes").column(0)[0].as_py():
+            previous = {}  # episodes are gone (their tasks are no longer known): everything is redone
         lineage = {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": v}
         writer = TableSetWriter(session, _MODELS)
         keys, stat_rows = None, []
         if previous:
             keys = sorted(k for k, (d, _) in current.items() if previous.get(k, (None,))[0] != d)
-            gone = [k for k in previous if k not in current]
-            tasks = sorted({current[k][1] for k in keys} | {previous[k][1] for k in keys + gone if k in previous})
-            stat_rows = _kept(wh, writer, keys + gone, tasks)
+            tasks = sorted({current[k][1] for k in keys} | {previous[k][1] for k in keys if k in previous})
+            stat_rows = _kept(wh, writer, keys, tasks)
             summary.rebuilt = len(keys)
         for e, steps in _episodes_with_steps(wh, keys):
             summary.episodes += 1
