@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from lineage.catalog import Warehouse
+from lineage.rebuild import joined_by_key
 
 _ROOTS = re.compile(r"^(?:/testbed/|/workspace/[^/]+/|/repo/|/app/|/src/(?=[^/]+/)|/[A-Za-z0-9_.-]+__[A-Za-z0-9_.-]+/|\./)")
 MAX_TEXT = 20_000
@@ -119,18 +120,10 @@ def stream_features(wh: Warehouse, batch_id: str | None = None) -> Iterator[tupl
     episodes = wh.stream(_EPISODES_SQL.format(where=where), params, batch_rows=2_000)
     step_stream = wh.stream(_STEPS_SQL.format(where=step_where), params)
     try:
-        steps = (s for batch in step_stream for s in batch)
-        pending = next(steps, None)
-        for batch in episodes:
-            for e in batch:
-                f, mine = _episode_features(e), []
-                while pending is not None and pending["trajectory_key"] < f.key:
-                    pending = next(steps, None)
-                while pending is not None and pending["trajectory_key"] == f.key:
-                    mine.append(pending)
-                    pending = next(steps, None)
-                _add_steps(f, mine)
-                yield f, mine
+        for e, mine in joined_by_key(episodes, step_stream):
+            f = _episode_features(e)
+            _add_steps(f, mine)
+            yield f, mine
     finally:
         step_stream.close()
         episodes.close()

@@ -29,7 +29,14 @@ from dedup.leaks import RULE_VERSION, LeakFlag, episode_leaks
 from dedup.minhash import MinHashParams, lsh_pairs, signatures
 from dedup.splits import SPLIT_VERSION, SplitConfig, assign_splits
 from lineage.catalog import Warehouse, now_utc
-from lineage.rebuild import inputs_fingerprint, is_current, mark_running, replace_tables, run_row
+from lineage.rebuild import (
+    batch_fingerprints,
+    inputs_fingerprint,
+    is_current,
+    mark_running,
+    replace_tables,
+    run_row,
+)
 from schemas import ids
 from schemas.arrow import arrow_schema
 from schemas.tables import EpisodeFeatureRow, LeakFlagRow, NearDupClusterRow, SplitRow, TaskGroupRow
@@ -256,9 +263,7 @@ def _featurize(wh: Warehouse, session: Any, cfg: CurateConfig, run_id: str, full
     Streams each batch's episodes in key order and writes a file per ``chunk`` episodes, so
     memory holds one chunk. Returns (batches featurized, episodes)."""
     fv = features_version(cfg)
-    sources = {r["batch_id"]: ids.digest(r["shas"])[:16] for r in wh.query(
-        "SELECT batch_id, string_agg(sha256, ',' ORDER BY sha256) AS shas FROM table_files "
-        "WHERE table_name IN ('redacted_episodes', 'redacted_steps') GROUP BY batch_id").to_pylist()}
+    sources = batch_fingerprints(wh, ["redacted_episodes", "redacted_steps"])
     built = {r["batch_id"]: r["v"] for r in wh.query(
         "SELECT batch_id, any_value(transform_version) AS v FROM table_files WHERE table_name = 'episode_features' "
         "GROUP BY batch_id").to_pylist()}

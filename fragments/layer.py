@@ -21,7 +21,15 @@ from fragments.outcomes import OUTCOME_RULES_VERSION, classify_outcome
 from fragments.select import RULES_VERSION, Fragment, SelectConfig, select_fragments
 from fragments.task_stats import StatsConfig, task_statistics
 from lineage.catalog import Warehouse, now_utc
-from lineage.rebuild import TableSetWriter, inputs_fingerprint, is_current, mark_running, run_row
+from lineage.rebuild import (
+    TableSetWriter,
+    batch_fingerprints,
+    inputs_fingerprint,
+    is_current,
+    joined_by_key,
+    mark_running,
+    run_row,
+)
 from schemas import ids
 from schemas.tables import FragmentRow, OutcomeRow, TaskStatsRow
 
@@ -118,19 +126,11 @@ def _episodes_with_steps(wh: Warehouse, keys: list[str] | None = None):
     episode_stream = wh.stream(_EPISODES_SQL.format(where="" if keys is None else f"WHERE e.trajectory_key IN {_KEYS}"),
                                params, batch_rows=2_000, memory_limit=limit, threads=1)
     try:
-        steps = (s for batch in step_stream for s in batch)
-        pending = next(steps, None)
-        for batch in episode_stream:
-            for e in batch:
-                key, mine = e["trajectory_key"], []
-                while pending is not None and pending["trajectory_key"] < key:
-                    pending = next(steps, None)  # steps of an episode that is gone: skipped
-                while pending is not None and pending["trajectory_key"] == key:
-                    if pending["tests_summary"]:
-                        pending["tests_summary"] = orjson.loads(pending["tests_summary"])
-                    mine.append(pending)
-                    pending = next(steps, None)
-                yield e, mine
+        for e, mine in joined_by_key(episode_stream, step_stream):
+            for step in mine:
+                if isinstance(step["tests_summary"], str):
+                    step["tests_summary"] = orjson.loads(step["tests_summary"])
+            yield e, mine
     finally:  # the catalog connections close here, before the stage commits
         step_stream.close()
         episode_stream.close()
@@ -138,10 +138,7 @@ def _episodes_with_steps(wh: Warehouse, keys: list[str] | None = None):
 
 def episode_inputs(wh: Warehouse) -> dict[str, tuple[str, str]]:
     """Trajectory key -> (digest of its inputs, its task), for every redacted episode."""
-    batches = {r["batch_id"]: r["shas"] for r in wh.query(
-        "SELECT batch_id, string_agg(sha256, ',' ORDER BY sha256) AS shas FROM table_files "
-        "WHERE table_name IN ('redacted_episodes', 'redacted_steps') GROUP BY batch_id").to_pylist()}
-    src = {b: ids.digest(v)[:16] for b, v in batches.items()}
+    src = batch_fingerprints(wh, ["redacted_episodes", "redacted_steps"])
     out = {}
     for batch in wh.stream(_INPUTS_SQL, batch_rows=50_000):
         for r in batch:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -25,6 +26,33 @@ def inputs_fingerprint(wh: Warehouse, tables: list[str], where: str = "") -> str
     shas = wh.query("SELECT string_agg(sha256, ',' ORDER BY sha256) FROM table_files WHERE list_contains(?, table_name)"
                     + (f" AND ({where})" if where else ""), [tables]).column(0)[0].as_py() or ""
     return ids.digest(shas)[:16]
+
+
+def batch_fingerprints(wh: Warehouse, tables: list[str]) -> dict[str, str]:
+    """Per ingest batch, the digest of the content hashes of its files of ``tables``."""
+    rows = wh.query("SELECT batch_id, string_agg(sha256, ',' ORDER BY sha256) AS shas FROM table_files "
+                    "WHERE list_contains(?, table_name) GROUP BY batch_id", [tables]).to_pylist()
+    return {r["batch_id"]: ids.digest(r["shas"])[:16] for r in rows}
+
+
+def joined_by_key(outer: Iterator[list[dict[str, Any]]], inner: Iterator[list[dict[str, Any]]],
+                  key: str = "trajectory_key") -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """Two streams of row batches, both ordered by ``key``: each outer row with the inner rows of
+    its key (consecutive outer rows of one key share them), one key's rows in memory at a time.
+    Inner rows of keys the outer stream lacks are skipped."""
+    rows = (r for batch in inner for r in batch)
+    pending = next(rows, None)
+    current, mine = None, []
+    for batch in outer:
+        for row in batch:
+            if row[key] != current:
+                current, mine = row[key], []
+                while pending is not None and pending[key] < current:
+                    pending = next(rows, None)
+                while pending is not None and pending[key] == current:
+                    mine.append(pending)
+                    pending = next(rows, None)
+            yield row, mine
 
 
 def is_current(wh: Warehouse, table: str, version: str) -> bool:

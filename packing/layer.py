@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from lineage.catalog import Warehouse, now_utc
-from lineage.rebuild import inputs_fingerprint, mark_running, run_row
+from lineage.rebuild import inputs_fingerprint, joined_by_key, mark_running, run_row
 from packing.pack import POLICIES, Segment, best_fit_decreasing
 from packing.render import TEMPLATE, TEMPLATE_VERSION, render
 from packing.tokenizers import DEFAULT_TOKENIZER, get_tokenizer
@@ -83,19 +83,8 @@ def _fragments_with_steps(wh: Warehouse, dedup: str) -> Iterator[tuple[dict, dic
     frag_stream = wh.stream(_FRAGMENTS_SQL.format(dedup=where), batch_rows=2_000, memory_limit="512MB", threads=1)
     step_stream = wh.stream(_STEPS_SQL, memory_limit="512MB", threads=1)
     try:
-        steps = (s for batch in step_stream for s in batch)
-        pending = next(steps, None)
-        key, mine = None, {}
-        for batch in frag_stream:
-            for f in batch:
-                if f["trajectory_key"] != key:
-                    key, mine = f["trajectory_key"], {}
-                    while pending is not None and pending["trajectory_key"] < key:
-                        pending = next(steps, None)
-                    while pending is not None and pending["trajectory_key"] == key:
-                        mine[pending["step_id"]] = pending
-                        pending = next(steps, None)
-                yield f, mine
+        for f, mine in joined_by_key(frag_stream, step_stream):
+            yield f, {s["step_id"]: s for s in mine}
     finally:
         frag_stream.close()
         step_stream.close()
