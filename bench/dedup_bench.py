@@ -11,12 +11,14 @@
 from __future__ import annotations
 
 import json
-import resource
 import subprocess
 import sys
 import time
 from collections import Counter
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peak import peak_rss_mb  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -97,7 +99,7 @@ def _scale_child(n: int) -> None:
                       "groups": len(set(groups.group_of.values())),
                       "largest_group": max(Counter(groups.group_of.values()).values()),
                       "splits": {s: sum(r.split == s for r in splits) for s in ("train", "valid", "test", "held_out")},
-                      "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}))
+                      "peak_rss_mb": round(peak_rss_mb())}))
 
 
 def at_scale(n: int = 100_000) -> dict:

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peak import peak_rss_mb  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +45,7 @@ def _child(mode: str, corpus: str, warehouse: str) -> None:
                     "format = 'newline_delimited', maximum_object_size = 268435456)")
         out = {"records": con.execute("SELECT count(*) FROM t").fetchall()[0][0]}
     out["seconds"] = time.perf_counter() - t0
-    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["peak_rss_mb"] = peak_rss_mb()
     print(json.dumps(out))
 
 

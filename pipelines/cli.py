@@ -73,10 +73,12 @@ def _file_size(path: Path) -> int:
 @click.option("--wait", default=60.0, show_default=True, help="Seconds to wait for another writer to finish.")
 @click.option("--flush-mb", default=64.0, show_default=True,
               help="Raw bytes buffered before a Parquet file is written (bounds memory).")
+@click.option("--allow-forgotten", is_flag=True,
+              help="Take records that a deletion request removed (refused and counted otherwise).")
 @warehouse_option
 @handle_errors
 def ingest(paths: tuple[str, ...], source: str, license_: str | None, format_: str | None,
-           max_record_mb: float, wait: float, flush_mb: float, warehouse: str | None) -> None:
+           max_record_mb: float, wait: float, flush_mb: float, allow_forgotten: bool, warehouse: str | None) -> None:
     """Ingest trajectory files or folders (JSONL or JSON, gzip read transparently) into raw."""
     from ingest.raw_store import IngestOptions, ingest_paths
     from ingest.reader import find_input_files
@@ -84,7 +86,7 @@ def ingest(paths: tuple[str, ...], source: str, license_: str | None, format_: s
     wh = Warehouse(warehouse)
     opts = IngestOptions(source=source, license=license_, format=format_,
                          max_record_bytes=int(max_record_mb * (1 << 20)), lock_timeout=wait,
-                         flush_bytes=max(1, int(flush_mb * (1 << 20))))
+                         flush_bytes=max(1, int(flush_mb * (1 << 20))), allow_forgotten=allow_forgotten)
     opts.validate()
     total = sum(_file_size(p) for p in find_input_files(paths))
     t0 = time.monotonic()
@@ -95,6 +97,9 @@ def ingest(paths: tuple[str, ...], source: str, license_: str | None, format_: s
     c.print(f"[bold]{s.n_new} new, {s.n_duplicate} already present[/], {s.n_quarantined} quarantined "
             f"— {len(s.files)} files, {render.human_bytes(s.bytes_read)} in {dt:.1f} s "
             f"({render.human_bytes(s.bytes_read / max(dt, 1e-9))}/s)")
+    if s.n_forgotten:
+        c.print(f"[yellow]{s.n_forgotten} records refused: a deletion request removed them[/] "
+                "(trajwh sql \"SELECT request_id, selector, reason FROM deletions\"; --allow-forgotten takes them)")
     if s.quarantine_reasons:
         c.print(escape("quarantined: " + ", ".join(f"{k} ({v})" for k, v in sorted(s.quarantine_reasons.items()))))
         c.print(f"  see: trajwh sql \"SELECT file_path, line_no, reason FROM quarantine WHERE batch_id = '{s.batch_id}'\"")
@@ -103,6 +108,7 @@ def ingest(paths: tuple[str, ...], source: str, license_: str | None, format_: s
     c.print(f"batch {s.batch_id} in {wh.root}; next: [bold]trajwh build[/]")
     if s.nothing_ingested:
         why = ("no input files were found" if not s.files else
+               f"{s.n_forgotten} records were forgotten before" if s.n_forgotten and not s.n_quarantined else
                "every record was quarantined: " + ", ".join(f"{k} ({v})" for k, v in s.quarantine_reasons.items()))
         render.err_console.print(f"[bold red]nothing ingested:[/] {why}")
         sys.exit(1)
@@ -268,11 +274,32 @@ def status(as_json: bool, formats: bool, warehouse: str | None) -> None:
 @warehouse_option
 @handle_errors
 def trace(ident: str, warehouse: str | None) -> None:
-    """Walk back from a fragment id, step id, trajectory key or record id to the raw record it came from."""
+    """Walk back from a fragment id, step id, trajectory key or record id to the raw record it came
+    from; PACK_ID:OFFSET traces one packed token to its segment, step, characters and raw record."""
     from lineage.trace import trace as do_trace
+    from packing.trace import parse_token_ref
 
-    t = do_trace(Warehouse(warehouse), ident)
     c = render.console
+    ref = parse_token_ref(ident)
+    if ref:
+        from packing.trace import trace_token
+
+        tt = trace_token(Warehouse(warehouse), *ref)
+        s = tt.segment
+        c.print(escape(f"token {tt.pack_id}:{tt.offset} = {tt.token} {tt.token_text!r}  position {tt.position}  "
+                       f"{'trained (loss)' if tt.trained else 'masked (input only)'}  split {tt.split}"))
+        c.print(escape(f"  segment {s['fragment_id']} ({s['kind']}) tokens {s['start']}..{s['end']}"
+                       + (f", context steps cut {len(s['removed_step_ids'])}" if s["removed_step_ids"] else "")))
+        if tt.field == "template":
+            c.print(f"  template scaffolding of step {tt.step_id} ({tt.role}/{tt.author})")
+        else:
+            c.print(escape(f"  step {tt.step_id} {tt.role}/{tt.author}, field {tt.field}, characters "
+                           f"{tt.char_start}..{tt.char_end} of the redacted text"))
+        if tt.lineage is None:
+            return
+        t = tt.lineage
+    else:
+        t = do_trace(Warehouse(warehouse), ident)
     if t.fragment:
         f = t.fragment
         c.print(f"[bold]fragment[/] {f['fragment_id']}  {f['kind']}  steps {f['start_step']}..{f['end_step']} "
@@ -330,7 +357,7 @@ def export(fmt: str, layer: str, where: str | None, out: str, warehouse: str | N
 
 
 # the other command groups register themselves on `main`
-from pipelines import cli_curation, cli_demo, cli_redaction  # noqa: E402, F401
+from pipelines import cli_curation, cli_demo, cli_forget, cli_packing, cli_redaction  # noqa: E402, F401
 
 if __name__ == "__main__":
     main()

@@ -93,10 +93,14 @@ def demo(episodes: int, seed: int, corpus: str, warehouse: str | None) -> None:
     c.print(f"redactions    {more['replacements']:>10,}\nnear-dup clusters {more['dup_clusters']:>6,}\n"
             f"task groups   {more['groups']:>10,}\nsplits        {more['splits']}\n"
             f"time leaks    {more['leaky']:>10,} episodes flagged\nfragments     {more['fragments']}")
+    from pipelines.cli_packing import print_pack_sets
+
+    print_pack_sets(wh)
     c.print(f"warehouse     {wh.root}\ncatalog       {wh.catalog_path}")
     c.print("query it:     trajwh sql \"SELECT harness_name, policy_name, avg(resolved::INT) AS success, "
             "count(*) AS n FROM episodes GROUP BY ALL ORDER BY success DESC\"")
-    c.print("              trajwh status  |  trajwh trace <step_id>  |  trajwh ui  |  docs/sql.md")
+    c.print("              trajwh status  |  trajwh trace <step_id>  |  trajwh trace <pack_id>:<token>  |  "
+            "trajwh export-packs --split train --format parquet --out DIR  |  trajwh ui  |  docs/sql.md")
 
 
 @main.command()

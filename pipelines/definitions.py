@@ -10,11 +10,11 @@ from pathlib import Path
 
 import dagster as dg
 
-from pipelines.assets import curated, fragment_layer, normalized, raw_records, redacted
+from pipelines.assets import curated, fragment_layer, normalized, packs, raw_records, redacted
 from pipelines.checks import ALL_CHECKS
 from pipelines.resources import WarehouseResource
 
-ASSETS = [raw_records, normalized, redacted, curated, fragment_layer]
+ASSETS = [raw_records, normalized, redacted, curated, fragment_layer, packs]
 #: the derived layers (everything but the ingest itself): what `trajwh build` materializes
 BUILD_SELECTION = dg.AssetSelection.all() - dg.AssetSelection.assets(raw_records)
 
@@ -60,14 +60,21 @@ defs = dg.Definitions(
 def build(warehouse: str, *, full: bool = False, include_ingest: bool = False,
           ingest_config: dict | None = None, instance: dg.DagsterInstance | None = None,
           log_level: str = "WARNING", scope: str = "episode", curate: dict | None = None,
-          config: str | None = None) -> dg.ExecuteInProcessResult:
-    """Materialize the graph in-process (``trajwh build`` and the tests use this)."""
+          config: str | None = None, pack: dict | None = None,
+          only: list[str] | None = None) -> dg.ExecuteInProcessResult:
+    """Materialize the graph in-process (``trajwh build`` and the tests use this); ``only``: just
+    these assets (their inputs must exist), e.g. ``["packs"]`` for ``trajwh pack``."""
     selection = dg.AssetSelection.all() if include_ingest else BUILD_SELECTION
+    if only:
+        selection = dg.AssetSelection.assets(*only)
     ops: dict = {"normalized": {"config": {"full": full}}, "redacted": {"config": {"full": full, "scope": scope}},
                  "curated": {"config": {"full": full, **{k: v for k, v in (curate or {}).items() if v is not None}}},
-                 "fragment_layer": {"config": {"full": full}}}
+                 "fragment_layer": {"config": {"full": full}}, "packs": {"config": {"full": full, **(pack or {})}}}
     if include_ingest:
         ops["raw_records"] = {"config": ingest_config or {}}
+    if only:  # config only for the ops that run
+        keep = {n for a in ASSETS for n in [a.op.name] if set(only) & {k.to_user_string() for k in a.keys}}
+        ops = {k: v for k, v in ops.items() if k in keep}
     return dg.materialize(
         [*ASSETS, *ALL_CHECKS],
         selection=selection,

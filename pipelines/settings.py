@@ -17,6 +17,7 @@ from dedup.splits import SplitConfig
 from fragments.outcomes import OUTCOME_RULES_VERSION
 from fragments.select import SelectConfig
 from fragments.task_stats import StatsConfig
+from packing.layer import PackConfig
 from schemas.config import Settings, parse_cutoff, parse_fractions, settings_from
 from schemas.errors import ConfigError
 
@@ -68,3 +69,13 @@ def select_config(settings: Settings) -> SelectConfig:
     fr = settings.fragments
     return SelectConfig(controls=fr.controls, context_budget_chars=fr.context_budget_chars,
                         leak_fragments=settings.leaks.train_fragments)
+
+
+def pack_config(settings: Settings, **overrides: Any) -> PackConfig:
+    """The ``[packing]`` section, with command-line values (None leaves the file's) on top."""
+    pk = settings.packing
+    base = {"tokenizer": pk.tokenizer, "seq_len": pk.seq_len, "policy": pk.policy, "dedup": pk.dedup,
+            "packer": pk.packer, "evaluation": pk.evaluation}
+    cfg = PackConfig(**{**base, **{k: v for k, v in overrides.items() if v is not None}})
+    cfg.validate()
+    return cfg

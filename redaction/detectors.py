@@ -39,6 +39,17 @@ _PLACEHOLDER = re.compile(
 PLACEHOLDER_RE = re.compile(r"<[A-Z][A-Z0-9_]*:[0-9a-f]{4,16}:[a-z]+>")
 
 
+def merge_spans(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Overlapping or touching ``(start, end)`` spans merged, in order."""
+    merged: list[tuple[int, int]] = []
+    for s, e in sorted(spans):
+        if merged and s <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], e))
+        else:
+            merged.append((s, e))
+    return merged
+
+
 def entropy(value: str) -> float:
     """Shannon entropy in bits per character."""
     if not value:

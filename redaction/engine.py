@@ -22,13 +22,14 @@ import hashlib
 import hmac
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 from urllib.parse import quote, unquote
 
 import ahocorasick
 import orjson
 
-from redaction.detectors import ALL_SHAPES, PLACEHOLDER_RE, PROVIDER_SHAPES
+from redaction.detectors import ALL_SHAPES, PLACEHOLDER_RE, PROVIDER_SHAPES, merge_spans
 from redaction.keyed import find_keyed, keyed_value_ok, secret_name
 from redaction.people import COMMON_WORDS, person_names, reserved_domain, user_names
 from redaction.pii import card_issued, keep_ip, person_analyzer, phone_number, public_domain
@@ -45,7 +46,12 @@ _NAME_TRIGGER = re.compile(r"\b[A-Z][a-z]{1,20}(?:\s+[A-Z][a-z]{1,20})+\b")
 _WORD = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"
 _PII_LEFT = {"IP_ADDRESS": _WORD + ".", "CREDIT_CARD": _WORD + ".-"}
 #: cheap shapes that find the candidates of each kind of personal data
-_EMAIL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._%+-]*@[A-Za-z0-9][A-Za-z0-9.-]*\.[A-Za-z]{2,}")
+#: an address is ``[A-Za-z0-9][A-Za-z0-9._%+-]*@`` + this, found from its ``@`` (``_emails``)
+_EMAIL_DOMAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*\.[A-Za-z]{2,}")
+_ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+_LOCAL_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._%+-")
+#: every IPv4, card and phone candidate lies in a run like this (a digit first and last, 7+ long)
+_DIGIT_RUN = re.compile(r"[+(]?\d[\d ().-]{5,}\d")
 # no look-behind at the start: a pattern that starts with \d lets the engine skip ahead fast;
 # the left boundary is checked in Python (``_PII_LEFT``)
 _IPV4 = re.compile(r"\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}(?![\d.]|\.\d)")
@@ -156,20 +162,29 @@ def _windows(lower: str, needles: tuple[str, ...]) -> list[tuple[int, int]]:
             end = len(lower) if end < 0 else end
             spans.append((max(start, i - 2000), min(end, i + 2000)))
             i = lower.find(needle, i + len(needle))
-    spans.sort()
-    merged: list[tuple[int, int]] = []
-    for s, e in spans:
-        if merged and s <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], e))
-        else:
-            merged.append((s, e))
-    return merged
+    return merge_spans(spans)
+
+
+#: texts whose findings a detector remembers (characters of text held as keys, in two generations:
+#: when the newer one is full it becomes the older, so the texts that keep coming back survive).
+#: Trajectories repeat themselves (a harness's system prompt in every episode, the task statement and
+#: the files read in every attempt of a task), and detection is a function of the text alone.
+#: Measured on the synthetic corpus at 20,000 episodes (303 M characters, 26 % distinct): share of
+#: the characters still scanned with 16 M / 32 M / 64 M characters remembered: 0.41 / 0.35 / 0.30
+#: (clearing when full instead: 0.46 / 0.39 / 0.32). 64 M characters cost about 100 MB per process.
+MEMO_CHARS = 64_000_000
+_MEMO_ENTRY = 100  # what an entry costs beyond its text (dict slot, tuple), counted as characters
 
 
 class Detector:
     """Finds sensitive spans in text; the result is a sorted list of non-overlapping findings."""
 
-    def __init__(self, *, personal_data: bool = True, decode: bool = True, redact_private_ips: bool = True):
+    def __init__(self, *, personal_data: bool = True, decode: bool = True, redact_private_ips: bool = True,
+                 memo_chars: int = MEMO_CHARS):
+        self._memo: dict[str, tuple[Finding, ...]] = {}
+        self._older: dict[str, tuple[Finding, ...]] = {}  # the previous generation, kept until the next turn
+        self._memo_chars, self._memo_budget = 0, memo_chars
+        self.memo_misses = 0
         self.personal_data = personal_data
         self.decode = decode
         self.redact_private = redact_private_ips
@@ -180,6 +195,22 @@ class Detector:
     def find(self, text: str, depth: int = 0) -> list[Finding]:
         if not text:
             return []
+        if depth or len(text) > self._memo_budget // 4:
+            return self._find(text, depth)
+        hit = self._memo.get(text)
+        if hit is None:
+            hit = self._older.get(text)
+            if hit is None:
+                self.memo_misses += 1
+                hit = tuple(self._find(text, depth))
+            cost = len(text) + _MEMO_ENTRY
+            if self._memo_chars + cost > self._memo_budget // 2:  # two generations: the hot texts survive
+                self._older, self._memo, self._memo_chars = self._memo, {}, 0
+            self._memo[text] = hit
+            self._memo_chars += cost
+        return list(hit)
+
+    def _find(self, text: str, depth: int) -> list[Finding]:
         found: list[Finding] = []
         lower = text.lower()
         # which triggers occur at all: one pass of a combined pattern per case mode, not one test per shape
@@ -222,17 +253,16 @@ class Detector:
         def free(s: int, e: int) -> bool:
             return not any(f.start <= s and e <= f.end for f in already)
 
-        if "@" in text:
-            for m in _EMAIL.finditer(text):
-                s, e = m.start(), m.end()
-                domain = m.group(0).rsplit("@", 1)[1]
-                if (s and text[s - 1] in _WORD + ".") or not free(s, e) or reserved_domain(domain):
-                    continue
-                if text[e:e + 1] == ":" and not text[e + 1:e + 2].isspace():
-                    continue  # git@github.com:org/repo.git is a remote (scp-like), not an address
-                if public_domain(domain):
-                    out.append(Finding(s, e, "EMAIL", "email"))
-        for m in _IPV4.finditer(text):
+        for s, e in _emails(text):
+            domain = text[s:e].rsplit("@", 1)[1]
+            if (s and text[s - 1] in _WORD + ".") or not free(s, e) or reserved_domain(domain):
+                continue
+            if text[e:e + 1] == ":" and not text[e + 1:e + 2].isspace():
+                continue  # git@github.com:org/repo.git is a remote (scp-like), not an address
+            if public_domain(domain):
+                out.append(Finding(s, e, "EMAIL", "email"))
+        runs = [(m.start(), m.end() + 2) for m in _DIGIT_RUN.finditer(text)]  # + what the lookaheads read
+        for m in (m for a, b in runs for m in _IPV4.finditer(text, a, b)):
             s, e = m.start(), m.end()
             if (s and text[s - 1] in _PII_LEFT["IP_ADDRESS"]) or not free(s, e):
                 continue
@@ -245,14 +275,15 @@ class Detector:
                     continue
                 if not keep_ip(value, "", "", redact_private=self.redact_private):
                     out.append(Finding(m.start(1), m.end(1), "IP_ADDRESS", "ip"))
-        for m in _CARD.finditer(text):
+        for m in (m for a, b in runs for m in _CARD.finditer(text, a, b)):
             glued = m.start() and text[m.start() - 1] in _PII_LEFT["CREDIT_CARD"]
             best = _card_in(m.group(0), skip_first=bool(glued))
             if best is not None:
                 s, e = m.start() + best[0], m.start() + best[1]
                 if free(s, e):
                     out.append(Finding(s, e, "CREDIT_CARD", "card"))
-        for m in (m for h in _PHONE_HINT.finditer(text) for m in _PHONE.finditer(text, h.start(), h.end())):
+        hints = (h for a, b in runs for h in _PHONE_HINT.finditer(text, a, b))
+        for m in (m for h in hints for m in _PHONE.finditer(text, h.start(), h.end())):
             value, s, e = m.group(0), m.start(), m.end()
             if not free(s, e) or not _phone_context(text, s, e) or not phone_number(value):
                 continue
@@ -301,6 +332,26 @@ class Detector:
         return out
 
 
+def _emails(text: str):
+    """E-mail candidates (``start, end``), found from each ``@`` instead of tried at every letter:
+    the local part is the run of its characters before the ``@`` (not reaching into the previous
+    address), from its first letter or digit; the domain is matched after it."""
+    at, prev_end = text.find("@"), 0
+    while at >= 0:
+        start = at
+        while start > prev_end and text[start - 1] in _LOCAL_CHARS:
+            start -= 1
+        while start < at and text[start] not in _ALNUM:
+            start += 1
+        m = _EMAIL_DOMAIN.match(text, at + 1) if start < at else None
+        if m:
+            yield start, m.end()
+            prev_end = m.end()
+            at = text.find("@", prev_end)
+        else:
+            at = text.find("@", at + 1)
+
+
 def _card_in(run: str, skip_first: bool = False) -> tuple[int, int] | None:
     """The longest run of whole digit groups inside ``run`` that is a Luhn-valid card number
     (a run of digits can join a card to a neighbouring number: "44 4111 1111 1111 1111"; a first
@@ -346,15 +397,17 @@ def _phone_context(text: str, s: int, e: int) -> bool:
 _NAMES = ("USERNAME", "PERSON")
 
 
-def _spellings(value: str) -> set[str]:
-    """How a value recurs in other encodings: JSON-escaped (once and twice), URL-encoded."""
+@lru_cache(maxsize=65_536)
+def _spellings(value: str) -> frozenset[str]:
+    """How a value recurs in other encodings: JSON-escaped (once and twice), URL-encoded (asked once
+    per value and text: remembered)."""
     out = {value}
     escaped = orjson.dumps(value).decode()[1:-1]
     out.add(escaped)
     out.add(orjson.dumps(escaped).decode()[1:-1])
     out.add(quote(value, safe=""))
     out.add(quote(value, safe="/"))
-    return {v for v in out if v}
+    return frozenset(v for v in out if v)
 
 
 def _known_values(text: str, scope: Scope) -> list[Finding]:

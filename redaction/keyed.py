@@ -21,7 +21,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from redaction.detectors import entropy, is_placeholder
+import ahocorasick
+
+from redaction.detectors import entropy, is_placeholder, merge_spans
 
 #: words that make a name secret (matched inside the name, case-insensitively)
 _SECRET_WORDS = re.compile(
@@ -140,31 +142,50 @@ def _value_span(text: str, start: int, opener: str | None, url_query: bool) -> t
 _QUERY_NAMES = {"key", "sig", "signature", "code_verifier", "x-amz-signature", "x-goog-signature", "pwd", "pass"}
 
 
-#: a secret name holds one of these (lower-cased); only lines that do are searched
-_NEEDLES = re.compile(r"pass|pwd|secret|token|key|auth|credential|session|sessid|cookie|csrf|xsrf|sig|connection")
+#: a secret name holds one of these (lower-cased); names are looked for only around them
+_NEEDLES = ("pass", "pwd", "secret", "token", "key", "auth", "credential", "session", "sessid", "cookie", "csrf",
+            "xsrf", "sig", "connection", "verifier")
+_NEEDLE_AUTOMATON = ahocorasick.Automaton()
+for _n in _NEEDLES:
+    _NEEDLE_AUTOMATON.add_word(_n, len(_n))
+_NEEDLE_AUTOMATON.make_automaton()
+#: the characters a name (or a flag with its dashes) is made of, and what may stand before it
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-$@")
+_NAME_RUN_RIGHT = re.compile(r"[A-Za-z0-9_.\-]{0,80}")
+#: the longest quote before a name (``\\\"``, double-escaped JSON) and what may follow it up to
+#: the value's opening quote (the separator's blanks are rarely longer)
+_LEFT_MARGIN, _RIGHT_MARGIN = 4, 200
 
 
-def _lines_with_needles(text: str) -> Iterator[tuple[int, int]]:
-    """Spans of the lines that hold a needle, merged (at most 4,000 characters around it)."""
+def _name_windows(text: str) -> list[tuple[int, int]]:
+    """Small windows around each name that holds a needle (the name, its quotes, separator and
+    opening quote), merged: assignments are matched only there, not along whole lines (a secret
+    word in a line is common in code; an assignment to it is not)."""
     lower = text.lower()
-    last_end = -1
-    for m in _NEEDLES.finditer(lower):
-        if m.start() < last_end:
-            continue
-        start = max(lower.rfind("\n", 0, m.start()) + 1, m.start() - 2000)
-        end = lower.find("\n", m.end())
-        end = min(len(lower) if end < 0 else end, m.end() + 2000)
-        yield start, end
-        last_end = end
+    if len(lower) != len(text):  # a character whose lower case is longer ("İ"): offsets would shift
+        return [(0, len(text))]
+    spans = []
+    for end, length in _NEEDLE_AUTOMATON.iter(lower):
+        i = end + 1 - length
+        start, floor = i, max(0, i - 80)
+        while start > floor and text[start - 1] in _NAME_CHARS:
+            start -= 1
+        start = max(0, start - _LEFT_MARGIN)
+        line_start = text.rfind("\n", 0, i) + 1
+        right = _NAME_RUN_RIGHT.match(text, end + 1).end()
+        line_end = text.find("\n", right)
+        stop = min(len(text) if line_end < 0 else line_end, right + _RIGHT_MARGIN)
+        spans.append((max(start, line_start), stop))
+    return merge_spans(spans)
 
 
 def find_keyed(text: str) -> Iterator[tuple[int, int, str, str]]:
     """``(start, end, entity, detector)`` of context-keyed secret values in ``text``."""
-    for start, end in _lines_with_needles(text):
+    for start, end in _name_windows(text):
         for s, e, entity, detector in _find_assignments(text, start, end):
             yield s, e, entity, detector
-    for pattern, detector in ((_MYSQL, "cli_flag"), (_CURL_USER, "cli_flag")):
-        if "-p" in text or "-u" in text or "--user" in text:
+    for pattern, detector, needed in ((_MYSQL, "cli_flag", ("mysql", "mariadb")), (_CURL_USER, "cli_flag", ("-u",))):
+        if any(n in text for n in needed):  # every match holds one of these
             for m in pattern.finditer(text):
                 if not is_placeholder(m.group("v")):
                     yield m.start("v"), m.end("v"), "PASSWORD", detector

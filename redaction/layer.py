@@ -1,11 +1,15 @@
-"""Build the redacted layer: ``redacted_episodes``, ``redacted_steps``, ``redaction_events``.
+"""Build the redacted layer: ``redacted_episodes``, ``redacted_steps``, ``redaction_events``,
+``redacted_tool_schemas``.
 
 Per ingest batch, like the normalized layer: a batch is (re)built when its normalized rows or
 the redaction policy changed, and its output files are swapped in one catalog commit. Each
 episode is one scope by default: a first pass learns every sensitive value in all of the
 episode's fields, a second replaces them, so a token seen in a tool call, a later observation
 and a diff is one placeholder everywhere in the episode, even where nothing around it says
-"secret". Tool-call arguments and metadata are redacted as JSON and stay valid JSON.
+"secret". Tool-call arguments and metadata are redacted as JSON and stay valid JSON. The tool
+definitions a batch brought (``tool_schemas``, stored once per digest) are redacted as JSON too,
+each definition its own scope (``tool_schema:DIGEST``): packing renders them from here, never from
+the normalized layer.
 """
 
 from __future__ import annotations
@@ -26,14 +30,17 @@ from schemas import ids
 from schemas.arrow import arrow_schema
 from schemas.errors import ConfigError
 from schemas.repository import is_normalized_remote
-from schemas.tables import EpisodeRow, LineageEdgeRow, RedactionEventRow, StepRow
+from schemas.tables import EpisodeRow, LineageEdgeRow, RedactionEventRow, StepRow, ToolSchemaRow
 
 TRANSFORM = "redact"
 _EPISODE_TEXT = ("task_text", "repository", "termination_reason", "exit_status")
 _EPISODE_JSON = ("metadata",)
 _STEP_TEXT = ("text", "observation", "action_object", "action_command")
 _STEP_JSON = ("metadata",)
-_OUT_TABLES = ("redacted_episodes", "redacted_steps", "redaction_events")
+_OUT_TABLES = ("redacted_episodes", "redacted_steps", "redaction_events", "redacted_tool_schemas")
+#: what a layer built by this code holds (part of the layer version: a layer without its
+#: redacted tool schemas is rebuilt once)
+_LAYER_FORMAT = "2"
 
 
 @dataclass
@@ -50,7 +57,7 @@ class RedactSummary:
 
 def layer_version(scope_kind: str, normalized_version: str, private_addresses: bool = True) -> str:
     private = "" if private_addresses else ";private_addresses=kept"
-    return f"{TRANSFORM}@{POLICY_VERSION};scope={scope_kind}{private};from={normalized_version}"
+    return f"{TRANSFORM}@{POLICY_VERSION};layer={_LAYER_FORMAT};scope={scope_kind}{private};from={normalized_version}"
 
 
 def _scope_id(kind: str, episode: dict[str, Any]) -> str:
@@ -248,6 +255,39 @@ def _redacted(items: Iterator[tuple[dict, list[dict]]], worker: EpisodeRedactor,
         yield tables, counts
 
 
+def _redact_tool_schemas(wh: Warehouse, batch_id: str, redactor: Redactor, run_id: str, scope_kind: str,
+                         vault: list[dict]) -> tuple[pa.Table, pa.Table, dict[str, int]]:
+    """The batch's tool definitions redacted as JSON, each in its own scope; their events (keyed by
+    the definition's digest, table ``tool_schemas``) and vault entries."""
+    rows, events, by_type = [], [], {}
+    for path in wh.files("tool_schemas", batch_id=batch_id):
+        for row in pq.read_table(path).to_pylist():
+            digest = row["tool_schema_digest"]
+            sid = f"tool_schema:{digest}"
+            scope = redactor.scope(sid)
+            redactor.learn(row["schema_text"], scope)
+            ev: list[Replacement] = []
+            text = redactor.json_text(row["schema_text"], scope, "schema_text", ev)
+            scope.learned.clear()
+            rows.append(_lineage({**row, "schema_text": text, "_batch_id": batch_id}, run_id))
+            for e in ev:
+                by_type[e.entity] = by_type.get(e.entity, 0) + 1
+                events.append({"event_id": ids.short_id(digest, e.field, str(e.start), str(e.end)),
+                               "trajectory_key": digest, "step_id": None, "table_name": "tool_schemas",
+                               "field": e.field, "start": e.start, "end": e.end, "entity_type": e.entity,
+                               "detector": e.detector, "placeholder": e.placeholder,
+                               "scope_kind": "tool_schema", "policy_version": POLICY_VERSION,
+                               "_batch_id": batch_id, "_run_id": run_id})
+            vault.extend({"placeholder": ph, "scope_kind": scope_kind, "scope_id": sid, "entity_type": entity,
+                          "value": value, "policy_version": POLICY_VERSION}
+                         for ph, (entity, value) in scope.values.items())
+    return (pa.Table.from_pylist(rows, schema=_TOOL_SCHEMA), pa.Table.from_pylist(events, schema=_SCHEMAS["redaction_events"]),
+            by_type)
+
+
+_TOOL_SCHEMA = arrow_schema(ToolSchemaRow)
+
+
 def _redact_batch(wh: Warehouse, session: Any, batch_id: str, run_id: str, redactor: Redactor, scope_kind: str,
                   summary: RedactSummary, progress: Callable[[int], None] | None,
                   private_addresses: bool = True) -> tuple[list, list[dict]]:
@@ -282,6 +322,14 @@ def _redact_batch(wh: Warehouse, session: Any, batch_id: str, run_id: str, redac
             flush()
             pending_steps = 0
     flush()
+    schemas, events, by_type = _redact_tool_schemas(wh, batch_id, redactor, run_id, scope_kind, vault)
+    if schemas.num_rows:
+        files.append(session.write("redacted_tool_schemas", schemas))
+    if events.num_rows:
+        files.append(session.write("redaction_events", events))
+    summary.replacements += events.num_rows
+    for k, v in by_type.items():
+        summary.by_type[k] = summary.by_type.get(k, 0) + v
     return files, vault
 
 

@@ -82,6 +82,7 @@ PARQUET_TABLES: dict[str, type[BaseModel]] = {
     "redacted_episodes": tables.EpisodeRow,
     "redacted_steps": tables.StepRow,
     "redaction_events": tables.RedactionEventRow,
+    "redacted_tool_schemas": tables.ToolSchemaRow,
     "episode_features": tables.EpisodeFeatureRow,
     "near_dup_clusters": tables.NearDupClusterRow,
     "task_groups": tables.TaskGroupRow,
@@ -104,6 +105,7 @@ TABLE_LAYERS: dict[str, str] = {
     "redacted_episodes": "redacted",
     "redacted_steps": "redacted",
     "redaction_events": "redacted",
+    "redacted_tool_schemas": "redacted",
     "episode_features": "curated",
     "near_dup_clusters": "curated",
     "task_groups": "curated",
@@ -120,6 +122,7 @@ CATALOG_TABLES: dict[str, type[BaseModel]] = {
     "batches": tables.BatchRow,
     "ingested_files": tables.IngestedFileRow,
     "runs": tables.RunRow,
+    "deletions": tables.DeletionRow,
 }
 
 #: layers that hold secrets: owner-only permissions (ARCHITECTURE.md section 1)

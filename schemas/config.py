@@ -34,6 +34,14 @@ Example (all keys optional)::
     controls = false               # emit control_random / control_adjacent fragments (never trained)
     context_budget_chars = 48000   # masked context per fragment: task statement, localization, ...
 
+    [packing]
+    tokenizer = "qwen2.5"          # qwen2.5, cl100k, or a Hugging Face tokenizer folder
+    seq_len = 8192                 # tokens per packed sequence
+    policy = "drop"                # longer fragments: drop, truncate-context or split
+    dedup = "representative"       # near-duplicates: representative, weighted or all
+    packer = "min-slack"           # min-slack, best-fit-decreasing or first-fit
+    evaluation = true              # also pack the resolved episodes of valid / test (an evaluation loss)
+
     [outcomes]
     rules_version = "2.0.0"        # the taxonomy rules this file was written for (checked)
 
@@ -114,6 +122,36 @@ class FragmentSettings(_Section):
     context_budget_chars: int = Field(48_000, ge=0)
 
 
+class PackingSettings(_Section):
+    tokenizer: str = "qwen2.5"
+    seq_len: int = Field(8192, ge=16, le=1 << 20)
+    policy: str = "drop"
+    dedup: str = "representative"
+    packer: str = "min-slack"
+    evaluation: bool = True
+
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, v: str) -> str:
+        return _one_of(v, ("drop", "truncate-context", "split"))
+
+    @field_validator("dedup")
+    @classmethod
+    def _dedup(cls, v: str) -> str:
+        return _one_of(v, ("representative", "weighted", "all"))
+
+    @field_validator("packer")
+    @classmethod
+    def _packer(cls, v: str) -> str:
+        return _one_of(v, ("min-slack", "best-fit-decreasing", "first-fit"))
+
+
+def _one_of(v: str, valid: tuple[str, ...]) -> str:
+    if v not in valid:
+        raise ValueError(f"{v!r} is not one of {', '.join(valid)}")
+    return v
+
+
 class OutcomeSettings(_Section):
     rules_version: str | None = None
 
@@ -144,6 +182,7 @@ class Settings(_Section):
     near_dup: NearDupSettings = NearDupSettings()
     leaks: LeakSettings = LeakSettings()
     fragments: FragmentSettings = FragmentSettings()
+    packing: PackingSettings = PackingSettings()
     outcomes: OutcomeSettings = OutcomeSettings()
     stats: StatsSettings = StatsSettings()
     source: str | None = Field(None, exclude=True)  # the file it came from, if any

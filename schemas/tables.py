@@ -12,7 +12,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = "1.4.0"  # 1.1: canonical actions on steps and tool calls; 1.2: base_commit_at, normalized repository;
+SCHEMA_VERSION = "1.6.0"  # 1.6: redacted_tool_schemas (what packing renders); 1.5: pack segments carry kind, split and the context steps cut; 1.1: canonical actions on steps and tool calls; 1.2: base_commit_at, normalized repository;
 # 1.3: tool_schemas table, tool calls keep the request the harness executed when it rewrote the model's;
 # 1.4: episode_features (per-batch curation inputs), outcomes.inputs_digest
 
@@ -138,6 +138,26 @@ class RunRow(_Row):
     counts: JsonText
     code_version: str
     error: str | None = None
+
+
+class DeletionRow(_Row):
+    """A deletion request and its tombstone (docs/forget.md): what was asked, the plan's ids, how far
+    it got, counts per layer, the sha256 of each deleted raw payload and salted fingerprints of
+    probe strings for the proof; never the content itself."""
+
+    request_id: str
+    requested_at: datetime
+    selector: str
+    reason: str
+    status: str  # planned | sources_removed | rebuilt | compacted | verified | verify_failed
+    record_ids: list[str]
+    trajectory_keys: list[str]
+    record_digests: list[str]  # sha256 of each deleted raw payload: re-ingest is refused by it
+    probe_fingerprints: list[str]
+    counts: JsonText  # rows per layer, as planned
+    moved: JsonText | None = None  # episodes whose split changed because their group lost episodes
+    verify_result: JsonText | None = None
+    updated_at: datetime
 
 
 # --- normalized zone -------------------------------------------------------------------------
@@ -455,12 +475,16 @@ class FragmentRow(_Row):
 
 
 class PackSegmentRow(_Row):
-    fragment_id: str  # "fragment_id#k" for the k-th piece of a split fragment
+    fragment_id: str  # "fragment_id#k" for the k-th piece of a split fragment; "ev-..." an evaluation episode
     start: int  # token offsets in the sequence, end exclusive
     end: int
     trajectory_key: str
+    kind: str  # the fragment's kind, or "eval_episode" (a whole resolved episode of an evaluation split)
+    split: str
     dedup_weight: float | None = None
     cluster_id: str | None = None
+    piece: int | None = None  # policy split: which seq_len-long piece of the rendering (0-based)
+    removed_step_ids: list[str] = []  # policy truncate-context: the context steps cut (not rendered)
 
 
 class PackRow(_Row):

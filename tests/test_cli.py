@@ -60,7 +60,8 @@ def test_build_status_and_trace(built):
     reasons = {(q["stage"], q["reason_code"]): q["n"] for q in st["quarantine"]}
     assert reasons[("normalize", "invalid_record")] == 3
     assert reasons[("normalize", "duplicate_episode")] == 1
-    assert reasons[("ingest", "unknown_format")] == 4  # README.md, not_a_trajectory.txt, actions/shell_commands.tsv, redaction_eval/heldout.jsonl
+    # README.md, not_a_trajectory.txt, actions/shell_commands.tsv, redaction_eval/heldout.jsonl, chat_templates/qwen2.5.jinja
+    assert reasons[("ingest", "unknown_format")] == 5
     human = run(built, "status")
     assert "raw_records" in human.stdout and "quarantine by reason" in human.stdout
 

@@ -1,11 +1,14 @@
-"""Packed token layer, first part (issue 15): offline tokenizers and template rendering with an
-exact loss mask, checked on every source format (real corpus and synthetic)."""
+"""Packed token layer (issue 15): offline tokenizers, template rendering with an exact loss mask
+(every source format, real corpus and synthetic), packers, the packs table and its check, exports,
+token trace, Hugging Face tokenizer folders, tool definitions."""
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import SHARED_CORPUS
 
@@ -61,11 +64,12 @@ def _check(rendered, steps: list[dict], span: set[str], tok) -> None:
     assert tok.decode(unmasked) == trained_text(steps, span, tok)
 
 
-@pytest.mark.parametrize("tokenizer", ["qwen2.5", "cl100k"])
-def test_every_source_format_masks_exactly_the_model_tokens(built: Warehouse, tokenizer: str):
+@pytest.mark.parametrize("tokenizer", ["qwen2.5", "cl100k", "hf-folder"])
+def test_every_source_format_masks_exactly_the_model_tokens(built: Warehouse, tokenizer: str, request):
     """Whole episodes (every step in the span) of every format: no harness, environment, human or
-    system token is trained; every model step is; the trained tokens decode to the model's content."""
-    tok = get_tokenizer(tokenizer)
+    system token is trained; every model step is; the trained tokens decode to the model's content.
+    hf-folder: a Hugging Face tokenizer folder rendered through its own jinja template."""
+    tok = get_tokenizer(str(request.getfixturevalue("hf_folder")) if tokenizer == "hf-folder" else tokenizer)
     by_format: dict[str, int] = defaultdict(int)
     for e in built.query("SELECT trajectory_key, format FROM redacted_episodes ORDER BY trajectory_key").to_pylist():
         steps = _steps(built, e["trajectory_key"])
@@ -133,13 +137,14 @@ def _segments(n: int, seed: int, longest: int = 3000) -> list:
     return out
 
 
-def test_best_fit_decreasing_places_every_segment_once_within_the_length():
+@pytest.mark.parametrize("packer", ["min-slack", "best-fit-decreasing"])
+def test_packers_place_every_segment_once_within_the_length(packer: str):
     import math
 
-    from packing.pack import best_fit_decreasing, first_fit
+    from packing.pack import PACKERS, first_fit
 
     segs = _segments(400, seed=3)
-    r = best_fit_decreasing(segs, 8192)
+    r = PACKERS[packer](segs, 8192)
     placed = [fid for s in r.sequences for fid, _, _ in s.segments]
     assert sorted(placed) == sorted(s.fragment_id for s in segs) and not r.dropped
     by_id = {s.fragment_id: s for s in segs}
@@ -147,14 +152,53 @@ def test_best_fit_decreasing_places_every_segment_once_within_the_length():
         assert len(s.ids) <= 8192 and len(s.ids) == len(s.mask) == len(s.positions)
         for fid, start, end in s.segments:  # each segment's tokens, mask and restarted positions
             assert tuple(s.ids[start:end]) == by_id[fid].ids and tuple(s.mask[start:end]) == by_id[fid].mask
-            assert s.positions[start:end] == list(range(end - start))
+            assert list(s.positions[start:end]) == list(range(end - start))
     total = sum(len(s) for s in segs)
     assert len(r.sequences) >= math.ceil(total / 8192)
     ff = first_fit(segs, 8192)
     assert len(r.sequences) <= len(ff.sequences) and r.efficiency >= ff.efficiency and r.efficiency > 0.97
     # deterministic whatever the input order
-    again = best_fit_decreasing(list(reversed(segs)), 8192)
+    again = PACKERS[packer](list(reversed(segs)), 8192)
     assert [s.segments for s in again.sequences] == [s.segments for s in r.sequences]
+
+
+def test_min_slack_fills_sequences_at_least_as_well_as_best_fit():
+    from packing.pack import Segment, best_fit_decreasing, min_slack
+
+    # 5, 4, 3, 3, 3, 2 into 10: best fit, one segment at a time, makes 5+4 | 3+3+3 | 2; filling each
+    # sequence as well as possible makes 5+3+2 | 4+3+3
+    exact = [Segment(f"s{i}", (1,) * n, (1,) * n) for i, n in enumerate([4000, 3200, 2400, 2400, 2400, 1600])]
+    assert len(best_fit_decreasing(exact, 8000).sequences) == 3
+    r = min_slack(exact, 8000)
+    assert [[e - b for _, b, e in s.segments] for s in r.sequences] == [[4000, 2400, 1600], [3200, 2400, 2400]]
+
+
+def test_truncate_context_cuts_oldest_exchanges_keeps_head_and_span():
+    from packing.render import truncate_context
+
+    tok = get_tokenizer()
+    steps = [{"step_id": "sys", "author": "harness", "role": "system", "text": "You are an agent."},
+             {"step_id": "task", "author": "user", "role": "user", "text": "Fix the failing test in utils.py."}]
+    for i in range(6):
+        steps.append({"step_id": f"m{i}", "author": "model", "role": "assistant", "text": f"step {i} " * 30,
+                      "tool_calls": [{"name": "bash", "arguments": '{"cmd": "ls"}'}]})
+        steps.append({"step_id": f"o{i}", "author": "environment", "role": "tool", "observation": f"file{i}.py " * 40})
+    span = {"m4", "o4", "m5", "o5"}
+    full = render(steps, span, tok)
+    span_tokens = sum(e - b for sid, b, e, _ in full.steps if sid in span)
+    head_tokens = full.steps[2][1]
+    seq_len = len(full.ids) - 10  # a little too long: the oldest exchange (m0 + o0) goes, nothing else
+    r, removed = truncate_context(steps, span, seq_len, tok)
+    assert removed == ["m0", "o0"] and len(r.ids) <= seq_len
+    kept = [s for s in steps if s["step_id"] not in removed]
+    again = render(kept, span, tok)
+    assert (r.ids, r.mask) == (again.ids, again.mask)  # exactly the rendering of the kept steps
+    assert r.trainable == full.trainable  # the trained span is whole
+    r, removed = truncate_context(steps, span, head_tokens + span_tokens, tok)
+    assert removed == ["m0", "o0", "m1", "o1", "m2", "o2", "m3", "o3"] and r.trainable == full.trainable
+    assert truncate_context(steps, span, head_tokens + span_tokens - 1, tok) is None  # the span alone is too long
+    r, removed = truncate_context(steps, span, len(full.ids), tok)
+    assert removed == [] and r.ids == full.ids
 
 
 def test_over_length_segments_are_dropped_or_split_never_silently():
@@ -197,23 +241,33 @@ def test_packs_table_per_split_beside_other_pack_sets(built: Warehouse):
     packs = built.query("SELECT * FROM packs").to_pylist()
     frag = {r["fragment_id"]: r for r in built.query(
         "SELECT fragment_id, trajectory_key, split, step_ids, span_step_ids FROM fragments").to_pylist()}
+    # evaluation splits: each resolved episode whole, every model step trained
+    evals = built.query("""SELECT s.trajectory_key, s.split FROM splits s JOIN outcomes o USING (trajectory_key)
+                           WHERE s.split IN ('valid', 'test') AND o.outcome = 'resolved'""").to_pylist()
+    for e in evals:
+        steps = [x["step_id"] for x in _steps(built, e["trajectory_key"])]
+        frag["ev-" + hashlib.sha256(e["trajectory_key"].encode()).hexdigest()[:20]] = {
+            **e, "step_ids": steps, "span_step_ids": steps}
     reps = {r["trajectory_key"] for r in built.query(
         "SELECT trajectory_key FROM near_dup_clusters WHERE is_representative").to_pylist()}
     tok = get_tokenizer()
-    checked = 0
+    checked, seen_splits = {"fragment": 0, "eval": 0}, set()
     for p in packs:
+        seen_splits.add(p["split"])
         assert p["n_tokens"] == len(p["input_ids"]) == len(p["loss_mask"]) <= 8192
         for seg in p["segments"]:
             f = frag[seg["fragment_id"]]
-            assert f["split"] == p["split"] and f["trajectory_key"] in reps  # no split mixing; representatives
+            assert seg["split"] == f["split"] == p["split"] and f["trajectory_key"] in reps  # no split mixing; representatives
             assert p["position_ids"][seg["start"]:seg["end"]] == list(range(seg["end"] - seg["start"]))
-            if checked < 40:  # the segment is the fragment, rendered: token for token, mask for mask
+            which = "eval" if seg["kind"] == "eval_episode" else "fragment"
+            if checked[which] < 40:  # the segment is the fragment, rendered: token for token, mask for mask
                 by_id = {x["step_id"]: x for x in _steps(built, f["trajectory_key"])}
                 r = render([by_id[i] for i in f["step_ids"]], set(f["span_step_ids"]), tok)
                 assert p["input_ids"][seg["start"]:seg["end"]] == r.ids
                 assert p["loss_mask"][seg["start"]:seg["end"]] == r.mask
-                checked += 1
-    assert checked == 40
+                checked[which] += 1
+    assert checked["fragment"] == 40 and checked["eval"] > 0, checked
+    assert seen_splits == {"train"} | {e["split"] for e in evals}
     again = build_packs(built, run_id="p2", cfg=PackConfig(seq_len=8192))
     assert again.skipped
     other = build_packs(built, run_id="p3", cfg=PackConfig(seq_len=4096, tokenizer="cl100k"))
@@ -222,3 +276,332 @@ def test_packs_table_per_split_beside_other_pack_sets(built: Warehouse):
     assert {r["t"].split("@")[0] for r in sets} == {"qwen2.5", "cl100k"}
     with pytest.raises(ConfigError, match="dedup choice"):
         build_packs(built, run_id="p4", cfg=PackConfig(dedup="some"))
+
+
+# --- verification, exports and token lineage over the built warehouse --------------------------------
+
+
+def _pack_set(wh: Warehouse) -> str:
+    from packing.layer import PackConfig, build_packs
+
+    return build_packs(wh, run_id="pv", cfg=PackConfig()).pack_set
+
+
+def test_build_materializes_packs_and_its_check_passes(built: Warehouse):
+    runs = built.query("SELECT job FROM runs WHERE job = 'packs'").column(0).to_pylist()
+    assert runs, "trajwh build makes the packs asset"
+    from packing.verify import verify_packs, violations
+
+    r = verify_packs(built, _pack_set(built))
+    assert violations(r) == 0 and r["segments"] > 0 and r["tokens"] > 0, r
+    assert r["secret_scanned"] == r["segments"]  # every unit's text scanned by default (no split pieces)
+    sampled = verify_packs(built, _pack_set(built), secret_sample=4)
+    assert 0 < sampled["secret_scanned"] < r["secret_scanned"] and sampled["segments"] == r["segments"]
+    assert verify_packs(built, _pack_set(built), secret_sample=4)["secret_scanned"] == sampled["secret_scanned"]
+
+
+def test_verify_packs_catches_a_tampered_pack(built: Warehouse, tmp_path: Path):
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from packing.verify import verify_packs
+
+    wh = Warehouse(tmp_path / "copy")
+    shutil.copytree(built.root, wh.root)
+    ps = _pack_set(wh)
+    for rel in wh.query("SELECT path FROM table_files WHERE table_name = 'packs' AND contains(transform_version, ?) "
+                        "ORDER BY path", [ps]).column(0).to_pylist():
+        path = wh.root / rel
+        t = pq.read_table(path)
+        rows = t.to_pylist()
+        i = next((k for k, r in enumerate(rows) if r["split"] == "train"), None)
+        if i is not None:
+            break
+    ids = rows[i]["input_ids"]
+    j = rows[i]["segments"][0]["start"] + 3
+    ids[j] = ids[j] + 1  # one token off
+    rows[i]["segments"][-1]["split"] = "test"  # and a segment that claims another split
+    pq.write_table(type(t).from_pylist(rows, schema=t.schema), path)
+    r = verify_packs(wh, ps, scan_secrets=False)
+    assert r["round_trip_violations"] == 1 and r["split_violations"] >= 1 and r["mixed_split_violations"] == 1, r
+    assert {e["check"] for e in r["examples"]} >= {"round_trip_violations", "split_violations"}
+
+
+def _read_megatron(prefix: Path) -> list[np.ndarray]:
+    """An independent reader of the Megatron-Core indexed dataset, from its documentation: header
+    MMIDIDX\\0\\0, <Q version, <B dtype code, <Q sequence count, <Q document count, int32 lengths,
+    int64 byte pointers, int64 document indices; the .bin holds the sequences back to back."""
+    import struct
+
+    idx = prefix.with_suffix(".idx").read_bytes()
+    assert idx[:9] == b"MMIDIDX\x00\x00"
+    version, code, n_seq, n_doc = struct.unpack("<QBQQ", idx[9:9 + 25])
+    assert version == 1
+    dtype = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32,
+             8: np.uint16}[code]
+    at = 34
+    lengths = np.frombuffer(idx, np.int32, n_seq, at)
+    pointers = np.frombuffer(idx, np.int64, n_seq, at + 4 * n_seq)
+    docs = np.frombuffer(idx, np.int64, n_doc, at + 12 * n_seq)
+    assert len(idx) == at + 12 * n_seq + 8 * n_doc and docs[0] == 0 and docs[-1] == n_seq
+    data = prefix.with_suffix(".bin").read_bytes()
+    return [np.frombuffer(data, dtype, int(n), int(p)) for n, p in zip(lengths, pointers, strict=True)]
+
+
+def test_export_parquet_and_megatron_round_trip(built: Warehouse, tmp_path: Path):
+    import json
+
+    import pyarrow.parquet as pq
+
+    from packing.export import export_packs
+
+    ps = _pack_set(built)
+    packs = {r["pack_id"]: r for r in built.query(
+        "SELECT pack_id, input_ids, loss_mask, position_ids, segments, n_trainable FROM packs "
+        "WHERE pack_set = ? AND split = 'train'", [ps]).to_pylist()}
+    s = export_packs(built, split="train", fmt="parquet", out=tmp_path / "pq", pack_set=ps, rows_per_shard=7)
+    manifest = json.loads((tmp_path / "pq" / "manifest.json").read_text())
+    assert manifest["pack_set"] == ps and manifest["counts"]["sequences"] == len(packs) == s.sequences
+    assert manifest["tokenizer_id"].startswith("qwen2.5@") and manifest["template_id"].startswith("chatml-qwen2.5@")
+    shards = sorted((tmp_path / "pq" / "data").glob("train-*.parquet"))
+    assert len(shards) == -(-len(packs) // 7) and shards[0].name.endswith(f"-of-{len(shards):05d}.parquet")
+    rows = pq.read_table(shards).to_pylist()
+    for r in rows:
+        p = packs[r["pack_id"]]
+        assert r["input_ids"] == p["input_ids"] and r["position_ids"] == p["position_ids"]
+        assert r["labels"] == [t if m else -100 for t, m in zip(p["input_ids"], p["loss_mask"], strict=True)]
+        assert r["cu_seqlens"] == [0] + [g["end"] for g in p["segments"]]
+        assert r["fragment_ids"] == [g["fragment_id"] for g in p["segments"]]
+    assert set(manifest["fragment_ids"]) == {f for r in rows for f in r["fragment_ids"]}
+    assert sum(sum(1 for x in r["labels"] if x != -100) for r in rows) == manifest["counts"]["trainable_tokens"]
+    with pytest.raises(ConfigError, match="not empty"):
+        export_packs(built, split="train", fmt="parquet", out=tmp_path / "pq", pack_set=ps)
+    with pytest.raises(ConfigError, match="no 'nope' packs"):
+        export_packs(built, split="nope", fmt="parquet", out=tmp_path / "x", pack_set=ps)
+    try:
+        import datasets
+    except ImportError:
+        pass
+    else:  # what a Hugging Face user does
+        ds = datasets.load_dataset("parquet", data_dir=str(tmp_path / "pq" / "data"), split="train",
+                                   cache_dir=str(tmp_path / "hf-cache"))
+        assert len(ds) == len(packs) and set(ds.column_names) >= {"input_ids", "labels", "position_ids", "cu_seqlens"}
+
+    export_packs(built, split="train", fmt="megatron", out=tmp_path / "mg", pack_set=ps)
+    tokens = _read_megatron(tmp_path / "mg" / "train_text_document")
+    masks = _read_megatron(tmp_path / "mg" / "train_loss_mask")
+    bounds = _read_megatron(tmp_path / "mg" / "train_cu_seqlens")
+    ordered = [packs[k] for k in sorted(packs)]
+    assert [t.tolist() for t in tokens] == [p["input_ids"] for p in ordered]
+    assert [m.tolist() for m in masks] == [p["loss_mask"] for p in ordered]
+    assert [b.tolist() for b in bounds] == [[0] + [g["end"] for g in p["segments"]] for p in ordered]
+    files = json.loads((tmp_path / "mg" / "manifest.json").read_text())["files"]
+    assert set(files) == {f"train_{n}.{x}" for n in ("text_document", "loss_mask", "cu_seqlens") for x in ("bin", "idx")}
+
+
+def test_trace_a_packed_token_to_its_characters_and_raw_record(built: Warehouse):
+    from packing.trace import trace_token
+
+    ps = _pack_set(built)
+    p = built.query("SELECT pack_id, input_ids, loss_mask, segments FROM packs WHERE pack_set = ? AND split = 'train' "
+                    "ORDER BY pack_id LIMIT 1", [ps]).to_pylist()[0]
+    tok = get_tokenizer()
+    seen = set()
+    trained = [i for i, m in enumerate(p["loss_mask"]) if m]
+    for offset in sorted({0, *trained[:: max(1, len(trained) // 6)], *range(1, len(p["input_ids"]), 400)}):
+        t = trace_token(built, p["pack_id"][:12], offset)
+        assert t.token == p["input_ids"][offset] and t.trained == bool(p["loss_mask"][offset])
+        assert t.segment["start"] <= offset < t.segment["end"]
+        if t.field in ("text", "observation"):
+            value = built.query(f"SELECT {t.field} FROM redacted_steps WHERE step_id = ?", [t.step_id]).column(0)[0]
+            piece = value.as_py()[t.char_start:t.char_end]
+            # the characters the token covers are the token's own text (a token inside a character aside)
+            assert piece == tok.decode([t.token]) or "\ufffd" in tok.decode([t.token])
+            assert t.lineage.record["file_path"] and t.lineage.record["byte_offset"] is not None
+        if t.trained:
+            assert t.author == "model" and t.field != "template"
+        seen.add((t.field.split("[")[0], t.trained))
+    assert ("template", False) in seen and ("text", True) in seen and ("observation", False) in seen
+    with pytest.raises(ConfigError, match="outside pack"):
+        trace_token(built, p["pack_id"], len(p["input_ids"]))
+
+
+# --- a local Hugging Face tokenizer folder with its own jinja chat template ------------------------------
+
+HF_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
+CASES = Path(__file__).parent / "cases"
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory) -> Path:
+    """A byte-level BPE trained here (the tokenizers library) + Qwen2.5's published chat template."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=2000, special_tokens=HF_SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([p.read_text() for p in sorted(Path(__file__).parent.glob("test_*.py"))], trainer)
+    folder = tmp_path_factory.mktemp("hf-tokenizer")
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "chat_template": (CASES / "chat_templates" / "qwen2.5.jinja").read_text(), "eos_token": "<|im_end|>"}))
+    return folder
+
+
+def _conversation() -> list[dict]:
+    return [{"step_id": "s", "author": "harness", "role": "system", "text": "You are an agent."},
+            {"step_id": "u", "author": "user", "role": "user", "text": "Fix it. <|im_end|> is text here"},
+            {"step_id": "m1", "author": "model", "role": "assistant", "text": "Let me look.",
+             "tool_calls": [{"name": "bash", "arguments": '{"cmd": "ls -la"}'}]},
+            {"step_id": "o1", "author": "environment", "role": "tool", "observation": "a.py\nb.py"},
+            {"step_id": "m2", "author": "model", "role": "assistant", "text": "",
+             "tool_calls": [{"name": "bash", "arguments": '{"cmd": "cat a.py"}'}, {"name": "edit", "arguments": "raw"}]},
+            {"step_id": "o2", "author": "environment", "role": "tool", "observation": "print(1)"},
+            {"step_id": "o3", "author": "environment", "role": "tool", "observation": "error: <tool_call>"},
+            {"step_id": "m3", "author": "model", "role": "assistant", "text": "Done."}]
+
+
+def test_hf_folder_renders_through_its_own_template_with_exact_masks(hf_folder: Path):
+    import jinja2
+
+    from packing.chat_template import _tojson
+
+    tok = get_tokenizer(str(hf_folder))
+    assert tok.id.startswith(f"hf:{hf_folder.resolve()}@") and tok.template_id.startswith("jinja@")
+    steps = _conversation()
+    span = {"m2", "o2", "o3", "m3"}
+    r = render(steps, span, tok)
+    # the text is what the template itself writes for the conversation (consecutive tool results share one turn)
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = _tojson
+    msgs = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": steps[1]["text"]},
+            {"role": "assistant", "content": "Let me look.", "tool_calls": [
+                {"function": {"name": "bash", "arguments": {"cmd": "ls -la"}}}]},
+            {"role": "tool", "content": "a.py\nb.py"},
+            {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "bash", "arguments": {
+                "cmd": "cat a.py"}}}, {"function": {"name": "edit", "arguments": "raw"}}]},
+            {"role": "tool", "content": "print(1)"}, {"role": "tool", "content": "error: <tool_call>"},
+            {"role": "assistant", "content": "Done."}]
+    expected = env.from_string((CASES / "chat_templates" / "qwen2.5.jinja").read_text()).render(messages=msgs)
+    assert r.text == expected == tok.decode(r.ids)
+    assert expected.count("<|im_start|>user\n<tool_response>") == 2  # o2 and o3 in one user turn
+    _check(r, steps, span, tok)
+    trained = tok.decode([t for t, m in zip(r.ids, r.mask, strict=True) if m])
+    assert trained.startswith("<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"cmd\": \"cat a.py\"}}")
+    assert trained.endswith('"arguments": "raw"}\n</tool_call>Done.') and "Let me look" not in trained
+    # content is ordinary text: the user's "<|im_end|>" and the observation's "<tool_call>" are characters
+    user = next(o for o in r.origins if o[2] == "u" and o[3] == "text")
+    assert tok.token("<|im_end|>") not in r.ids[user[0]:user[1]]
+    obs = next(o for o in r.origins if o[2] == "o3" and o[3] == "observation")
+    assert tok.token("<tool_call>") not in r.ids[obs[0]:obs[1]]
+
+
+def test_hf_folder_packs_verify_and_refuses_bad_folders(built: Warehouse, hf_folder: Path, tmp_path: Path):
+    from packing.layer import PackConfig, build_packs
+    from packing.verify import verify_packs, violations
+
+    s = build_packs(built, run_id="hf", cfg=PackConfig(tokenizer=str(hf_folder), seq_len=16384))
+    assert sum(s.sequences.values()) > 0
+    row = built.query("SELECT DISTINCT tokenizer_id, template_id FROM packs WHERE pack_set = ?", [s.pack_set]).to_pylist()
+    assert len(row) == 1 and row[0]["tokenizer_id"].startswith("hf:") and row[0]["template_id"].startswith("jinja@")
+    r = verify_packs(built, s.pack_set, scan_secrets=False)
+    assert violations(r) == 0 and r["segments"] > 0, r
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="tokenizer.json is missing"):
+        get_tokenizer(str(tmp_path / "empty"))
+    with pytest.raises(ConfigError, match="unknown tokenizer"):
+        get_tokenizer("no-such-tokenizer")
+
+
+TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a command — in the sandbox",
+                                           "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}},
+                                                          "required": ["cmd"]}}}]
+
+
+def _qwen_jinja(messages: list[dict], tools: list[dict] | None) -> str:
+    import jinja2.sandbox
+
+    from packing.chat_template import _tojson
+
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = _tojson
+    return env.from_string((CASES / "chat_templates" / "qwen2.5.jinja").read_text()).render(messages=messages,
+                                                                                           tools=tools)
+
+
+def test_builtin_template_writes_what_qwen_writes_tools_included():
+    """The built-in ChatML is Qwen2.5's template: same text, tool definitions in the system turn
+    (never trained), tool-call arguments verbatim as the model emitted them."""
+    tok = get_tokenizer()
+    steps = _conversation()[:5]
+    steps[2] = {**steps[2], "tool_calls": [{"name": "bash", "arguments": '{"cmd": "ls -la"}'}]}
+    msgs = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": steps[1]["text"]},
+            {"role": "assistant", "content": "Let me look.", "tool_calls": [
+                {"function": {"name": "bash", "arguments": {"cmd": "ls -la"}}}]},
+            {"role": "tool", "content": "a.py\nb.py"},
+            {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "bash", "arguments": {
+                "cmd": "cat a.py"}}}, {"function": {"name": "edit", "arguments": "raw"}}]}]
+    span = {"m1", "m2"}
+    for tools in (None, TOOLS):
+        r = render(steps, span, tok, tools=tools)
+        assert r.text == _qwen_jinja(msgs, tools) == tok.decode(r.ids)
+        _check(r, steps, span, tok)
+    block = next(o for o in r.origins if o[3] == "tools")
+    assert sum(r.mask[block[0]:block[1]]) == 0 and "Run a command — in the sandbox" in r.pieces[r.origins.index(block)]
+    assert tok.token("<tool_call>") in r.ids[block[0]:block[1]]  # the template's own markup, as Qwen tokenizes it
+    # no system step: the definitions open the conversation in a system turn of their own
+    r = render(steps[1:], span, tok, tools=TOOLS)
+    assert r.text.startswith("<|im_start|>system\n# Tools\n") and sum(r.mask) == sum(render(steps, span, tok).mask)
+    # arguments as emitted: spacing, key order and non-JSON text are kept
+    emitted = '{"b": 1,  "a": "x"}'
+    r = render([{"step_id": "m", "author": "model", "role": "assistant", "text": "",
+                 "tool_calls": [{"name": "f", "arguments": emitted}, {"name": "g", "arguments": "not json"}]}],
+               {"m"}, tok)
+    assert '{"name": "f", "arguments": ' + emitted + "}" in r.text and '"arguments": "not json"}' in r.text
+
+
+def test_tool_definitions_are_packed_from_the_redacted_layer(tmp_path: Path, small_corpus: Path, hf_folder: Path):
+    import gzip
+    import json
+
+    from packing.layer import PackConfig, build_packs
+    from packing.verify import verify_packs, violations
+
+    secret = "ghp_" + "Zq4Xw8Lm2Np6Rt0Vy3Bc7Df1Gh5Jk9Ls2Mn4"
+    tools = [{"name": "deploy", "description": f"Deploy with token {secret} to the cluster",
+              "input_schema": {"type": "object", "properties": {"env": {"type": "string"}}}}]
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for f in sorted(small_corpus.iterdir()):
+        if not f.name.startswith("episodes-"):
+            continue
+        opener = gzip.open if f.suffix == ".gz" else open
+        with opener(f, "rt") as src, open(corpus / f.name.removesuffix(".gz"), "w") as dst:
+            for line in src:
+                rec = json.loads(line)
+                rec["environment"] = {**rec["environment"], "tool_schemas": tools}
+                dst.write(json.dumps(rec) + "\n")
+    wh = Warehouse(tmp_path / "wh")
+    ingest_paths(wh, [corpus], IngestOptions(source="synthetic"))
+    build(str(wh.root))
+    assert secret in wh.query("SELECT any_value(schema_text) FROM tool_schemas").column(0)[0].as_py()  # the test has teeth
+    redacted = wh.query("SELECT schema_text FROM redacted_tool_schemas").column(0).to_pylist()
+    assert redacted and all(secret not in t and json.loads(t)[0]["name"] == "deploy" for t in redacted)
+    assert wh.query("SELECT count(*) FROM redaction_events WHERE table_name = 'tool_schemas'").column(0)[0].as_py() \
+        == len(redacted)
+    for tok_name in ("qwen2.5", str(hf_folder)):
+        s = build_packs(wh, run_id=f"tools-{len(tok_name)}", cfg=PackConfig(tokenizer=tok_name))
+        tok = get_tokenizer(tok_name)
+        ids = wh.query("SELECT input_ids FROM packs WHERE pack_set = ? LIMIT 1", [s.pack_set]).column(0)[0].as_py()
+        text = tok.decode(ids)
+        # Anthropic's input_schema rendered as OpenAI's parameters, the secret as its placeholder
+        assert '{"type": "function", "function": {' in text and '"name": "deploy"' in text
+        assert '"description": "Deploy with token <GITHUB_TOKEN:' in text and secret not in text
+        assert '"parameters": {"properties": {"env": {"type": "string"}}, "type": "object"}' in text
+        report = verify_packs(wh, s.pack_set)
+        assert not violations(report) and report["segments"] == s.fragments

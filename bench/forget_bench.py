@@ -1,0 +1,59 @@
+"""Deletion propagation (issue 16): forgetting 1 % of a warehouse against a full rebuild of it.
+
+    python bench/forget_bench.py WAREHOUSE [--selector batch:ID]
+
+On two copies of a built warehouse (e.g. the one `make bench-scale` leaves, whose last batch is
+the +1 % increment), in this process: a full rebuild of the derived layers (`trajwh build --full`)
+on one, `trajwh forget SELECTOR` (default: the last ingest batch) on the other. Prints both wall
+times, their ratio (the issue's goal: <= 0.05), the bytes the forget rewrote as a share of the
+warehouse's data files, and the proof's result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lineage.catalog import Warehouse  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("warehouse")
+    ap.add_argument("--selector", default=None, help="what to forget (default: batch:<the last ingest batch>)")
+    args = ap.parse_args()
+    from lineage.forget import forget
+    from pipelines.definitions import build
+
+    src = Warehouse(args.warehouse)
+    selector = args.selector or "batch:" + src.query(
+        "SELECT batch_id FROM batches ORDER BY committed_at DESC LIMIT 1").column(0)[0].as_py()
+    with tempfile.TemporaryDirectory(prefix="trajwh-forget-bench-") as tmp:
+        a, b = Warehouse(Path(tmp) / "rebuild"), Warehouse(Path(tmp) / "forget")
+        shutil.copytree(src.root, a.root)
+        shutil.copytree(src.root, b.root)
+        data_bytes = int(b.query("SELECT sum(bytes) FROM table_files").column(0)[0].as_py())
+        episodes = b.query("SELECT count(*) FROM episodes").column(0)[0].as_py()
+        t0 = time.perf_counter()
+        assert build(str(a.root), full=True).success
+        rebuild = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        r = forget(b, selector, "benchmark", progress=lambda m: print(m, file=sys.stderr))
+        took = time.perf_counter() - t0
+    out = {"episodes": episodes, "selector": selector, "forgotten_episodes": r.counts.get("episodes"),
+           "full_rebuild_s": round(rebuild, 1), "forget_s": round(took, 1), "ratio": round(took / rebuild, 3),
+           "bytes_written": r.sources.get("bytes_written"), "bytes_replaced": r.sources.get("bytes_replaced"),
+           "data_bytes": data_bytes, "rewritten_share": round((r.sources.get("bytes_written") or 0) / data_bytes, 4),
+           "status": r.status, "probes": r.verify.get("probes"), "probes_shared": r.verify.get("probes_shared")}
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

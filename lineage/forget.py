@@ -1,0 +1,534 @@
+"""``trajwh forget``: deletion propagation with a tombstone and a proof (docs/forget.md).
+
+A request runs in recorded stages, each idempotent, so a crash part-way is finished by
+``trajwh forget --resume`` (or the next forget):
+
+1. ``planned``: the impact of the selector (``lineage.impact``) is written as a request row in the
+   catalog's ``deletions`` table: the record ids and trajectory keys (ids only), the sha256 of each
+   raw payload (re-ingest is refused by it), salted fingerprints of probe strings drawn from the
+   payloads and their redacted text (for a later ``verify-forget``), and the counts per layer.
+2. ``sources_removed``: every Parquet file holding an affected row is rewritten without it (a new
+   content-named file that keeps the old one's manifest attributes), all swapped in one catalog
+   transaction, the old files deleted; vault entries scoped to the episodes removed; packs holding
+   a segment of them dropped.
+3. ``rebuilt``: the derived layers are built again (curation re-elects representatives and
+   re-assigns groups and splits, task statistics and fragments of the touched tasks are redone,
+   packs re-packed); episodes whose split changed are recorded.
+4. ``compacted``: check caches and spill files deleted, the catalog checkpointed.
+5. ``verified`` (or ``verify_failed``): no row with a forgotten id is left in any table, vault or
+   pack, and no probe string occurs in any byte the warehouse holds except where the surviving raw
+   data holds it too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import ahocorasick
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from lineage.catalog import Warehouse, now_utc
+from lineage.impact import Impact, Selector, impact
+from schemas import ids
+from schemas.arrow import PARQUET_TABLES, arrow_schema
+from schemas.errors import ConfigError
+from schemas.tables import VaultRow
+
+STAGES = ("planned", "sources_removed", "rebuilt", "compacted", "verified")
+#: tables whose rows belong to one episode (column ``trajectory_key``)
+_BY_EPISODE = ("episodes", "steps", "redacted_episodes", "redacted_steps", "redaction_events", "episode_features",
+               "near_dup_clusters", "task_groups", "splits", "leak_flags", "outcomes", "fragments")
+#: every table a forget rewrites (task_stats are aggregates: the rebuild recomputes them)
+_KEYED = frozenset({"raw_records", "quarantine", *_BY_EPISODE, "tool_schemas", "redacted_tool_schemas", "lineage_edges",
+                    "packs"})
+_PROBE_LEN = 32
+_PROBES_PER_TEXT = 4
+#: a probe: 32 characters that JSON escaping leaves as they are, starting a word (every start, overlapping)
+_SAFE = re.compile(rf"(?<![A-Za-z0-9])(?=([A-Za-z0-9][A-Za-z0-9 ,.:;_()/=+-]{{{_PROBE_LEN - 1}}}))")
+#: a test hook: the process dies right after this stage is recorded (crash-safety tests)
+CRASH_ENV = "TRAJWH_FORGET_CRASH_AFTER"
+
+
+@dataclass
+class ForgetResult:
+    request_id: str
+    selector: str
+    status: str
+    counts: dict[str, int]
+    moved: list[dict[str, Any]] = field(default_factory=list)
+    verify: dict[str, Any] = field(default_factory=dict)
+    resumed: bool = False
+    sources: dict[str, Any] = field(default_factory=dict)  # files and bytes the rewrite replaced
+
+
+# --- probes ----------------------------------------------------------------------------------
+
+
+def _strings(payload: bytes) -> list[str]:
+    """The text a raw record carries: its JSON string leaves (what the layers below hold), else
+    the bytes as text."""
+    try:
+        doc = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return [payload.decode("utf-8", "replace")]
+    out, stack = [], [doc]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            out.append(node)
+        elif isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            stack.extend(node.values())
+    return out
+
+
+def probe_windows(text: str, seed: str, n: int = _PROBES_PER_TEXT) -> list[str]:
+    """Up to ``n`` distinctive-looking windows of ``text`` (32 characters that survive JSON escaping
+    unchanged, starting at a word), spread over the text, chosen by ``seed`` (deterministic)."""
+    found = list(dict.fromkeys(w for m in _SAFE.finditer(text)
+                               if len(set(w := m.group(1))) >= 10 and sum(c.isalnum() for c in w) >= 20))
+    if len(found) <= n:
+        return found
+    start = int(hashlib.sha256(seed.encode()).hexdigest()[:8], 16) % len(found)
+    step = max(1, len(found) // n)
+    return [found[(start + k * step) % len(found)] for k in range(n)]
+
+
+def fingerprint(probe: str, salt: bytes) -> str:
+    return hashlib.blake2b(probe.encode(), key=salt[:64], digest_size=16).hexdigest()
+
+
+def _salt(wh: Warehouse) -> bytes:
+    from redaction.vault import Vault
+
+    return Vault(wh, None).salt()
+
+
+# --- plan ------------------------------------------------------------------------------------
+
+
+def _plan_probes(wh: Warehouse, plan: Impact) -> tuple[list[str], list[str]]:
+    """(payload sha256 per record, probe strings) of the records and episodes to forget. Candidate
+    windows that a surviving raw record also holds (a shared system prompt, another attempt's file)
+    prove nothing and are dropped here: up to 4 distinctive probes per record, 2 per episode's
+    redacted text."""
+    digests, candidates = [], {}
+    if plan.records:
+        for rb in wh.stream("SELECT record_id, payload FROM raw_records WHERE list_contains(?, record_id)",
+                            [plan.records], batch_rows=500, arrow=True):
+            for rid, payload in zip(rb.column(0).to_pylist(), rb.column(1).to_pylist(), strict=True):
+                digests.append(hashlib.sha256(payload).hexdigest())
+                candidates[rid] = (probe_windows("\n".join(_strings(payload)), rid, 16), _PROBES_PER_TEXT)
+    if plan.episodes:
+        for rb in wh.stream("SELECT trajectory_key, string_agg(coalesce(text, '') || chr(10) || coalesce(observation, ''), "
+                            "chr(10) ORDER BY step_index) FROM redacted_steps WHERE list_contains(?, trajectory_key) "
+                            "GROUP BY 1", [plan.episodes], batch_rows=200, arrow=True):
+            for key, text in zip(rb.column(0).to_pylist(), rb.column(1).to_pylist(), strict=True):
+                candidates[key] = (probe_windows(text or "", key, 8), 2)
+    every = sorted({w for ws, _ in candidates.values() for w in ws})
+    shared = _shared(wh, _Matcher(every, set(), b""), exclude=plan.records, plain=True) if every else set()
+    probes = [w for ws, n in candidates.values() for w in [w for w in ws if w not in shared][:n]]
+    return sorted(set(digests)), sorted(set(probes))
+
+
+def _request_row(req: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    return {**req, **changes, "updated_at": now_utc()}
+
+
+def pending_requests(wh: Warehouse) -> list[dict[str, Any]]:
+    if not wh.exists():
+        return []
+    return wh.query("SELECT * FROM deletions WHERE status NOT IN ('verified', 'verify_failed') "
+                    "ORDER BY requested_at").to_pylist()
+
+
+def forgotten_digests(wh: Warehouse) -> set[str]:
+    """sha256 of every raw payload a deletion request removed (ingest refuses them)."""
+    if not wh.exists():
+        return set()
+    return set(wh.query("SELECT DISTINCT unnest(record_digests) FROM deletions").column(0).to_pylist())
+
+
+# --- stage 2: rewrite ------------------------------------------------------------------------
+
+
+def _key_sets(wh: Warehouse, req: dict[str, Any]) -> dict[str, pa.Array]:
+    keys = req["trajectory_keys"]
+    steps = wh.query("SELECT step_id FROM steps WHERE list_contains(?, trajectory_key) UNION "
+                     "SELECT step_id FROM redacted_steps WHERE list_contains(?, trajectory_key)",
+                     [keys, keys]).column(0).to_pylist() if keys else []
+    digests = wh.query("SELECT tool_schema_digest FROM redacted_episodes WHERE tool_schema_digest IS NOT NULL "
+                       "GROUP BY 1 HAVING bool_and(list_contains(?, trajectory_key))", [keys]).column(0).to_pylist() \
+        if keys else []
+    quarantined = wh.query("SELECT quarantine_id FROM quarantine WHERE list_contains(?, record_id)",
+                           [req["record_ids"]]).column(0).to_pylist() if req["record_ids"] else []
+    extra_q = orjson.loads(req["counts"]).get("_quarantine_ids", [])
+    every = sorted(set(req["record_ids"]) | set(keys) | set(steps))
+    return {"records": pa.array(req["record_ids"], pa.string()), "keys": pa.array(keys, pa.string()),
+            "any": pa.array(every, pa.string()), "digests": pa.array(digests, pa.string()),
+            "quarantine": pa.array(sorted(set(quarantined) | set(extra_q)), pa.string())}
+
+
+def _drop_mask(table: str, t: pa.Table, s: dict[str, pa.Array]) -> pa.Array | None:
+    if table == "raw_records":
+        return pc.is_in(t["record_id"], s["records"])
+    if table == "quarantine":
+        return pc.is_in(t["quarantine_id"], s["quarantine"])
+    if table in _BY_EPISODE:
+        return pc.is_in(t["trajectory_key"], s["keys"])
+    if table in ("tool_schemas", "redacted_tool_schemas"):
+        return pc.is_in(t["tool_schema_digest"], s["digests"])
+    if table == "lineage_edges":
+        return pc.or_(pc.is_in(t["child_id"], s["any"]), pc.is_in(t["parent_id"], s["any"]))
+    if table == "packs":
+        segments = t["segments"].combine_chunks()
+        hit = pc.is_in(pc.struct_field(pc.list_flatten(segments), "trajectory_key"), s["keys"])
+        parents = pc.list_parent_indices(segments)
+        rows = set(pc.filter(parents, hit).to_pylist())
+        return pa.array([i in rows for i in range(t.num_rows)])
+    return None  # task_stats: aggregates, recomputed by the rebuild
+
+
+def _files_with_rows(wh: Warehouse, table: str, s: dict[str, pa.Array]) -> list[str]:
+    """The manifest paths of ``table`` that hold an affected row (only their key columns are read)."""
+    if table not in _KEYED:
+        return []
+    paths = wh.query("SELECT path FROM table_files WHERE table_name = ?", [table]).column(0).to_pylist()
+    if not paths:
+        return []
+    column, ids_ = {"raw_records": ("record_id", "records"), "quarantine": ("quarantine_id", "quarantine"),
+                    "tool_schemas": ("tool_schema_digest", "digests"),
+                    "redacted_tool_schemas": ("tool_schema_digest", "digests")}.get(table, ("trajectory_key", "keys"))
+    if table == "lineage_edges":
+        cond, wanted = "list_contains(?, child_id) OR list_contains(?, parent_id)", [s["any"].to_pylist()] * 2
+    elif table == "packs":
+        cond, wanted = ("list_has_any(list_transform(segments, lambda x: x.trajectory_key), ?)", [s["keys"].to_pylist()])
+    else:
+        cond, wanted = f"list_contains(?, {column})", [s[ids_].to_pylist()]
+    if not any(wanted[0]):
+        return []
+    listing = ", ".join("'" + p.replace("'", "''") + "'" for p in paths)
+    con = wh.connect(read_only=True)
+    try:
+        rows = con.execute(f"SELECT DISTINCT filename FROM read_parquet([{listing}], filename = true) WHERE {cond}",
+                           wanted).fetchall()
+    finally:
+        con.close()
+    return sorted(str(wh.root / r[0]) if not os.path.isabs(r[0]) else r[0] for r in rows)
+
+
+def _remove_sources(wh: Warehouse, req: dict[str, Any], progress: Callable[[str], None]) -> dict[str, int]:
+    s = _key_sets(wh, req)
+    removed: dict[str, int] = {}
+    _forget_vault(wh, s["keys"], removed)
+    with wh.write_session("forget") as session:
+        pairs = []
+        for table in PARQUET_TABLES:
+            for path in _files_with_rows(wh, table, s):
+                t = pq.read_table(path, schema=arrow_schema(PARQUET_TABLES[table]))
+                mask = _drop_mask(table, t, s)
+                if mask is None:
+                    continue
+                n = pc.sum(mask).as_py() or 0
+                if not n:
+                    continue
+                kept = t.filter(pc.invert(mask))
+                pairs.append((wh.root / os.path.relpath(path, wh.root), session.write(table, kept)))
+                removed[table] = removed.get(table, 0) + n
+            if table in removed:
+                progress(f"forget: {table}: {removed[table]:,} rows")
+        sources = {"files_rewritten": len(pairs), "bytes_replaced": sum(os.path.getsize(old) for old, _ in pairs),
+                   "bytes_written": sum(new.size for _, new in pairs), "rows_removed": removed}
+        req["moved"] = orjson.dumps({**orjson.loads(req["moved"] or "{}"), "sources": sources}).decode()
+        session.replace_files(pairs, rows={"deletions": [_request_row(req, status="sources_removed")]})
+    return removed
+
+
+def _forget_vault(wh: Warehouse, keys: pa.Array, removed: dict[str, int]) -> None:
+    from redaction.vault import Vault
+
+    vault = Vault(wh, None)
+    if not vault.root.exists() or not len(keys):
+        return
+    for folder in sorted(p for p in vault.root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        parts = sorted(folder.glob("part-*.parquet"))
+        if not parts:
+            continue
+        t = pa.concat_tables([pq.read_table(p, schema=arrow_schema(VaultRow)) for p in parts])
+        mask = pc.is_in(t["scope_id"], keys)
+        n = pc.sum(mask).as_py() or 0
+        if n:
+            vault._swap(folder.name, t.filter(pc.invert(mask)).to_pylist())
+            removed["vault"] = removed.get("vault", 0) + n
+
+
+# --- stages 3 and 4 --------------------------------------------------------------------------
+
+
+def _rebuild(wh: Warehouse, before: dict[str, str], keys: set[str]) -> list[dict[str, Any]]:
+    from pipelines.definitions import build
+
+    result = build(str(wh.root))
+    if not result.success:
+        raise ConfigError("the rebuild after the deletion failed; the request stays open",
+                          valid="fix the build, then run `trajwh forget --resume`")
+    after = {r["trajectory_key"]: r["split"] for r in wh.query("SELECT trajectory_key, split FROM splits").to_pylist()}
+    return [{"trajectory_key": k, "from": v, "to": after.get(k)} for k, v in sorted(before.items())
+            if k not in keys and after.get(k) != v]
+
+
+def _compact(wh: Warehouse) -> None:
+    for name in ("_cache", ".tmp"):
+        shutil.rmtree(wh.root / name, ignore_errors=True)
+    con = wh.connect(read_only=False)
+    try:
+        con.execute("FORCE CHECKPOINT")
+    finally:
+        con.close()
+
+
+# --- stage 5: proof --------------------------------------------------------------------------
+
+
+def _leftover_rows(wh: Warehouse, req: dict[str, Any]) -> dict[str, int]:
+    """Rows that still carry a forgotten id, per table (must all be 0)."""
+    s = _key_sets(wh, req)
+    left = {}
+    for table in PARQUET_TABLES:
+        n = sum(int(pc.sum(m).as_py() or 0) for path in _files_with_rows(wh, table, s)
+                if (m := _drop_mask(table, pq.read_table(path, schema=arrow_schema(PARQUET_TABLES[table])), s)) is not None)
+        if n:
+            left[table] = n
+    dangling = wh.query("""SELECT count(*) FROM lineage_edges WHERE
+        (child_table = 'steps' AND child_id NOT IN (SELECT step_id FROM steps)) OR
+        (child_table = 'redacted_steps' AND child_id NOT IN (SELECT step_id FROM redacted_steps)) OR
+        (child_table = 'episodes' AND child_id NOT IN (SELECT trajectory_key FROM episodes))""").column(0)[0].as_py()
+    if dangling:
+        left["lineage_edges (dangling)"] = dangling
+    vault_left: dict[str, int] = {}
+    _count_vault(wh, s["keys"], vault_left)
+    return {**left, **vault_left}
+
+
+def _count_vault(wh: Warehouse, keys: pa.Array, out: dict[str, int]) -> None:
+    for path in sorted((wh.root / "vault").glob("*/part-*.parquet")):
+        n = pc.sum(pc.is_in(pq.read_table(path, columns=["scope_id"])["scope_id"], keys)).as_py() or 0
+        if n:
+            out["vault"] = out.get("vault", 0) + n
+
+
+class _Matcher:
+    """Finds probes in text: the plain strings (Aho-Corasick) when this process still has them,
+    else their salted fingerprints (every 32-character window that starts a word is hashed)."""
+
+    def __init__(self, probes: list[str] | None, fingerprints: set[str], salt: bytes):
+        self.salt, self.fingerprints = salt, fingerprints
+        self.automaton = None
+        if probes:
+            self.automaton = ahocorasick.Automaton()
+            for p in probes:
+                self.automaton.add_word(p, p)
+            self.automaton.make_automaton()
+
+    def find_plain(self, text: str) -> set[str]:
+        """The probe strings themselves that occur in ``text`` (plain probes only)."""
+        return {p for _, p in self.automaton.iter(text)} if self.automaton is not None else set()
+
+    def find(self, text: str) -> set[str]:
+        if self.automaton is not None:
+            return {fingerprint(p, self.salt) for _, p in self.automaton.iter(text)}
+        return {fp for m in _SAFE.finditer(text) if (fp := fingerprint(m.group(1), self.salt)) in self.fingerprints}
+
+
+def _texts(value: Any):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, bytes):
+        yield value.decode("utf-8", "replace")
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _texts(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _texts(v)
+
+
+def _has_text(t: pa.DataType) -> bool:
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return True
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _has_text(t.value_type)
+    if pa.types.is_struct(t):
+        return any(_has_text(t.field(i).type) for i in range(t.num_fields))
+    return False
+
+
+def _scan_parquet(path: str, matcher: _Matcher) -> set[str]:
+    hits: set[str] = set()
+    pf = pq.ParquetFile(path)
+    names = [f.name for f in pf.schema_arrow if _has_text(f.type)]
+    for i in range(pf.num_row_groups):
+        t = pf.read_row_group(i, columns=names)
+        for name in names:
+            for v in t[name].to_pylist():
+                for text in _texts(v):
+                    hits |= matcher.find(text)
+    return hits
+
+
+def _scan(wh: Warehouse, matcher: _Matcher) -> dict[str, set[str]]:
+    """Fingerprints of the probes found, by file, over every file under the warehouse: Parquet
+    decoded, anything else (the catalog and its WAL, vault salt, caches, logs) as bytes; the
+    catalog's own tables are read through DuckDB too (its strings may be compressed on disk)."""
+    found: dict[str, set[str]] = {}
+    for dirpath, _, names in os.walk(wh.root):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            try:
+                hits = _scan_parquet(path, matcher) if name.endswith(".parquet") else \
+                    matcher.find(open(path, "rb").read().decode("latin-1"))
+            except (OSError, pa.ArrowInvalid):
+                hits = matcher.find(open(path, "rb").read().decode("latin-1"))
+            if hits:
+                found[os.path.relpath(path, wh.root)] = hits
+    con = wh.connect(read_only=True)
+    try:
+        for table in ("table_files", "meta", "batches", "ingested_files", "runs"):
+            for row in con.execute(f"SELECT * FROM {table}").fetchall():
+                for v in row:
+                    if isinstance(v, str | bytes):
+                        hits = matcher.find(v if isinstance(v, str) else v.decode("utf-8", "replace"))
+                        if hits:
+                            found.setdefault(f"catalog:{table}", set()).update(hits)
+    finally:
+        con.close()
+    return found
+
+
+def _shared(wh: Warehouse, matcher: _Matcher, *, exclude: list[str] | None = None, plain: bool = False) -> set[str]:
+    """Probes the surviving raw records hold too (shared text, e.g. a system prompt): not evidence.
+    Fingerprints, or with ``plain`` the probe strings themselves; ``exclude``: records not to read."""
+    shared: set[str] = set()
+    sql, params = "SELECT payload FROM raw_records", []
+    if exclude:
+        sql, params = sql + " WHERE NOT list_contains(?, record_id)", [exclude]
+    for rb in wh.stream(sql, params, batch_rows=1_000, arrow=True):
+        for payload in rb.column(0).to_pylist():
+            text = "\n".join(_strings(payload))
+            shared |= matcher.find_plain(text) if plain else matcher.find(text)
+    return shared
+
+
+def verify_request(wh: Warehouse, req: dict[str, Any], probes: list[str] | None = None) -> dict[str, Any]:
+    """The proof: forgotten ids left per table, and probe hits per file outside shared text (the
+    surviving raw records are read again: data ingested since the forget may share a probe)."""
+    salt = _salt(wh)
+    fingerprints = set(req["probe_fingerprints"])
+    matcher = _Matcher(probes, fingerprints, salt)
+    left = _leftover_rows(wh, req)
+    shared = _shared(wh, matcher)
+    leaks = {f: sorted(h - shared) for f, h in _scan(wh, matcher).items() if h - shared}
+    return {"ok": not left and not leaks, "rows_left": left, "files_with_probes": leaks,
+            "probes": len(fingerprints), "probes_shared": len(shared & fingerprints)}
+
+
+# --- the request -----------------------------------------------------------------------------
+
+
+def forget(wh: Warehouse, selector: str | None, reason: str, *, dry_run: bool = False,
+           progress: Callable[[str], None] = lambda m: None) -> ForgetResult | Impact:
+    """Plan (``dry_run``: only the plan) and carry out one deletion request; see the module doc."""
+    if not reason or not reason.strip():
+        raise ConfigError("a deletion request needs a reason", valid="--reason TEXT (kept in the tombstone)")
+    sel = Selector.parse(selector)
+    wh.require()
+    if dry_run:
+        return impact(wh, sel)
+    with wh.write_session("forget"):  # a catalog from before deletions existed gains the table
+        pass
+    for open_req in pending_requests(wh):  # finish an interrupted request first: one at a time
+        resume(wh, open_req, progress=progress)
+    plan = impact(wh, sel)
+    if plan.empty:
+        raise ConfigError(f"{sel} matches nothing in {wh.root}", valid="a selector `trajwh impact` finds rows for")
+    digests, probes = _plan_probes(wh, plan)
+    salt = _salt(wh)
+    counts = {k: v["rows"] for k, v in plan.layers.items()}
+    counts["_quarantine_ids"] = plan.layers.get("quarantine", {}).get("ids", [])
+    now = now_utc()
+    req = {"request_id": "del-" + ids.digest([str(sel), reason, now.isoformat()])[:16], "requested_at": now,
+           "selector": str(sel), "reason": reason.strip(), "status": "planned", "record_ids": plan.records,
+           "trajectory_keys": plan.episodes, "record_digests": digests,
+           "probe_fingerprints": sorted({fingerprint(p, salt) for p in probes}),
+           "counts": orjson.dumps(counts).decode(), "moved": None, "verify_result": None}
+    splits_before = {r["trajectory_key"]: r["split"] for r in wh.query("SELECT trajectory_key, split FROM splits").to_pylist()}
+    req["moved"] = orjson.dumps({"splits_before": splits_before}).decode()
+    with wh.write_session("forget") as session:
+        session.upsert_rows("deletions", [_request_row(req)])
+    progress(f"forget {req['request_id']}: planned ({len(plan.records)} raw records, {len(plan.episodes)} episodes)")
+    _maybe_crash("planned")
+    return resume(wh, _request_row(req), probes=probes, progress=progress)
+
+
+def resume(wh: Warehouse, req: dict[str, Any], *, probes: list[str] | None = None,
+           progress: Callable[[str], None] = lambda m: None) -> ForgetResult:
+    """Carry a request on from the stage it reached (each stage is idempotent)."""
+    status = req["status"]
+    resumed = probes is None
+    moved_doc = orjson.loads(req["moved"] or "{}")
+    if status == "planned":
+        _remove_sources(wh, req, progress)
+        req = _request_row(req, status="sources_removed")
+        _maybe_crash("sources_removed")
+        status = req["status"]
+    if status == "sources_removed":
+        progress("forget: rebuilding the derived layers ...")
+        moved = _rebuild(wh, moved_doc.get("splits_before", {}), set(req["trajectory_keys"]))
+        kept = {k: v for k, v in orjson.loads(req["moved"] or "{}").items() if k != "splits_before"}
+        req = _save(wh, req, status="rebuilt", moved=orjson.dumps({**kept, "moved": moved}).decode())
+        _maybe_crash("rebuilt")
+        status = req["status"]
+    if status == "rebuilt":
+        _compact(wh)
+        req = _save(wh, req, status="compacted")
+        _maybe_crash("compacted")
+        status = req["status"]
+    result = verify_request(wh, req, probes)
+    req = _save(wh, req, status="verified" if result["ok"] else "verify_failed",
+                verify_result=orjson.dumps(result).decode())
+    doc = orjson.loads(req["moved"] or "{}")
+    counts = {k: v for k, v in orjson.loads(req["counts"]).items() if not k.startswith("_")}
+    return ForgetResult(req["request_id"], req["selector"], req["status"], counts, doc.get("moved", []), result,
+                        resumed, doc.get("sources", {}))
+
+
+def _save(wh: Warehouse, req: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    row = _request_row(req, **changes)
+    with wh.write_session("forget") as session:
+        session.upsert_rows("deletions", [row])
+    return row
+
+
+def _maybe_crash(stage: str) -> None:
+    if os.environ.get(CRASH_ENV) == stage:
+        os._exit(137)
+
+
+def verify_forget(wh: Warehouse, request_id: str) -> dict[str, Any]:
+    """``trajwh verify-forget``: the proof again, later, from the tombstone alone (fingerprints)."""
+    rows = wh.query("SELECT * FROM deletions WHERE starts_with(request_id, ?)", [request_id]).to_pylist()
+    if len(rows) != 1:
+        known = wh.query("SELECT request_id FROM deletions ORDER BY requested_at").column(0).to_pylist()
+        raise ConfigError(f"{'no' if not rows else len(rows)} deletion request(s) match {request_id!r}",
+                          valid=", ".join(known) or "no request has been made in this warehouse")
+    return verify_request(wh, rows[0])

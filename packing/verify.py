@@ -1,0 +1,165 @@
+"""Verify a pack set against the layers it came from (asset checks, ``trajwh verify-packs``).
+
+For every segment of every pack, streamed in trajectory-key order beside the redacted steps:
+
+- round trip: the segment's tokens are the unit's rendering (its kept steps, through the
+  template), token for token and mask for mask, and decoding them gives the rendered text
+  exactly; decoding the trained tokens gives exactly the model-authored text of the span;
+- splits: the segment's split is its pack's split and the episode's split now (``splits``), and
+  a segment of the train split comes from a trainable fragment; no pack mixes splits;
+- secrets: the redaction detector finds nothing in the decoded text of any segment;
+- structure: positions restart at 0 per segment, segments tile the sequence, lengths agree.
+
+Pieces of a split fragment (policy ``split``) are checked token for token against their slice
+of the rendering (a piece may end inside a character, so it is not decoded alone).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+from lineage.catalog import Warehouse
+from lineage.rebuild import joined_by_key
+from packing.layer import _STEPS_SQL, _UNITS, tools_by_digest
+from packing.render import render, trained_text
+from packing.tokenizers import tokenizer_of
+
+# one row per segment with its slice of the sequence, in trajectory-key order (DuckDB lists are 1-based)
+# one row per segment (its table entry, not its tokens), in trajectory-key order
+_SEGMENTS_SQL = """
+    SELECT p.pack_id, p.split AS pack_split, p.tokenizer_id, p.seq_len, t.s.fragment_id, t.s.start, t.s."end",
+           t.s.trajectory_key, t.s.split, t.s.piece, t.s.removed_step_ids, u.step_ids, u.span_step_ids,
+           u.kind AS unit_kind, u.split AS unit_split, sp.split AS episode_split, e.tool_schema_digest
+    FROM packs p, unnest(p.segments) AS t(s)
+    LEFT JOIN ({units}) u ON u.unit_id = split_part(t.s.fragment_id, '#', 1)
+    LEFT JOIN splits sp ON sp.trajectory_key = t.s.trajectory_key
+    LEFT JOIN redacted_episodes e ON e.trajectory_key = t.s.trajectory_key
+    WHERE {where}
+    ORDER BY t.s.trajectory_key, p.pack_id, t.s.start"""
+
+
+def _digest(ids: list[int], mask: list[int]) -> bytes:
+    import numpy as np
+
+    return hashlib.blake2b(np.asarray(ids, dtype="<i8").tobytes() + np.asarray(mask, dtype="<i1").tobytes(),
+                           digest_size=16).digest()
+
+
+def _structure(wh: Warehouse, where: str, params: list[str]) -> dict[str, int]:
+    """Per pack: segments tile [0, n_tokens), lengths agree, one split; counted violations."""
+    return wh.query(f"""
+        WITH per AS (
+            SELECT p.pack_id, any_value(p.n_tokens) AS n, any_value(len(p.input_ids)) AS n_ids,
+                   any_value(len(p.loss_mask)) AS n_mask, any_value(len(p.position_ids)) AS n_pos,
+                   any_value(p.seq_len) AS seq_len, sum(t.s."end" - t.s.start) AS covered,
+                   count(DISTINCT t.s.split) + count(*) FILTER (WHERE t.s.split <> p.split) AS seg_splits
+            FROM packs p, unnest(p.segments) AS t(s) WHERE {where} GROUP BY p.pack_id)
+        SELECT count(*) AS packs,
+               count(*) FILTER (WHERE n <> n_ids OR n <> n_mask OR n <> n_pos OR n > seq_len OR covered <> n)
+                   AS length_violations,
+               count(*) FILTER (WHERE seg_splits > 1) AS mixed_split_violations
+        FROM per""", params).to_pylist()[0]
+
+
+def _sampled(unit_id: str, n: int) -> bool:
+    return int(hashlib.sha256(unit_id.encode()).hexdigest()[:8], 16) % n == 0
+
+
+def verify_packs(wh: Warehouse, pack_set: str | None = None, *, scan_secrets: bool = True,
+                 progress: Callable[[int], None] | None = None, examples: int = 5,
+                 secret_sample: int = 1) -> dict[str, Any]:
+    """Counts of segments checked and of each violation (all 0 when the set is sound), with examples.
+
+    Every segment's tokens are checked against its rendering. ``secret_sample`` = N scans the
+    decoded text of one unit in N for secret shapes (chosen by the unit id's digest, so the same
+    units every time): the build's check samples, since the decoded text is proved equal to the
+    rendering of the redacted layer, which its own check rescans; ``trajwh verify-packs`` scans all."""
+    from redaction.engine import Detector
+
+    where = "p.pack_set = ?" if pack_set else "true"
+    params = [pack_set] if pack_set else []
+    if pack_set and not wh.query("SELECT count(*) FROM packs WHERE pack_set = ?", params).column(0)[0].as_py():
+        from schemas.errors import ConfigError
+
+        sets = wh.query("SELECT DISTINCT pack_set FROM packs ORDER BY 1").column(0).to_pylist()
+        raise ConfigError(f"no pack set {pack_set!r} in {wh.root}", valid=", ".join(sets) or "none: run trajwh pack")
+    out: dict[str, Any] = {"segments": 0, "tokens": 0, **_structure(wh, where, params),
+                           "round_trip_violations": 0, "trained_text_violations": 0, "position_violations": 0,
+                           "split_violations": 0, "unknown_unit_violations": 0, "secret_violations": 0, "secret_scanned": 0,
+                           "examples": []}
+    detector = Detector() if scan_secrets else None
+    toks: dict[str, Any] = {}
+    units = _UNITS.format(evaluation="true")
+    tools_of = tools_by_digest(wh)
+    expected: dict[tuple[str, int], bytes] = {}  # (pack, start) -> digest of the rendering's ids and mask
+
+    def bad(kind: str, seg: dict[str, Any], why: str) -> None:
+        out[kind] += 1
+        if len(out["examples"]) < examples:
+            out["examples"].append({"check": kind, "pack_id": seg["pack_id"], "fragment_id": seg["fragment_id"],
+                                    "why": why})
+
+    # 1. each segment's unit rendered again from the redacted steps: what its tokens must be
+    seg_stream = wh.stream(_SEGMENTS_SQL.format(where=where, units=units), params, memory_limit="512MB", threads=1)
+    step_stream = wh.stream(_STEPS_SQL.format(units=units, dedup="true"), memory_limit="512MB", threads=1)
+    try:
+        for seg, steps in joined_by_key(seg_stream, step_stream):
+            out["segments"] += 1
+            if progress:
+                progress(1)
+            if not (seg["split"] == seg["pack_split"] == seg["episode_split"] == seg["unit_split"]):
+                bad("split_violations", seg, f"segment {seg['split']}, pack {seg['pack_split']}, "
+                    f"episode {seg['episode_split']}, unit {seg['unit_split']}")
+            if seg["unit_kind"] is None:
+                bad("unknown_unit_violations", seg, "no trainable fragment or evaluation episode of that id")
+                continue
+            tok = toks.get(seg["tokenizer_id"]) or toks.setdefault(seg["tokenizer_id"], tokenizer_of(seg["tokenizer_id"]))
+            if tok.id != seg["tokenizer_id"]:
+                bad("round_trip_violations", seg, f"tokenizer {seg['tokenizer_id']} is not the installed {tok.id}")
+                continue
+            by_id = {s["step_id"]: s for s in steps}
+            order = seg["step_ids"] if seg["step_ids"] is not None else [s["step_id"] for s in steps]
+            removed = set(seg["removed_step_ids"] or [])
+            kept = [by_id[i] for i in order if i in by_id and i not in removed]
+            span = set(seg["span_step_ids"]) if seg["span_step_ids"] is not None else set(order)
+            tools = tools_of.get(seg["tool_schema_digest"])
+            r = render(kept, span, tok, tools=tools)
+            key = (seg["pack_id"], seg["start"])
+            if seg["piece"] is not None:
+                a = seg["piece"] * seg["seq_len"]
+                expected[key] = _digest(r.ids[a:a + seg["seq_len"]], r.mask[a:a + seg["seq_len"]])
+                continue
+            expected[key] = _digest(r.ids, r.mask)
+            if tok.decode(r.ids) != r.text:
+                bad("round_trip_violations", seg, "decoded tokens differ from the rendered text")
+            if tok.decode([t for t, m in zip(r.ids, r.mask, strict=True) if m]) != trained_text(kept, span, tok, tools):
+                bad("trained_text_violations", seg, "trained tokens do not decode to the span's model text")
+            if detector is not None and (secret_sample <= 1 or _sampled(seg["fragment_id"], secret_sample)):
+                out["secret_scanned"] += 1
+                found = detector.find(r.text)
+                if found:
+                    bad("secret_violations", seg, ", ".join(sorted({f"{f.entity} ({f.detector})" for f in found})))
+    finally:
+        seg_stream.close()
+        step_stream.close()
+    # 2. the packs as stored, in storage order: each segment's tokens against what they must be
+    for batch in wh.stream(f"SELECT pack_id, input_ids, loss_mask, position_ids, segments FROM packs p WHERE {where}",
+                           params, batch_rows=64, memory_limit="512MB", threads=1):
+        for p in batch:
+            for seg in p["segments"]:
+                a, b = seg["start"], seg["end"]
+                out["tokens"] += b - a
+                want = expected.get((p["pack_id"], a))
+                if want is not None and want != _digest(p["input_ids"][a:b], p["loss_mask"][a:b]):
+                    bad("round_trip_violations", {**seg, "pack_id": p["pack_id"]},
+                        "tokens or mask differ from the unit's rendering")
+                if p["position_ids"][a:b] != list(range(b - a)):
+                    bad("position_violations", {**seg, "pack_id": p["pack_id"]},
+                        "positions do not restart at 0 and count up")
+    return out
+
+
+def violations(result: dict[str, Any]) -> int:
+    return sum(v for k, v in result.items() if k.endswith("_violations"))

@@ -1,0 +1,200 @@
+"""`trajwh forget` / `verify-forget`: a withdrawn source leaves every layer, the rest stays as it was,
+the tombstone refuses it at re-ingest, a crash after any stage is finished by `--resume`, and the
+proof finds a planted leak."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from conftest import trajwh_cmd
+
+from ingest.raw_store import IngestOptions, ingest_paths
+from lineage.catalog import Warehouse
+from lineage.forget import CRASH_ENV, STAGES, _strings, forget, verify_forget
+from lineage.impact import impact
+
+CASES = Path(__file__).resolve().parent / "cases"
+#: lineage columns that say which run or inputs made a row (a rebuild changes them, not the values)
+_LINEAGE = ("_run_id", "_transform_version", "inputs_digest")
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory) -> Path:
+    from pipelines.definitions import build
+    from synth.generator import SynthConfig, generate_corpus
+
+    root = tmp_path_factory.mktemp("forget")
+    generate_corpus(SynthConfig(episodes=40, seed=11), root / "synth")
+    wh = Warehouse(root / "wh")
+    ingest_paths(wh, [root / "synth"], IngestOptions(source="synth"))
+    ingest_paths(wh, [CASES / "two_episodes.jsonl"], IngestOptions(source="cases"))
+    ingest_paths(wh, [CASES / "curation"], IngestOptions(source="remotes"))
+    assert build(str(wh.root)).success
+    return wh.root
+
+
+@pytest.fixture
+def wh(template, tmp_path, monkeypatch) -> Warehouse:
+    monkeypatch.delenv(CRASH_ENV, raising=False)
+    shutil.copytree(template, tmp_path / "wh")
+    return Warehouse(tmp_path / "wh")
+
+
+def _hashes(wh: Warehouse, table: str, keys: list[str], exclude: tuple[str, ...] = ()) -> list[str]:
+    con = wh.connect()
+    try:
+        con.register("_k", pa.table({"k": pa.array(keys, pa.string())}))
+        have = {r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()}
+        ex = [c for c in exclude if c in have]
+        cols = f"* EXCLUDE ({', '.join(ex)})" if ex else "*"
+        return sorted(r[0] for r in con.execute(
+            f"SELECT md5(CAST(t AS VARCHAR)) FROM (SELECT {cols} FROM {table} WHERE trajectory_key NOT IN "
+            f"(SELECT k FROM _k)) t").fetchall())
+    finally:
+        con.close()
+
+
+def _count(wh: Warehouse, sql: str, params=None) -> int:
+    return wh.query(sql, params or []).column(0)[0].as_py()
+
+
+def test_forget_a_source_removes_it_everywhere_and_leaves_the_rest(wh):
+    plan = impact(wh, "source:remotes")
+    keys = plan.episodes
+    assert keys and plan.records
+    before = {t: _hashes(wh, t, keys) for t in ("episodes", "steps", "redacted_episodes", "redacted_steps")}
+    curated_before = {t: _hashes(wh, t, keys, _LINEAGE) for t in ("splits", "task_groups", "near_dup_clusters", "outcomes")}
+    result = forget(wh, "source:remotes", "license revoked")
+    assert result.status == "verified", result.verify
+    assert result.verify["rows_left"] == {} and result.verify["files_with_probes"] == {}
+    assert result.sources["files_rewritten"] > 0 and result.sources["bytes_written"] > 0 < result.sources["bytes_replaced"]
+    assert result.sources["rows_removed"]["raw_records"] == len(plan.records)
+    for table in ("raw_records", "episodes", "steps", "redacted_episodes", "redacted_steps", "redaction_events",
+                  "splits", "outcomes", "fragments", "near_dup_clusters", "task_groups", "episode_features"):
+        col = "record_id" if table == "raw_records" else "trajectory_key"
+        ids_ = plan.records if table == "raw_records" else keys
+        assert _count(wh, f"SELECT count(*) FROM {table} WHERE list_contains(?, {col})", [ids_]) == 0, table
+    assert _count(wh, "SELECT count(*) FROM raw_records WHERE source = 'remotes'") == 0
+    # everything else: source layers byte for byte, curated values apart from lineage columns
+    for t, h in before.items():
+        assert _hashes(wh, t, keys) == h, t
+    for t, h in curated_before.items():
+        assert _hashes(wh, t, keys, _LINEAGE) == h, t
+    # the tombstone holds ids, digests and fingerprints, never content
+    row = wh.query("SELECT * FROM deletions").to_pylist()[0]
+    assert row["selector"] == "source:remotes" and row["reason"] == "license revoked"
+    assert len(row["record_digests"]) == len(plan.records) and row["probe_fingerprints"]
+    text = str(row)
+    assert "WidgetLib" not in text and "acme-widgets" not in text
+    assert verify_forget(wh, row["request_id"][:10])["ok"]
+
+
+def test_reingest_of_forgotten_records_is_refused_and_counted(wh):
+    forget(wh, "source:cases", "withdrawn")
+    s = ingest_paths(wh, [CASES / "two_episodes.jsonl"], IngestOptions(source="another-name"))
+    assert s.n_forgotten == 2 and s.n_new == 0
+    assert _count(wh, "SELECT count(*) FROM quarantine WHERE batch_id = ?", [s.batch_id]) == 0  # not stored anywhere
+    again = ingest_paths(wh, [CASES / "two_episodes.jsonl"], IngestOptions(source="cases", allow_forgotten=True))
+    assert again.n_new == 2 and again.n_forgotten == 0
+
+
+def test_the_proof_finds_a_planted_copy(wh):
+    rec = wh.query("""SELECT r.record_id, r.payload, e.child_id AS key FROM raw_records r JOIN lineage_edges e
+                      ON e.parent_id = r.record_id AND e.child_table = 'episodes' WHERE r.source = 'synth'
+                      ORDER BY r.byte_length DESC LIMIT 1""").to_pylist()[0]
+    redacted = wh.query("SELECT coalesce(text, '') || chr(10) || coalesce(observation, '') FROM redacted_steps "
+                        "WHERE trajectory_key = ? ORDER BY step_index", [rec["key"]]).column(0).to_pylist()
+    result = forget(wh, f"episode:{rec['key']}", "a person asked to be forgotten")
+    assert result.status == "verified"
+    request = wh.query("SELECT request_id FROM deletions").column(0)[0].as_py()
+    clean = verify_forget(wh, request)
+    assert clean["ok"] and clean["probes"] > clean["probes_shared"]  # some probes are its own text only
+    (wh.root / "_cache").mkdir(exist_ok=True)
+    (wh.root / "_cache" / "stale.json").write_text("\n".join(_strings(rec["payload"]) + redacted))
+    found = verify_forget(wh, request)
+    assert not found["ok"] and list(found["files_with_probes"]) == ["_cache/stale.json"]
+
+
+def test_a_representative_that_goes_is_replaced(wh):
+    rows = wh.query("""SELECT cluster_id, trajectory_key FROM near_dup_clusters
+                       WHERE is_representative AND cluster_size > 1 ORDER BY cluster_id LIMIT 1""").to_pylist()
+    if not rows:
+        pytest.skip("no near-duplicate cluster with more than one member in this corpus")
+    members = wh.query("SELECT trajectory_key FROM near_dup_clusters WHERE cluster_id = ?",
+                       [rows[0]["cluster_id"]]).column(0).to_pylist()
+    assert forget(wh, f"episode:{rows[0]['trajectory_key']}", "test").status == "verified"
+    left = wh.query("SELECT is_representative FROM near_dup_clusters WHERE list_contains(?, trajectory_key)",
+                    [[m for m in members if m != rows[0]["trajectory_key"]]]).column(0).to_pylist()
+    assert left and sum(left) == 1
+
+
+def test_vault_entries_of_the_episodes_go(wh, tmp_path, monkeypatch):
+    from pipelines.definitions import build
+    from redaction.vault import new_key_file
+
+    key = new_key_file(tmp_path / "vault.key")
+    monkeypatch.setenv("TRAJWH_VAULT_KEY_FILE", str(key))
+    assert build(str(wh.root), full=True).success
+    vault_rows = lambda keys: _count(wh, f"SELECT count(*) FROM read_parquet('{wh.root}/vault/*/part-*.parquet') "  # noqa: E731
+                                         "WHERE list_contains(?, scope_id)", [keys])
+    keys = wh.query("SELECT DISTINCT trajectory_key FROM redaction_events WHERE table_name <> 'tool_schemas' "
+                    "LIMIT 3").column(0).to_pylist()
+    assert vault_rows(keys) > 0
+    total = _count(wh, f"SELECT count(*) FROM read_parquet('{wh.root}/vault/*/part-*.parquet')")
+    r = forget(wh, f"episode:{keys[0]}", "test")
+    assert r.status == "verified" and vault_rows(keys[:1]) == 0
+    assert _count(wh, f"SELECT count(*) FROM read_parquet('{wh.root}/vault/*/part-*.parquet')") < total
+
+
+def test_dry_run_changes_nothing(wh):
+    files = sorted(p.name for p in wh.root.rglob("*.parquet"))
+    plan = forget(wh, "source:cases", "x", dry_run=True)
+    assert plan.records and sorted(p.name for p in wh.root.rglob("*.parquet")) == files
+    assert _count(wh, "SELECT count(*) FROM deletions") == 0
+
+
+@pytest.mark.parametrize("stage", STAGES[:-1])
+def test_a_crash_after_any_stage_is_finished_by_resume(wh, stage, tmp_path):
+    reference = Warehouse(tmp_path / "reference")
+    shutil.copytree(wh.root, reference.root)
+    assert forget(reference, "source:cases", "withdrawn").status == "verified"
+    env = {**os.environ, CRASH_ENV: stage}
+    died = subprocess.run([*trajwh_cmd(), "forget", "source:cases", "--reason", "withdrawn", "-w", str(wh.root)],
+                          env=env, capture_output=True, text=True)
+    assert died.returncode == 137, died.stderr[-2000:]
+    assert wh.query("SELECT status FROM deletions").column(0).to_pylist() == [stage]
+    env.pop(CRASH_ENV)
+    done = subprocess.run([*trajwh_cmd(), "forget", "--resume", "-w", str(wh.root)], env=env, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert wh.query("SELECT status FROM deletions").column(0).to_pylist() == ["verified"]
+    for table in ("raw_records", "episodes", "redacted_steps", "splits", "fragments"):
+        exclude = _LINEAGE if table in ("splits", "fragments") else ()
+        assert _hashes_all(wh, table, exclude) == _hashes_all(reference, table, exclude), table
+
+
+def _hashes_all(wh: Warehouse, table: str, exclude: tuple[str, ...]) -> list[str]:
+    con = wh.connect()
+    try:
+        have = {r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()}
+        ex = [c for c in exclude if c in have] + (["ingested_at"] if table == "raw_records" else [])
+        cols = f"* EXCLUDE ({', '.join(ex)})" if ex else "*"
+        return sorted(r[0] for r in con.execute(f"SELECT md5(CAST(t AS VARCHAR)) FROM (SELECT {cols} FROM {table}) t").fetchall())
+    finally:
+        con.close()
+
+
+def test_bad_requests_are_refused(wh):
+    from schemas.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="reason"):
+        forget(wh, "source:cases", "  ")
+    with pytest.raises(ConfigError, match="matches nothing"):
+        forget(wh, "source:no-such-source", "x")
+    with pytest.raises(ConfigError):
+        verify_forget(wh, "del-0000")
