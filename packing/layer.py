@@ -26,13 +26,24 @@ from lineage.rebuild import inputs_fingerprint, joined_by_key, mark_running, run
 from packing.pack import PACKERS, POLICIES, Segment
 from packing.render import render, truncate_context
 from packing.tokenizers import DEFAULT_TOKENIZER, get_tokenizer
+from packing.windows import (
+    RENDER_STEPS_SQL,
+    WINDOWED_SQL,
+    Plan,
+    batch_versions,
+    copied_packs,
+    plan_windows,
+    stored_state,
+    stored_tokens,
+    token_key,
+)
 from schemas import ids
 from schemas.arrow import arrow_schema
 from schemas.errors import ConfigError
 from schemas.tables import PackRow
 
 TRANSFORM = "packs"
-PACKS_VERSION = "1.1.0"  # 1.1: tool definitions rendered
+PACKS_VERSION = "1.2.0"  # 1.1: tool definitions rendered; 1.2: stable windows (incremental builds)
 #: the tables a pack set is made from (its fingerprint, and the round-trip check's cache key)
 PACK_INPUTS = ["fragments", "redacted_steps", "redacted_episodes", "redacted_tool_schemas", "near_dup_clusters",
                "splits", "outcomes"]
@@ -73,6 +84,9 @@ class PackSummary:
     dropped: dict[str, int] = field(default_factory=dict)
     truncated: dict[str, int] = field(default_factory=dict)
     split_fragments: dict[str, int] = field(default_factory=dict)
+    windows: dict[str, int] = field(default_factory=dict)  # copied / repacked / new (an incremental build)
+    units_rendered: int = 0
+    units_reused: int = 0  # tokens taken from the stored packs of their window
 
     @property
     def efficiency(self) -> float:
@@ -177,36 +191,96 @@ def pack_set_id(cfg: PackConfig, tok: Any = None) -> str:
     """The set a configuration makes: its tokenizer and template ids and its packing choices."""
     tok = tok or get_tokenizer(cfg.tokenizer)
     return "ps-" + ids.digest([tok.id, tok.template_id, cfg.seq_len, cfg.policy, cfg.dedup,
-                               cfg.packer, cfg.evaluation, PACKS_VERSION])[:16]
+                               cfg.packer, cfg.evaluation, cfg.window, PACKS_VERSION])[:16]
+
+
+def _windowed(cfg: PackConfig, where: str = "") -> str:
+    return WINDOWED_SQL.format(units=_UNITS.format(evaluation="true" if cfg.evaluation else "false"),
+                               dedup="representative" if cfg.dedup == "representative" else "true",
+                               window=int(cfg.window), where=where)
+
+
+def _units_to_pack(wh: Warehouse, cfg: PackConfig, pack_set: str, plan: Plan, versions: dict[str, str]
+                   ) -> Iterator[tuple[dict, list[dict]]]:
+    """(unit, its steps) in packing order for every window that is not copied: a unit whose
+    stored tokens are reused carries them (``stored``) and no steps; the others their steps."""
+    tools = tools_by_digest(wh)
+    unit_stream = wh.stream(_windowed(cfg, "WHERE NOT list_contains(?, window_id)"), [list(plan.copy)],
+                            batch_rows=2_000, memory_limit="512MB", threads=1)
+    step_stream = wh.stream(RENDER_STEPS_SQL, [list(plan.render), list(plan.render.values())],
+                            memory_limit="512MB", threads=1)
+    stored = stored_tokens(wh, pack_set, sorted(plan.repack))
+    window, tokens = None, {}
+    try:
+        for u, mine in joined_by_key(unit_stream, step_stream, key="ord_key"):
+            u["token_key"] = token_key(u, versions)
+            u["tools"] = tools.get(u.pop("tool_schema_digest"))
+            u["window_digest"] = plan.digests[u["window_id"]]
+            if u["unit_id"] in plan.reuse:
+                while window is None or window < u["window_id"]:
+                    window, tokens = next(stored)
+                u["stored"] = tokens.pop(u["unit_id"])
+                yield u, []
+            elif u["step_ids"] is None:  # an evaluation episode: all of it
+                u["span"] = {s["step_id"] for s in mine}
+                yield u, list(mine)
+            else:
+                by_id = {s["step_id"]: s for s in mine}
+                u["span"] = set(u["span_step_ids"])
+                yield u, [by_id[i] for i in u["step_ids"] if i in by_id]
+    finally:
+        unit_stream.close()
+        step_stream.close()
+        stored.close()
 
 
 def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), full: bool = False,
                 lock_timeout: float = 60.0) -> PackSummary:
+    """Build (or bring up to date) one pack set. Incremental unless ``full``: windows whose
+    packing inputs are unchanged are copied, the others packed again with the stored tokens of
+    unchanged units (packing.windows); the result equals a full build's."""
     cfg.validate()
     tok = get_tokenizer(cfg.tokenizer)
     summary = PackSummary(run_id, pack_set=pack_set_id(cfg, tok), seq_len=cfg.seq_len)
     started = now_utc()
     template_id = tok.template_id
-    version = (f"{TRANSFORM}@{PACKS_VERSION};set={summary.pack_set};tokenizer={tok.id};template={template_id};"
-               f"seq_len={cfg.seq_len};policy={cfg.policy};dedup={cfg.dedup};packer={cfg.packer};"
-               f"evaluation={cfg.evaluation};window={cfg.window};inputs="
-               f"{inputs_fingerprint(wh, PACK_INPUTS)}")
+    rules = (f"{TRANSFORM}@{PACKS_VERSION};set={summary.pack_set};tokenizer={tok.id};template={template_id};"
+             f"seq_len={cfg.seq_len};policy={cfg.policy};dedup={cfg.dedup};packer={cfg.packer};"
+             f"evaluation={cfg.evaluation};window={cfg.window}")
+    version = f"{rules};inputs={inputs_fingerprint(wh, PACK_INPUTS)}"
     schema = arrow_schema(PackRow)
     with wh.write_session("packs", timeout=lock_timeout) as session:
         mark_running(session, run_id, "packs", started)
         mine = wh.query("SELECT path, transform_version FROM table_files WHERE table_name = 'packs' AND "
                         "starts_with(transform_version, ?)", [f"{TRANSFORM}@{PACKS_VERSION};set={summary.pack_set};"]
                         ).to_pylist()
-        if not full and mine and {r["transform_version"] for r in mine} == {version}:
+        old_versions = {r["transform_version"] for r in mine}
+        if not full and mine and old_versions == {version}:
             summary = _stored_summary(wh, run_id, version, summary)
             session.upsert_rows("runs", [run_row(run_id, "packs", started, params={"version": version, "skipped": True},
                                                  counts=_counts(summary), code_version=f"{TRANSFORM}@{PACKS_VERSION}")])
             return summary
+        reusable = not full and mine and {v.split(";inputs=")[0] for v in old_versions} == {rules}
+        stored_windows, stored_units = stored_state(wh, summary.pack_set) if reusable else ({}, {})
+        versions = batch_versions(wh)
+        plan = plan_windows((r for b in wh.stream(_windowed(cfg), batch_rows=5_000, threads=1) for r in b),
+                            versions, stored_windows, stored_units)
         lineage = {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": version}
         files: list[Any] = []
-        pack_stream(units_with_steps(wh, cfg.dedup, cfg.evaluation), cfg, tok, summary,
-                    lambda rows: files.append(session.write("packs", pa.Table.from_pylist(rows, schema=schema))),
-                    lineage)
+        seen: set[str] = set()
+        for table, segments in copied_packs(wh, summary.pack_set, plan, schema, lineage):
+            files.append(session.write("packs", table))
+            _count_copied(summary, table, segments, seen)
+        _count_dropped_in_copies(summary, plan, seen)
+
+        def write(rows: list[dict]) -> None:
+            files.append(session.write("packs", pa.Table.from_pylist(rows, schema=schema)))
+
+        pack_stream(_units_to_pack(wh, cfg, summary.pack_set, plan, versions), cfg, tok, summary, write, lineage)
+        summary.fragments = plan.units
+        summary.windows = {"copied": len(plan.copy), "repacked": len(plan.repack),
+                           "new": len(plan.digests) - len(plan.copy) - len(plan.repack)}
+        summary.units_rendered, summary.units_reused = plan.rendered_units, len(plan.reuse)
         if not files:
             files.append(session.write("packs", pa.Table.from_pylist([], schema=schema)))
         session.commit(files, removed=[wh.root / r["path"] for r in mine], run_id=run_id, transform_version=version)
@@ -215,24 +289,53 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
     return summary
 
 
-def pack_stream(units: Iterable[tuple[dict, list[dict]]], cfg: PackConfig, tok: Any, summary: PackSummary,
-                write: Callable[[list[dict]], None], lineage: dict[str, str]) -> None:
-    """Render, tokenize and pack a stream of (unit, steps), ``cfg.window`` units per split at a time;
-    each window's packed rows go to ``write``. Counts accumulate in ``summary``."""
-    windows: dict[str, list[tuple[Segment, dict]]] = {}
-    packer = PACKERS[cfg.packer]
-
-    def bump(counter: dict[str, int], split: str, n: int = 1) -> None:
+def _bump(counter: dict[str, int], split: str, n: int = 1) -> None:
+    if n:
         counter[split] = counter.get(split, 0) + n
 
-    def flush(split: str) -> None:
-        segs = windows.pop(split, [])
+
+def _count_copied(summary: PackSummary, table: pa.Table, segments: list[list[dict]], seen: set[str]) -> None:
+    """A copied window's figures, from its stored rows."""
+    for split, n, trainable, segs in zip(table.column("split").to_pylist(), table.column("n_tokens").to_pylist(),
+                                         table.column("n_trainable").to_pylist(), segments, strict=True):
+        _bump(summary.sequences, split)
+        _bump(summary.tokens, split, n)
+        _bump(summary.trainable, split, trainable)
+        for s in segs:
+            if s["piece"] == 0:
+                _bump(summary.split_fragments, split)
+            if s["removed_step_ids"] and not s["piece"]:
+                _bump(summary.truncated, split)
+            seen.add(s["fragment_id"].partition("#")[0])
+
+
+def _count_dropped_in_copies(summary: PackSummary, plan: Plan, seen: set[str]) -> None:
+    """Units of copied windows that no copied segment holds were dropped (over-length) there."""
+    for window, units in plan.copy_units.items():
+        split = window.split("/", 1)[0]
+        _bump(summary.dropped, split, sum(1 for u in units if u not in seen))
+
+
+def pack_stream(units: Iterable[tuple[dict, list[dict]]], cfg: PackConfig, tok: Any, summary: PackSummary,
+                write: Callable[[list[dict]], None], lineage: dict[str, str]) -> None:
+    """Render, tokenize and pack a stream of (unit, steps) window by window (a unit's
+    ``window_id``, else ``cfg.window`` units of one split at a time); each window's packed rows go
+    to ``write``. A unit that carries ``stored`` tokens is not rendered. Counts accumulate in
+    ``summary``."""
+    windows: dict[str, list[tuple[Segment, dict]]] = {}
+    window_of: dict[str, tuple[str | None, str | None]] = {}
+    packer = PACKERS[cfg.packer]
+
+    def flush(key: str) -> None:
+        segs = windows.pop(key, [])
         if not segs:
             return
+        window_id, digest = window_of.pop(key)
+        split = segs[0][1]["split"]
         meta = {s.fragment_id: m for s, m in segs}
         result = packer([s for s, _ in segs], cfg.seq_len, cfg.policy)
-        bump(summary.dropped, split, len(result.dropped))
-        bump(summary.split_fragments, split, len(result.split))
+        _bump(summary.dropped, split, len(result.dropped))
+        _bump(summary.split_fragments, split, len(result.split))
         rows = []
         for seq in result.sequences:
             segments = []
@@ -245,31 +348,46 @@ def pack_stream(units: Iterable[tuple[dict, list[dict]]], cfg: PackConfig, tok: 
                          "template_id": tok.template_id, "seq_len": cfg.seq_len, "n_tokens": len(seq.ids),
                          "n_trainable": sum(seq.mask), "input_ids": np.frombuffer(seq.ids, np.int32),
                          "loss_mask": np.frombuffer(seq.mask, np.int8), "position_ids": np.frombuffer(seq.positions, np.int32),
-                         "segments": segments, **lineage})
-            bump(summary.sequences, split)
-            bump(summary.tokens, split, len(seq.ids))
-            bump(summary.trainable, split, sum(seq.mask))
+                         "segments": segments, "window_id": window_id, "window_digest": digest, **lineage})
+            _bump(summary.sequences, split)
+            _bump(summary.tokens, split, len(seq.ids))
+            _bump(summary.trainable, split, sum(seq.mask))
         write(rows)
 
+    open_key = None
     for u, steps in units:
         split = u["split"] or "unsplit"
-        r = render(steps, u["span"], tok, tools=u.get("tools"))
-        removed: list[str] = []
-        if cfg.policy == "truncate-context" and len(r.ids) > cfg.seq_len:
-            cut = truncate_context(steps, u["span"], cfg.seq_len, tok, r, tools=u.get("tools"))
-            if cut is None:
-                bump(summary.dropped, split)
-                continue
-            r, removed = cut
-            bump(summary.truncated, split)
+        key = u.get("window_id") or split
+        if u.get("window_id") and key != open_key and open_key is not None:
+            flush(open_key)
+        open_key = key
+        stored = u.get("stored")
+        if stored is not None:
+            tokens, mask, removed = stored
+            seg = Segment(u["unit_id"], array("i", tokens.astype(np.int32).tobytes()), array("b", mask.astype(np.int8).tobytes()))
+            if removed:
+                _bump(summary.truncated, split)
+        else:
+            r = render(steps, u["span"], tok, tools=u.get("tools"))
+            removed = []
+            if cfg.policy == "truncate-context" and len(r.ids) > cfg.seq_len:
+                cut = truncate_context(steps, u["span"], cfg.seq_len, tok, r, tools=u.get("tools"))
+                if cut is None:
+                    _bump(summary.dropped, split)
+                    continue
+                r, removed = cut
+                _bump(summary.truncated, split)
+            seg = Segment(u["unit_id"], array("i", r.ids), array("b", r.mask))
         meta = {"trajectory_key": u["trajectory_key"], "kind": u["kind"], "split": split,
-                "dedup_weight": u["dedup_weight"], "cluster_id": u["cluster_id"], "removed_step_ids": removed}
-        windows.setdefault(split, []).append((Segment(u["unit_id"], array("i", r.ids), array("b", r.mask)), meta))
+                "dedup_weight": u["dedup_weight"], "cluster_id": u["cluster_id"], "removed_step_ids": removed,
+                "token_key": u.get("token_key")}
+        windows.setdefault(key, []).append((seg, meta))
         summary.fragments += 1
-        if len(windows[split]) >= cfg.window:
-            flush(split)
-    for split in sorted(windows):
-        flush(split)
+        window_of[key] = (u.get("window_id"), u.get("window_digest"))
+        if not u.get("window_id") and len(windows[key]) >= cfg.window:
+            flush(key)
+    for key in sorted(windows):
+        flush(key)
 
 
 def _stored_summary(wh: Warehouse, run_id: str, version: str, summary: PackSummary) -> PackSummary:

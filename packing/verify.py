@@ -17,20 +17,23 @@ of the rendering (a piece may end inside a character, so it is not decoded alone
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from lineage.catalog import Warehouse
 from lineage.rebuild import joined_by_key
+from lineage.storage import ensure_dir
 from packing.layer import _STEPS_SQL, _UNITS, tools_by_digest
 from packing.render import render, trained_text
 from packing.tokenizers import tokenizer_of
 
-# one row per segment with its slice of the sequence, in trajectory-key order (DuckDB lists are 1-based)
 # one row per segment (its table entry, not its tokens), in trajectory-key order
 _SEGMENTS_SQL = """
     SELECT p.pack_id, p.split AS pack_split, p.tokenizer_id, p.seq_len, t.s.fragment_id, t.s.start, t.s."end",
-           t.s.trajectory_key, t.s.split, t.s.piece, t.s.removed_step_ids, u.step_ids, u.span_step_ids,
+           t.s.trajectory_key, t.s.split, t.s.piece, t.s.removed_step_ids, t.s.token_key, u.step_ids, u.span_step_ids,
            u.kind AS unit_kind, u.split AS unit_split, sp.split AS episode_split, e.tool_schema_digest
     FROM packs p, unnest(p.segments) AS t(s)
     LEFT JOIN ({units}) u ON u.unit_id = split_part(t.s.fragment_id, '#', 1)
@@ -67,15 +70,43 @@ def _sampled(unit_id: str, n: int) -> bool:
     return int(hashlib.sha256(unit_id.encode()).hexdigest()[:8], 16) % n == 0
 
 
+def _ledger_path(wh: Warehouse, pack_set: str) -> Path:
+    return wh.root / "_cache" / "verified_packs" / f"{pack_set}.json"
+
+
+def read_ledger(wh: Warehouse, pack_set: str) -> dict[str, list[str]]:
+    """Unit (or piece) -> [token key, digest of its stored tokens] that a passing check verified
+    against its rendering; a lost or unreadable ledger only means rendering again."""
+    try:
+        data = json.loads(_ledger_path(wh, pack_set).read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_ledger(wh: Warehouse, pack_set: str, entries: dict[str, list[str]]) -> None:
+    path = _ledger_path(wh, pack_set)
+    ensure_dir(path.parent, restricted=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(entries, sort_keys=True))
+    os.replace(tmp, path)
+
+
 def verify_packs(wh: Warehouse, pack_set: str | None = None, *, scan_secrets: bool = True,
                  progress: Callable[[int], None] | None = None, examples: int = 5,
-                 secret_sample: int = 1) -> dict[str, Any]:
+                 secret_sample: int = 1, ledger: bool = False) -> dict[str, Any]:
     """Counts of segments checked and of each violation (all 0 when the set is sound), with examples.
 
     Every segment's tokens are checked against its rendering. ``secret_sample`` = N scans the
     decoded text of one unit in N for secret shapes (chosen by the unit id's digest, so the same
     units every time): the build's check samples, since the decoded text is proved equal to the
-    rendering of the redacted layer, which its own check rescans; ``trajwh verify-packs`` scans all."""
+    rendering of the redacted layer, which its own check rescans; ``trajwh verify-packs`` scans all.
+
+    ``ledger`` (the build's check, one pack set): a segment whose stored tokens are exactly those
+    a passing check already verified for the same token key (what the rendering is made from,
+    packing.windows) is not rendered again: an incremental build re-renders only what changed,
+    and its check does too. Splits, structure and positions are still checked for every segment.
+    After a passing check the ledger holds every segment of the set."""
     from redaction.engine import Detector
 
     where = "p.pack_set = ?" if pack_set else "true"
@@ -85,15 +116,12 @@ def verify_packs(wh: Warehouse, pack_set: str | None = None, *, scan_secrets: bo
 
         sets = wh.query("SELECT DISTINCT pack_set FROM packs ORDER BY 1").column(0).to_pylist()
         raise ConfigError(f"no pack set {pack_set!r} in {wh.root}", valid=", ".join(sets) or "none: run trajwh pack")
+    use_ledger = ledger and pack_set is not None
+    trusted = read_ledger(wh, pack_set) if use_ledger else {}
     out: dict[str, Any] = {"segments": 0, "tokens": 0, **_structure(wh, where, params),
                            "round_trip_violations": 0, "trained_text_violations": 0, "position_violations": 0,
                            "split_violations": 0, "unknown_unit_violations": 0, "secret_violations": 0, "secret_scanned": 0,
-                           "examples": []}
-    detector = Detector() if scan_secrets else None
-    toks: dict[str, Any] = {}
-    units = _UNITS.format(evaluation="true")
-    tools_of = tools_by_digest(wh)
-    expected: dict[tuple[str, int], bytes] = {}  # (pack, start) -> digest of the rendering's ids and mask
+                           "rendered": 0, "examples": []}
 
     def bad(kind: str, seg: dict[str, Any], why: str) -> None:
         out[kind] += 1
@@ -101,9 +129,35 @@ def verify_packs(wh: Warehouse, pack_set: str | None = None, *, scan_secrets: bo
             out["examples"].append({"check": kind, "pack_id": seg["pack_id"], "fragment_id": seg["fragment_id"],
                                     "why": why})
 
-    # 1. each segment's unit rendered again from the redacted steps: what its tokens must be
+    # 1. the packs as stored: each segment's tokens digested, positions checked; a segment whose
+    # (token key, digest) the ledger holds needs no rendering
+    stored: dict[tuple[str, int], bytes] = {}
+    verified: dict[str, list[str]] = {}
+    render_keys: set[str] = set()
+    for batch in wh.stream(f"SELECT pack_id, input_ids, loss_mask, position_ids, segments FROM packs p WHERE {where}",
+                           params, batch_rows=64, memory_limit="512MB", threads=1):
+        for p in batch:
+            for seg in p["segments"]:
+                a, b = seg["start"], seg["end"]
+                out["tokens"] += b - a
+                digest = stored[(p["pack_id"], a)] = _digest(p["input_ids"][a:b], p["loss_mask"][a:b])
+                entry = [seg.get("token_key") or "", digest.hex()]
+                if seg.get("token_key") and trusted.get(seg["fragment_id"]) == entry:
+                    verified[seg["fragment_id"]] = entry
+                else:
+                    render_keys.add(seg["trajectory_key"])
+                if p["position_ids"][a:b] != list(range(b - a)):
+                    bad("position_violations", {**seg, "pack_id": p["pack_id"]},
+                        "positions do not restart at 0 and count up")
+    # 2. every segment's unit and split; the segments to render rendered again from the redacted
+    # steps and compared with what is stored
+    detector = Detector() if scan_secrets else None
+    toks: dict[str, Any] = {}
+    units = _UNITS.format(evaluation="true")
+    tools_of = tools_by_digest(wh)
     seg_stream = wh.stream(_SEGMENTS_SQL.format(where=where, units=units), params, memory_limit="512MB", threads=1)
-    step_stream = wh.stream(_STEPS_SQL.format(units=units, dedup="true"), memory_limit="512MB", threads=1)
+    step_stream = wh.stream(_STEPS_SQL.format(units=units, dedup="list_contains(?, trajectory_key)"),
+                            [sorted(render_keys)], memory_limit="512MB", threads=1)
     try:
         for seg, steps in joined_by_key(seg_stream, step_stream):
             out["segments"] += 1
@@ -115,6 +169,9 @@ def verify_packs(wh: Warehouse, pack_set: str | None = None, *, scan_secrets: bo
             if seg["unit_kind"] is None:
                 bad("unknown_unit_violations", seg, "no trainable fragment or evaluation episode of that id")
                 continue
+            if seg["fragment_id"] in verified:
+                continue
+            out["rendered"] += 1
             tok = toks.get(seg["tokenizer_id"]) or toks.setdefault(seg["tokenizer_id"], tokenizer_of(seg["tokenizer_id"]))
             if tok.id != seg["tokenizer_id"]:
                 bad("round_trip_violations", seg, f"tokenizer {seg['tokenizer_id']} is not the installed {tok.id}")
@@ -126,12 +183,18 @@ def verify_packs(wh: Warehouse, pack_set: str | None = None, *, scan_secrets: bo
             span = set(seg["span_step_ids"]) if seg["span_step_ids"] is not None else set(order)
             tools = tools_of.get(seg["tool_schema_digest"])
             r = render(kept, span, tok, tools=tools)
-            key = (seg["pack_id"], seg["start"])
+            have = stored.get((seg["pack_id"], seg["start"]))
             if seg["piece"] is not None:
                 a = seg["piece"] * seg["seq_len"]
-                expected[key] = _digest(r.ids[a:a + seg["seq_len"]], r.mask[a:a + seg["seq_len"]])
+                want = _digest(r.ids[a:a + seg["seq_len"]], r.mask[a:a + seg["seq_len"]])
+            else:
+                want = _digest(r.ids, r.mask)
+            if want != have:
+                bad("round_trip_violations", seg, "tokens or mask differ from the unit's rendering")
+            elif seg["token_key"]:
+                verified[seg["fragment_id"]] = [seg["token_key"], have.hex()]
+            if seg["piece"] is not None:  # a piece may end inside a character: not decoded alone
                 continue
-            expected[key] = _digest(r.ids, r.mask)
             if tok.decode(r.ids) != r.text:
                 bad("round_trip_violations", seg, "decoded tokens differ from the rendered text")
             if tok.decode([t for t, m in zip(r.ids, r.mask, strict=True) if m]) != trained_text(kept, span, tok, tools):
@@ -144,20 +207,8 @@ def verify_packs(wh: Warehouse, pack_set: str | None = None, *, scan_secrets: bo
     finally:
         seg_stream.close()
         step_stream.close()
-    # 2. the packs as stored, in storage order: each segment's tokens against what they must be
-    for batch in wh.stream(f"SELECT pack_id, input_ids, loss_mask, position_ids, segments FROM packs p WHERE {where}",
-                           params, batch_rows=64, memory_limit="512MB", threads=1):
-        for p in batch:
-            for seg in p["segments"]:
-                a, b = seg["start"], seg["end"]
-                out["tokens"] += b - a
-                want = expected.get((p["pack_id"], a))
-                if want is not None and want != _digest(p["input_ids"][a:b], p["loss_mask"][a:b]):
-                    bad("round_trip_violations", {**seg, "pack_id": p["pack_id"]},
-                        "tokens or mask differ from the unit's rendering")
-                if p["position_ids"][a:b] != list(range(b - a)):
-                    bad("position_violations", {**seg, "pack_id": p["pack_id"]},
-                        "positions do not restart at 0 and count up")
+    if use_ledger and violations(out) == 0:
+        _write_ledger(wh, pack_set, verified)
     return out
 
 

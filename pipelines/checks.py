@@ -126,7 +126,9 @@ PACK_SECRET_SAMPLE = 20
                 description="The configured pack set round-trips: every segment is its unit's rendering token for "
                             "token and mask for mask, decodes to the rendered text, its trained tokens decode to the "
                             "span's model text; no pack mixes splits or holds another split's episode; the redaction "
-                            "detector finds nothing in the decoded text (also `trajwh verify-packs`).")
+                            "detector finds nothing in the decoded text (also `trajwh verify-packs`). Segments "
+                            "whose tokens an earlier passing check verified for the same inputs are not rendered "
+                            "again (their splits and structure are).")
 def packs_round_trip(warehouse: WarehouseResource) -> dg.AssetCheckResult:
     from packing.layer import pack_set_id
     from packing.verify import verify_packs
@@ -136,7 +138,7 @@ def packs_round_trip(warehouse: WarehouseResource) -> dg.AssetCheckResult:
     cfg = pack_config(PacksConfig(), warehouse)
     pack_set = pack_set_id(cfg)
     r = cached(wh, f"verify_packs:{pack_set}", _PACK_INPUTS,
-               lambda: verify_packs(wh, pack_set, secret_sample=PACK_SECRET_SAMPLE))
+               lambda: verify_packs(wh, pack_set, secret_sample=PACK_SECRET_SAMPLE, ledger=True))
     return dg.AssetCheckResult(passed=passed(r), metadata={
         "pack_set": pack_set, **{k: int(v) for k, v in r.items() if isinstance(v, int | bool)},
         "examples": dg.MetadataValue.json(r["examples"])})

@@ -12,7 +12,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = "1.6.0"  # 1.6: redacted_tool_schemas (what packing renders); 1.5: pack segments carry kind, split and the context steps cut; 1.1: canonical actions on steps and tool calls; 1.2: base_commit_at, normalized repository;
+SCHEMA_VERSION = "1.7.0"  # 1.7: packs carry their window and digest, segments their token key; 1.6: redacted_tool_schemas (what packing renders); 1.5: pack segments carry kind, split and the context steps cut; 1.1: canonical actions on steps and tool calls; 1.2: base_commit_at, normalized repository;
 # 1.3: tool_schemas table, tool calls keep the request the harness executed when it rewrote the model's;
 # 1.4: episode_features (per-batch curation inputs), outcomes.inputs_digest
 
@@ -485,6 +485,7 @@ class PackSegmentRow(_Row):
     cluster_id: str | None = None
     piece: int | None = None  # policy split: which seq_len-long piece of the rendering (0-based)
     removed_step_ids: list[str] = []  # policy truncate-context: the context steps cut (not rendered)
+    token_key: str | None = None  # digest of what the unit's tokens were rendered from (packing.windows)
 
 
 class PackRow(_Row):
@@ -502,6 +503,8 @@ class PackRow(_Row):
     loss_mask: list[int]
     position_ids: list[int]
     segments: list[PackSegmentRow]
+    window_id: str | None = None  # the packing window: split / batch / key range (packing.windows)
+    window_digest: str | None = None  # the window's packing inputs: equal digests give equal packs
     lin_run_id: str = _lineage("_run_id")
     lin_transform: str = _lineage("_transform")
     lin_transform_version: str = _lineage("_transform_version")

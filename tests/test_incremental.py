@@ -14,7 +14,7 @@ from lineage.catalog import Warehouse
 from pipelines.definitions import build
 
 DERIVED = ("episode_features", "near_dup_clusters", "task_groups", "splits", "leak_flags", "outcomes", "task_stats",
-           "fragments")
+           "fragments", "packs")
 # which run made a row, and the digest of the files it read: differ by construction (a full
 # rebuild rewrites the redacted files too)
 RUN_COLUMNS = ("_run_id", "_transform_version", "inputs_digest")
@@ -51,13 +51,13 @@ def test_incremental_build_redoes_only_the_new_batch_and_equals_a_full_rebuild(t
     (later / shards[-1].name).symlink_to(shards[-1])
     extra = [later]
     if SHARED_CORPUS.is_dir():  # real harness formats in the new batch too, when the corpus is there
-        extra.append(SHARED_CORPUS / "mini-swe-agent")
+        extra.append(SHARED_CORPUS / "mini-swe-agent-traj-json")
     wh = Warehouse(tmp_path / "wh")
     ingest_paths(wh, [first], IngestOptions(source="synthetic"))
     build(str(wh.root))
     before = wh.query("SELECT count(*) FROM outcomes").column(0)[0].as_py()
     ingest_paths(wh, [p for p in extra if p.exists()], IngestOptions(source="later"))
-    build(str(wh.root))
+    second = build(str(wh.root))
     after = wh.query("SELECT count(*) FROM outcomes").column(0)[0].as_py()
     new = after - before
     assert new > 0
@@ -66,6 +66,10 @@ def test_incremental_build_redoes_only_the_new_batch_and_equals_a_full_rebuild(t
     frag = run_counts(wh, "fragments")
     assert frag["rebuilt"] is not None and new <= frag["rebuilt"] < after  # not every episode again
     assert frag["episodes"] == after  # the summary still counts the whole table
+    packs = run_counts(wh, "packs")  # units of unchanged windows keep their tokens
+    assert packs["units_reused"] > 0 and packs["units_rendered"] < packs["fragments"], packs
+    check = {e.check_name: e for e in second.get_asset_check_evaluations()}["packs_round_trip"]
+    assert check.passed and 0 < check.metadata["rendered"].value < check.metadata["segments"].value
 
     full = Warehouse(tmp_path / "full")
     shutil.copytree(wh.root, full.root)
@@ -125,3 +129,46 @@ def test_episode_features_are_per_batch_and_signed(tmp_path: Path, small_corpus:
                         FROM {table}""").to_pylist()[0]
     assert stats["n"] == stats["keys"] == n
     assert stats["text_signed"] > 0.9 * n and stats["bytes"] == 128 * 4
+
+
+def test_pack_windows_copied_repacked_or_new_equal_a_full_pack_build(tmp_path: Path, small_corpus: Path):
+    """Small windows, so that a later batch leaves some windows as they were (copied), changes
+    others (packed again with stored tokens) and adds its own: the set equals a full pack build's,
+    and a check that trusts only what it verified still catches a changed token."""
+    import pyarrow.parquet as pq
+
+    from packing.layer import PackConfig, build_packs
+    from packing.verify import verify_packs, violations
+
+    shards = sorted(p for p in small_corpus.iterdir() if p.name.startswith("episodes-"))
+    wh = Warehouse(tmp_path / "wh")
+    ingest_paths(wh, shards[:-1], IngestOptions(source="synthetic"))
+    build(str(wh.root))
+    cfg = PackConfig(window=4)
+    first = build_packs(wh, run_id="w1", cfg=cfg)
+    assert first.windows["new"] > 4 and first.units_rendered == first.fragments
+    assert violations(verify_packs(wh, first.pack_set, scan_secrets=False, ledger=True)) == 0
+    ingest_paths(wh, shards[-1:], IngestOptions(source="later"))
+    build(str(wh.root))
+    inc = build_packs(wh, run_id="w2", cfg=cfg)
+    assert inc.windows["copied"] > 0 and inc.windows["new"] > 0 and inc.units_reused > 0, inc
+    full = Warehouse(tmp_path / "full")
+    shutil.copytree(wh.root, full.root)
+    again = build_packs(full, run_id="w3", cfg=cfg, full=True)
+    assert rows(wh, "packs") == rows(full, "packs")
+    for k in ("sequences", "tokens", "trainable", "dropped", "truncated", "split_fragments"):
+        assert getattr(inc, k) == getattr(again, k), k
+    assert inc.fragments == again.fragments
+
+    r = verify_packs(wh, inc.pack_set, scan_secrets=False, ledger=True)
+    assert violations(r) == 0 and 0 < r["rendered"] < r["segments"], r
+    assert verify_packs(wh, inc.pack_set, scan_secrets=False, ledger=True)["rendered"] == 0  # all verified now
+    # a token changed in a copied window's pack: its segment is no longer the verified one
+    rel = wh.query("SELECT path FROM table_files WHERE table_name = 'packs' AND contains(transform_version, ?) "
+                   "ORDER BY path", [inc.pack_set]).column(0).to_pylist()[0]
+    t = pq.read_table(wh.root / rel)
+    data = t.to_pylist()
+    data[0]["input_ids"][data[0]["segments"][0]["start"]] += 1
+    pq.write_table(type(t).from_pylist(data, schema=t.schema), wh.root / rel)
+    tampered = verify_packs(wh, inc.pack_set, scan_secrets=False, ledger=True)
+    assert tampered["round_trip_violations"] == 1 and tampered["rendered"] >= 1, tampered

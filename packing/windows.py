@@ -1,0 +1,196 @@
+"""Stable packing windows and the plan of an incremental pack build.
+
+Units are packed window by window (memory is bounded by a window, not the layer). A window is
+a fixed part of the data, never a position in a stream: the units of one split and one ingest
+batch whose trajectory key's digest falls in one of ``2**bits`` equal ranges, where ``2**bits`` is
+the smallest power of two that gives ``window`` units or fewer per range on average. So a new
+batch makes windows of its own, a unit that comes or goes changes only its own window, and the
+ranges of a (split, batch) move only when its unit count crosses a power of two.
+
+A full build and an incremental build pack the same windows, so they give the same packs. The
+incremental build compares each window's packing inputs (``window_digest``: its units and their
+token keys) with the stored set's:
+
+- same digest: the window's packs are copied as stored (the packer is deterministic); only the
+  segment fields that are not packing inputs (dedup weight, cluster) are brought up to date;
+- otherwise the window is packed again; a unit whose token key is unchanged takes its tokens from
+  the stored packs of its window (render and tokenize are the cost of a pack build, the packer a
+  small part), the others are rendered.
+
+A unit's token key is what its rendering is made from: the unit (its id names the episode and
+the span), its steps and trained span, its tool definitions, and the version of its batch's
+redacted layer (a batch is re-redacted only when that version changes; a forget removes rows
+without touching the others).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from lineage.catalog import Warehouse
+from schemas import ids
+
+#: units in packing order with their window (``bits``: ranges per split and batch, as a power of two)
+WINDOWED_SQL = """
+    WITH u AS (
+        SELECT u.*, coalesce(u.split, 'unsplit') AS pack_split, e.tool_schema_digest, e._batch_id AS batch_id
+        FROM ({units}) u LEFT JOIN redacted_episodes e USING (trajectory_key) WHERE {dedup}),
+    n AS (SELECT *, CAST(ceil(log2(greatest(1, ceil(count(*) OVER (PARTITION BY pack_split, batch_id) / {window}))))
+                         AS INTEGER) AS bits FROM u),
+    w AS (SELECT * EXCLUDE (bits), pack_split || '/' || coalesce(batch_id, '-') || '/' || lpad(CAST(
+              CASE WHEN bits = 0 THEN 0 ELSE ('0x' || left(sha256(trajectory_key), 8))::UBIGINT >> (32 - bits) END
+              AS VARCHAR), 10, '0') AS window_id FROM n)
+    SELECT *, window_id || '|' || trajectory_key AS ord_key FROM w {where}
+    ORDER BY ord_key, unit_id"""
+#: the steps of the trajectories to render, in packing order (``k``: trajectory key -> order key)
+RENDER_STEPS_SQL = """
+    SELECT k.ord_key, s.trajectory_key, s.step_id, s.step_index, s.author, s.role, s.text, s.observation, s.tool_calls
+    FROM redacted_steps s JOIN (SELECT unnest(?::VARCHAR[]) AS trajectory_key, unnest(?::VARCHAR[]) AS ord_key) k
+    USING (trajectory_key) ORDER BY k.ord_key, s.step_index"""
+_REDACTED = ["redacted_episodes", "redacted_steps", "redacted_tool_schemas"]
+
+
+def batch_versions(wh: Warehouse) -> dict[str, str]:
+    """Batch -> the transform versions of its redacted files (what its redacted rows were made by)."""
+    rows = wh.query("SELECT batch_id, string_agg(DISTINCT transform_version, ',' ORDER BY transform_version) AS v "
+                    "FROM table_files WHERE list_contains(?, table_name) GROUP BY 1", [_REDACTED]).to_pylist()
+    return {r["batch_id"]: r["v"] for r in rows}
+
+
+def token_key(u: dict[str, Any], versions: dict[str, str]) -> str:
+    return ids.digest([u["unit_id"], u["trajectory_key"], u["step_ids"], u["span_step_ids"], u["tool_schema_digest"],
+                       u["batch_id"], versions.get(u["batch_id"])])[:24]
+
+
+def window_digest(window_id: str, units: list[tuple[str, str]]) -> str:
+    """The packing inputs of a window: its id and its (unit, token key) pairs in packing order."""
+    return ids.digest([window_id, units])[:24]
+
+
+@dataclass
+class Plan:
+    """What an incremental pack build does with each window (see the module docstring)."""
+
+    copy: dict[str, str] = field(default_factory=dict)  # window id -> digest: packs copied as stored
+    meta: dict[str, tuple[float | None, str | None]] = field(default_factory=dict)  # unit -> (weight, cluster) there
+    copy_units: dict[str, set[str]] = field(default_factory=dict)  # window id -> its units (for drop counts)
+    repack: set[str] = field(default_factory=set)  # windows packed again, some units' tokens from the stored packs
+    reuse: set[str] = field(default_factory=set)  # units whose stored tokens are taken
+    render: dict[str, str] = field(default_factory=dict)  # trajectory key -> order key: steps to read
+    digests: dict[str, str] = field(default_factory=dict)  # window id -> digest, every window
+    units: int = 0
+
+    @property
+    def rendered_units(self) -> int:
+        return self.units - len(self.reuse) - len(self.meta)
+
+
+def stored_state(wh: Warehouse, pack_set: str) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
+    """The stored set's windows (id -> digest) and units (id -> (token key, window id))."""
+    windows = {r["window_id"]: r["window_digest"] for r in wh.query(
+        "SELECT DISTINCT window_id, window_digest FROM packs WHERE pack_set = ? AND window_id IS NOT NULL",
+        [pack_set]).to_pylist()}
+    units: dict[str, tuple[str, str]] = {}
+    for batch in wh.stream("""SELECT DISTINCT split_part(t.s.fragment_id, '#', 1) AS unit_id, t.s.token_key, p.window_id
+                              FROM packs p, unnest(p.segments) AS t(s) WHERE p.pack_set = ?""", [pack_set],
+                           batch_rows=50_000):
+        for r in batch:
+            units[r["unit_id"]] = (r["token_key"], r["window_id"])
+    return windows, units
+
+
+def plan_windows(rows: Iterator[dict[str, Any]], versions: dict[str, str], stored_windows: dict[str, str],
+                 stored_units: dict[str, tuple[str, str]]) -> Plan:
+    """Walk the units in packing order once (no steps, no tokens) and decide per window."""
+    plan = Plan()
+    current: str | None = None
+    members: list[dict[str, Any]] = []
+
+    def close() -> None:
+        if current is None:
+            return
+        pairs = [(u["unit_id"], u["token_key"]) for u in members]
+        digest = plan.digests[current] = window_digest(current, pairs)
+        if stored_windows.get(current) == digest:
+            plan.copy[current] = digest
+            plan.copy_units[current] = {u["unit_id"] for u in members}
+            for u in members:
+                plan.meta[u["unit_id"]] = (u["dedup_weight"], u["cluster_id"])
+            return
+        if current in stored_windows:
+            plan.repack.add(current)
+        for u in members:
+            if stored_units.get(u["unit_id"]) == (u["token_key"], current):
+                plan.reuse.add(u["unit_id"])
+            else:
+                plan.render[u["trajectory_key"]] = u["ord_key"]
+
+    for u in rows:
+        plan.units += 1
+        u["token_key"] = token_key(u, versions)
+        if u["window_id"] != current:
+            close()
+            current, members = u["window_id"], []
+        members.append({k: u[k] for k in ("unit_id", "token_key", "trajectory_key", "ord_key", "dedup_weight",
+                                          "cluster_id")})
+    close()
+    return plan
+
+
+def stored_tokens(wh: Warehouse, pack_set: str, windows: list[str]
+                  ) -> Iterator[tuple[str, dict[str, tuple[np.ndarray, np.ndarray, list[str]]]]]:
+    """Per window, in the order given: unit id -> (token ids, mask, removed steps) as stored, the
+    pieces of a split unit joined again. One query per window (a window's packs are one file, so
+    the others are skipped by their statistics; sorting the whole table's token lists would not
+    fit the memory bound)."""
+    for window in windows:
+        t = wh.query("SELECT input_ids, loss_mask, segments FROM packs WHERE pack_set = ? AND window_id = ?",
+                     [pack_set, window])
+        pieces: dict[str, list[tuple[int, np.ndarray, np.ndarray, list[str]]]] = {}
+        for i, segs in enumerate(t.column("segments").to_pylist()):
+            tokens = t.column("input_ids")[i].values.to_numpy(zero_copy_only=False)
+            mask = t.column("loss_mask")[i].values.to_numpy(zero_copy_only=False)
+            for s in segs:
+                unit = s["fragment_id"].partition("#")[0]
+                pieces.setdefault(unit, []).append((s["piece"] or 0, tokens[s["start"]:s["end"]],
+                                                    mask[s["start"]:s["end"]], s["removed_step_ids"] or []))
+        out = {}
+        for unit, parts in pieces.items():
+            parts.sort(key=lambda p: p[0])
+            out[unit] = (np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]), parts[0][3])
+        yield window, out
+
+
+def copied_packs(wh: Warehouse, pack_set: str, plan: Plan, schema: pa.Schema, lineage: dict[str, str]
+                 ) -> Iterator[tuple[pa.Table, list[dict[str, Any]]]]:
+    """The stored packs of the windows copied as they are, with each segment's dedup weight and
+    cluster brought up to date (rows whose segments changed take this run's lineage); yields
+    (table, its segments as Python) for the summary."""
+    if not plan.copy:
+        return
+    for rb in wh.stream("SELECT * FROM packs WHERE pack_set = ? AND list_contains(?, window_id)",
+                        [pack_set, list(plan.copy)], batch_rows=256, arrow=True, memory_limit="512MB", threads=1):
+        table = pa.Table.from_batches([rb]).select(schema.names).cast(schema)
+        segments = table.column("segments").to_pylist()
+        changed = []
+        for segs in segments:
+            moved = False
+            for s in segs:
+                weight, cluster = plan.meta[s["fragment_id"].partition("#")[0]]
+                if s["dedup_weight"] != weight or s["cluster_id"] != cluster:
+                    s["dedup_weight"], s["cluster_id"], moved = weight, cluster, True
+            changed.append(moved)
+        if any(changed):
+            table = table.set_column(schema.get_field_index("segments"), schema.field("segments"),
+                                     pa.array(segments, type=schema.field("segments").type))
+            for col, value in lineage.items():
+                old = table.column(col).to_pylist()
+                table = table.set_column(schema.get_field_index(col), schema.field(col),
+                                         pa.array([value if c else o for c, o in zip(changed, old, strict=True)],
+                                                  type=schema.field(col).type))
+        yield table, segments
