@@ -105,10 +105,9 @@ def throughput(units: list, n: int) -> dict:
 
 
 def _child_big(warehouse: str, n: int, out: str) -> None:
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from packing.layer import PackConfig, PackSummary, pack_stream, units_with_steps
+    from packing.layer import PackConfig, PackSummary, pack_stream, pack_table, units_with_steps
     from packing.tokenizers import get_tokenizer
     from schemas.arrow import arrow_schema
     from schemas.tables import PackRow
@@ -130,7 +129,7 @@ def _child_big(warehouse: str, n: int, out: str) -> None:
     summary = PackSummary("bench", seq_len=8192)
     t0 = time.perf_counter()
     pack_stream(stream(), PackConfig(), tok, summary,
-                lambda rows: writer.write_table(pa.Table.from_pylist(rows, schema=schema)),
+                lambda rows: writer.write_table(pack_table(rows, schema)),
                 {"_run_id": "bench", "_transform": "packs", "_transform_version": "bench"})
     writer.close()
     print(json.dumps({"units": summary.fragments, "sequences": sum(summary.sequences.values()),

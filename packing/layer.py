@@ -274,7 +274,7 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
         _count_dropped_in_copies(summary, plan, seen)
 
         def write(rows: list[dict]) -> None:
-            files.append(session.write("packs", pa.Table.from_pylist(rows, schema=schema)))
+            files.append(session.write("packs", pack_table(rows, schema)))
 
         pack_stream(_units_to_pack(wh, cfg, summary.pack_set, plan, versions), cfg, tok, summary, write, lineage)
         summary.fragments = plan.units
@@ -287,6 +287,24 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
         session.upsert_rows("runs", [run_row(run_id, "packs", started, params={"version": version},
                                              counts=_counts(summary), code_version=f"{TRANSFORM}@{PACKS_VERSION}")])
     return summary
+
+
+_TOKEN_COLUMNS = ("input_ids", "loss_mask", "position_ids")
+
+
+def pack_table(rows: list[dict], schema: pa.Schema) -> pa.Table:
+    """Pack rows as an Arrow table, the token columns built from their arrays in one piece
+    (``from_pylist`` converts them value by value: 3 of the 8 s of an incremental pack build)."""
+    table = pa.Table.from_pylist([{**r, **{k: [] for k in _TOKEN_COLUMNS}} for r in rows], schema=schema)
+    for k in _TOKEN_COLUMNS:
+        arrays = [np.asarray(r[k], dtype=np.int64) for r in rows]
+        offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
+        np.cumsum([len(a) for a in arrays], out=offsets[1:])
+        values = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
+        field = schema.field(k)
+        table = table.set_column(schema.get_field_index(k), field,
+                                 pa.ListArray.from_arrays(pa.array(offsets), pa.array(values), type=field.type))
+    return table
 
 
 def _bump(counter: dict[str, int], split: str, n: int = 1) -> None:

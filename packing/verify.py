@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from lineage.catalog import Warehouse
 from lineage.rebuild import joined_by_key
 from lineage.storage import ensure_dir
@@ -43,9 +45,7 @@ _SEGMENTS_SQL = """
     ORDER BY t.s.trajectory_key, p.pack_id, t.s.start"""
 
 
-def _digest(ids: list[int], mask: list[int]) -> bytes:
-    import numpy as np
-
+def _digest(ids: Any, mask: Any) -> bytes:
     return hashlib.blake2b(np.asarray(ids, dtype="<i8").tobytes() + np.asarray(mask, dtype="<i1").tobytes(),
                            digest_size=16).digest()
 
@@ -134,21 +134,23 @@ def verify_packs(wh: Warehouse, pack_set: str | None = None, *, scan_secrets: bo
     stored: dict[tuple[str, int], bytes] = {}
     verified: dict[str, list[str]] = {}
     render_keys: set[str] = set()
-    for batch in wh.stream(f"SELECT pack_id, input_ids, loss_mask, position_ids, segments FROM packs p WHERE {where}",
-                           params, batch_rows=64, memory_limit="512MB", threads=1):
-        for p in batch:
-            for seg in p["segments"]:
+    for rb in wh.stream(f"SELECT pack_id, input_ids, loss_mask, position_ids, segments FROM packs p WHERE {where}",
+                        params, batch_rows=64, memory_limit="512MB", threads=1, arrow=True):
+        lists = [rb.column(c) for c in ("input_ids", "loss_mask", "position_ids")]
+        for i, (pack_id, segs) in enumerate(zip(rb.column("pack_id").to_pylist(), rb.column("segments").to_pylist(),
+                                                strict=True)):
+            tokens, mask, positions = (c[i].values.to_numpy(zero_copy_only=False) for c in lists)
+            for seg in segs:
                 a, b = seg["start"], seg["end"]
                 out["tokens"] += b - a
-                digest = stored[(p["pack_id"], a)] = _digest(p["input_ids"][a:b], p["loss_mask"][a:b])
+                digest = stored[(pack_id, a)] = _digest(tokens[a:b], mask[a:b])
                 entry = [seg.get("token_key") or "", digest.hex()]
                 if seg.get("token_key") and trusted.get(seg["fragment_id"]) == entry:
                     verified[seg["fragment_id"]] = entry
                 else:
                     render_keys.add(seg["trajectory_key"])
-                if p["position_ids"][a:b] != list(range(b - a)):
-                    bad("position_violations", {**seg, "pack_id": p["pack_id"]},
-                        "positions do not restart at 0 and count up")
+                if not np.array_equal(positions[a:b], np.arange(b - a)):
+                    bad("position_violations", {**seg, "pack_id": pack_id}, "positions do not restart at 0 and count up")
     # 2. every segment's unit and split; the segments to render rendered again from the redacted
     # steps and compared with what is stored
     detector = Detector() if scan_secrets else None
