@@ -175,16 +175,21 @@ def units_with_steps(wh: Warehouse, dedup: str = "representative", evaluation: b
     try:
         for u, mine in joined_by_key(unit_stream, step_stream):
             u["tools"] = tools.get(u.pop("tool_schema_digest"))
-            if u["step_ids"] is None:  # an evaluation episode: all of it
-                u["span"] = {s["step_id"] for s in mine}
-                yield u, list(mine)
-            else:
-                by_id = {s["step_id"]: s for s in mine}
-                u["span"] = set(u["span_step_ids"])
-                yield u, [by_id[i] for i in u["step_ids"] if i in by_id]
+            yield with_span(u, mine)
     finally:
         unit_stream.close()
         step_stream.close()
+
+
+def with_span(u: dict, steps: list[dict]) -> tuple[dict, list[dict]]:
+    """The unit with its trained span (``u["span"]``: step ids) and its steps in rendering order:
+    an evaluation episode is all of its steps, a fragment its ``step_ids``."""
+    if u["step_ids"] is None:
+        u["span"] = {s["step_id"] for s in steps}
+        return u, list(steps)
+    by_id = {s["step_id"]: s for s in steps}
+    u["span"] = set(u["span_step_ids"])
+    return u, [by_id[i] for i in u["step_ids"] if i in by_id]
 
 
 def pack_set_id(cfg: PackConfig, tok: Any = None) -> str:
@@ -221,13 +226,8 @@ def _units_to_pack(wh: Warehouse, cfg: PackConfig, pack_set: str, plan: Plan, ve
                     window, tokens = next(stored)
                 u["stored"] = tokens.pop(u["unit_id"])
                 yield u, []
-            elif u["step_ids"] is None:  # an evaluation episode: all of it
-                u["span"] = {s["step_id"] for s in mine}
-                yield u, list(mine)
             else:
-                by_id = {s["step_id"]: s for s in mine}
-                u["span"] = set(u["span_step_ids"])
-                yield u, [by_id[i] for i in u["step_ids"] if i in by_id]
+                yield with_span(u, mine)
     finally:
         unit_stream.close()
         step_stream.close()

@@ -91,13 +91,15 @@ class Plan:
 
 
 def stored_state(wh: Warehouse, pack_set: str) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
-    """The stored set's windows (id -> digest) and units (id -> (token key, window id))."""
+    """The stored set's windows (id -> digest) and whole units (id -> (token key, window id)): the
+    pieces of a split unit are never reused (a forget may have removed the pack of one of them)."""
     windows = {r["window_id"]: r["window_digest"] for r in wh.query(
         "SELECT DISTINCT window_id, window_digest FROM packs WHERE pack_set = ? AND window_id IS NOT NULL",
         [pack_set]).to_pylist()}
     units: dict[str, tuple[str, str]] = {}
     for batch in wh.stream("""SELECT DISTINCT split_part(t.s.fragment_id, '#', 1) AS unit_id, t.s.token_key, p.window_id
-                              FROM packs p, unnest(p.segments) AS t(s) WHERE p.pack_set = ?""", [pack_set],
+                              FROM packs p, unnest(p.segments) AS t(s)
+                              WHERE p.pack_set = ? AND t.s.piece IS NULL""", [pack_set],
                            batch_rows=50_000):
         for r in batch:
             units[r["unit_id"]] = (r["token_key"], r["window_id"])
@@ -144,25 +146,21 @@ def plan_windows(rows: Iterator[dict[str, Any]], versions: dict[str, str], store
 
 def stored_tokens(wh: Warehouse, pack_set: str, windows: list[str]
                   ) -> Iterator[tuple[str, dict[str, tuple[np.ndarray, np.ndarray, list[str]]]]]:
-    """Per window, in the order given: unit id -> (token ids, mask, removed steps) as stored, the
-    pieces of a split unit joined again. One query per window (a window's packs are one file, so
-    the others are skipped by their statistics; sorting the whole table's token lists would not
-    fit the memory bound)."""
+    """Per window, in the order given: unit id -> (token ids, mask, removed steps) as stored
+    (whole units only, as ``stored_state`` lists them). One query per window: a window's packs
+    are one file, so the others are skipped by their statistics (sorting the whole table's token
+    lists would not fit the memory bound)."""
     for window in windows:
         t = wh.query("SELECT input_ids, loss_mask, segments FROM packs WHERE pack_set = ? AND window_id = ?",
                      [pack_set, window])
-        pieces: dict[str, list[tuple[int, np.ndarray, np.ndarray, list[str]]]] = {}
+        out = {}
         for i, segs in enumerate(t.column("segments").to_pylist()):
             tokens = t.column("input_ids")[i].values.to_numpy(zero_copy_only=False)
             mask = t.column("loss_mask")[i].values.to_numpy(zero_copy_only=False)
             for s in segs:
-                unit = s["fragment_id"].partition("#")[0]
-                pieces.setdefault(unit, []).append((s["piece"] or 0, tokens[s["start"]:s["end"]],
-                                                    mask[s["start"]:s["end"]], s["removed_step_ids"] or []))
-        out = {}
-        for unit, parts in pieces.items():
-            parts.sort(key=lambda p: p[0])
-            out[unit] = (np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]), parts[0][3])
+                if s["piece"] is None:
+                    out[s["fragment_id"]] = (tokens[s["start"]:s["end"]], mask[s["start"]:s["end"]],
+                                             s["removed_step_ids"] or [])
         yield window, out
 
 

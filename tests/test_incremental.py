@@ -131,7 +131,8 @@ def test_episode_features_are_per_batch_and_signed(tmp_path: Path, small_corpus:
     assert stats["text_signed"] > 0.9 * n and stats["bytes"] == 128 * 4
 
 
-def test_pack_windows_copied_repacked_or_new_equal_a_full_pack_build(tmp_path: Path, small_corpus: Path):
+@pytest.mark.parametrize("policy", ["drop", "split"])
+def test_pack_windows_copied_repacked_or_new_equal_a_full_pack_build(tmp_path: Path, small_corpus: Path, policy: str):
     """Small windows, so that a later batch leaves some windows as they were (copied), changes
     others (packed again with stored tokens) and adds its own: the set equals a full pack build's,
     and a check that trusts only what it verified still catches a changed token."""
@@ -144,7 +145,7 @@ def test_pack_windows_copied_repacked_or_new_equal_a_full_pack_build(tmp_path: P
     wh = Warehouse(tmp_path / "wh")
     ingest_paths(wh, shards[:-1], IngestOptions(source="synthetic"))
     build(str(wh.root))
-    cfg = PackConfig(window=4)
+    cfg = PackConfig(window=4) if policy == "drop" else PackConfig(window=4, policy="split", seq_len=2048)
     first = build_packs(wh, run_id="w1", cfg=cfg)
     assert first.windows["new"] > 4 and first.units_rendered == first.fragments
     assert violations(verify_packs(wh, first.pack_set, scan_secrets=False, ledger=True)) == 0
@@ -159,6 +160,8 @@ def test_pack_windows_copied_repacked_or_new_equal_a_full_pack_build(tmp_path: P
     for k in ("sequences", "tokens", "trainable", "dropped", "truncated", "split_fragments"):
         assert getattr(inc, k) == getattr(again, k), k
     assert inc.fragments == again.fragments
+    if policy == "split":  # pieces are rendered again (never put together from stored packs), or copied
+        assert sum(inc.split_fragments.values()) > 0
 
     r = verify_packs(wh, inc.pack_set, scan_secrets=False, ledger=True)
     assert violations(r) == 0 and 0 < r["rendered"] < r["segments"], r
