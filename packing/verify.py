@@ -70,8 +70,30 @@ def _sampled(unit_id: str, n: int) -> bool:
     return int(hashlib.sha256(unit_id.encode()).hexdigest()[:8], 16) % n == 0
 
 
+LEDGER_DIR = "verified_packs"
+
+
 def _ledger_path(wh: Warehouse, pack_set: str) -> Path:
-    return wh.root / "_cache" / "verified_packs" / f"{pack_set}.json"
+    return wh.root / "_cache" / LEDGER_DIR / f"{pack_set}.json"
+
+
+def prune_ledgers(wh: Warehouse) -> int:
+    """Keep in each ledger only the units its pack set still holds (a forget: the rebuild's
+    passing check already left the forgotten units out; a failed or interrupted one may not have);
+    a ledger of a set that is gone goes. Returns the entries removed."""
+    folder = wh.root / "_cache" / LEDGER_DIR
+    removed = 0
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        entries = read_ledger(wh, path.stem)
+        held = set(wh.query("SELECT DISTINCT t.s.fragment_id FROM packs p, unnest(p.segments) AS t(s) "
+                            "WHERE p.pack_set = ?", [path.stem]).column(0).to_pylist()) if wh.files("packs") else set()
+        kept = {k: v for k, v in entries.items() if k in held}
+        removed += len(entries) - len(kept)
+        if kept:
+            _write_ledger(wh, path.stem, kept)
+        else:
+            path.unlink(missing_ok=True)
+    return removed
 
 
 def read_ledger(wh: Warehouse, pack_set: str) -> dict[str, list[str]]:

@@ -92,6 +92,18 @@ def test_forget_a_source_removes_it_everywhere_and_leaves_the_rest(wh):
     text = str(row)
     assert "WidgetLib" not in text and "acme-widgets" not in text
     assert verify_forget(wh, row["request_id"][:10])["ok"]
+    # the packs check's ledger stays, holding only units the packs still hold (none of the forgotten)
+    from packing.verify import read_ledger
+
+    pack_set = wh.query("SELECT DISTINCT pack_set FROM packs").column(0).to_pylist()[0]
+    ledger = read_ledger(wh, pack_set)
+    held = set(wh.query("SELECT t.s.fragment_id FROM packs p, unnest(p.segments) AS t(s)").column(0).to_pylist())
+    assert ledger and set(ledger) <= held  # and the packs hold no forgotten episode (rows_left above)
+    assert [p.name for p in (wh.root / "_cache").iterdir()] == ["verified_packs"]
+    from packing.verify import _write_ledger, prune_ledgers
+
+    _write_ledger(wh, pack_set, {**ledger, "fr-gone": ["key", "digest"]})  # a unit no pack holds
+    assert prune_ledgers(wh) == 1 and read_ledger(wh, pack_set) == ledger
 
 
 def test_reingest_of_forgotten_records_is_refused_and_counted(wh):
