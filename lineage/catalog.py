@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -299,6 +300,15 @@ def _sql_str(value: str) -> str:
     return value.replace("'", "''")
 
 
+@cache
+def _empty_parquet(table: str) -> bytes:
+    """The bytes of a table's empty schema file (made once per process: every write session
+    compares them with the stored ones, and making them 19 times cost 0.13 s a session)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(empty_table(table), sink)
+    return sink.getvalue().to_pybytes()
+
+
 class WriteSession:
     """What a writer may do while it holds the lock: write files, then commit them."""
 
@@ -314,9 +324,7 @@ class WriteSession:
         for table in PARQUET_TABLES:
             ensure_dir(wh.table_dir(table), restricted=wh.is_restricted(table))
             empty = schemas_dir / f"{table}.parquet"
-            sink = pa.BufferOutputStream()
-            pq.write_table(empty_table(table), sink)
-            data = sink.getvalue().to_pybytes()
+            data = _empty_parquet(table)
             if not empty.exists() or empty.read_bytes() != data:
                 write_bytes_atomic(data, empty, restricted=False)
         for stale in wh.root.glob(".catalog-*.tmp*"):  # a creation killed half-way (we hold the lock)
