@@ -60,8 +60,19 @@ class Sequence:
         start = len(self.ids)
         self.ids.extend(seg.ids)
         self.mask.extend(seg.mask)
-        self.positions.extend(range(len(seg)))
+        self.positions.extend(_positions(len(seg)))
         self.segments.append((seg.fragment_id, start, len(self.ids)))
+
+
+_POSITIONS = array("i", range(1 << 15))
+
+
+def _positions(n: int) -> array:
+    """0 .. n-1 as an array slice (a copy of memory, not n Python ints)."""
+    global _POSITIONS
+    if n > len(_POSITIONS):
+        _POSITIONS = array("i", range(n))
+    return _POSITIONS[:n]
 
 
 @dataclass
@@ -137,16 +148,19 @@ def min_slack(segments: Iterable[Segment], seq_len: int, policy: str = "drop") -
     """Minimum bin slack: each new sequence is filled as fully as a subset of the remaining segments can."""
     fitted, dropped, split = fit(segments, seq_len, policy)
     remaining = sorted(fitted, key=lambda s: (-len(s), s.fragment_id))
+    neg = [-len(s) for s in remaining]  # ascending: the segments that fit a room are a suffix
     sequences: list[Sequence] = []
     while remaining:
         seq = Sequence()
         seq.add(remaining[0])
-        room = seq_len - len(remaining[0])
-        cand = [i for i in range(1, len(remaining)) if len(remaining[i]) <= room][:MAX_CANDIDATES]
+        room = seq_len + neg[0]
+        # the first MAX_CANDIDATES segments after the first that fit the room (a run: sorted by length)
+        first = max(1, bisect.bisect_left(neg, -room))
+        cand = range(first, min(len(remaining), first + MAX_CANDIDATES))
         full = (1 << (room + 1)) - 1
         reach, r = [1], 1  # reach[k]: the sums the first k candidates can make (bit t set: t tokens)
         for i in cand:
-            r = (r | (r << len(remaining[i]))) & full
+            r = (r | (r << -neg[i])) & full
             reach.append(r)
             if r >> room:  # an exact fill: no better subset exists
                 break
@@ -154,11 +168,12 @@ def min_slack(segments: Iterable[Segment], seq_len: int, policy: str = "drop") -
         for k in range(len(reach) - 2, -1, -1):  # walk back: candidate k is needed when its prefix cannot make it
             if target and not (reach[k] >> target) & 1:
                 chosen.append(cand[k])
-                target -= len(remaining[cand[k]])
+                target += neg[cand[k]]
         for i in sorted(chosen):
             seq.add(remaining[i])
         taken = {0, *chosen}
         remaining = [s for i, s in enumerate(remaining) if i not in taken]
+        neg = [n for i, n in enumerate(neg) if i not in taken]
         sequences.append(seq)
     return PackResult(sequences, seq_len, dropped, split)
 

@@ -190,7 +190,7 @@ def render(steps: list[dict[str, Any]], span: set[str], tok: Tokenizer, *,
                     plain(text, trained, "text")
                 else:  # "\n" between text and a call is the model's too: it writes the whole turn
                     if i or step.get("text"):
-                        plain("\n", trained)
+                        plain("\n", trained, f"tool_calls[{calls}]")
                     closing = "</" + special[1:]
                     out.add(tok.markup(special) + tok.encode("\n" + text + "\n") + tok.markup(closing), trained,
                             f"{special}\n{text}\n{closing}", f"tool_calls[{calls}]")

@@ -123,6 +123,23 @@ def test_end_of_turn_is_trained_only_when_asked(built: Warehouse):
     assert all(m == 0 for t, m in zip(plain.ids, plain.mask, strict=True) if t == end)
 
 
+def test_every_trained_token_comes_from_a_model_step_field_never_the_template():
+    """The newline a model writes between its text and a tool call is trained, and traces to that
+    call (the trace test sampled offsets and hit it only on some corpora)."""
+    tok = get_tokenizer()
+    steps = [{"step_id": "s0", "author": "user", "role": "user", "text": "Fix the bug."},
+             {"step_id": "s1", "author": "model", "role": "assistant", "text": "Let me look.",
+              "tool_calls": [{"name": "bash", "arguments": '{"cmd": "ls"}'}, {"name": "bash", "arguments": "{}"}]},
+             {"step_id": "s2", "author": "environment", "role": "tool", "observation": "a.py"},
+             {"step_id": "s3", "author": "model", "role": "assistant", "text": None,
+              "tool_calls": [{"name": "submit", "arguments": "{}"}]}]
+    r = render(steps, {"s1", "s3"}, tok)
+    trained = [(r.pieces[i], o[3]) for i, o in enumerate(r.origins) if r.trained_pieces[i]]
+    assert trained and all(source != "template" for _, source in trained), trained
+    assert ("\n", "tool_calls[0]") in trained and ("\n", "tool_calls[1]") in trained
+    assert sum(r.mask) == sum(e - b for i, (b, e, _, _) in enumerate(r.origins) if r.trained_pieces[i])
+
+
 def _segments(n: int, seed: int, longest: int = 3000) -> list:
     import random
 
