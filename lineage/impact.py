@@ -132,8 +132,8 @@ def _selected_episodes(con: Any, sel: Selector) -> list[str]:
                      "AND e.instance_id IS NOT DISTINCT FROM s.i")
 
 
-def _count(con: Any, sql: str) -> int:
-    return con.execute(f"SELECT count(*) FROM ({sql})").fetchall()[0][0]
+def _count(con: Any, sql: str, params: list[Any] | None = None) -> int:
+    return con.execute(f"SELECT count(*) FROM ({sql})", params or []).fetchall()[0][0]
 
 
 def impact(wh: Warehouse, selector: Selector | str) -> Impact:
@@ -218,7 +218,7 @@ def _layers(wh: Warehouse, con: Any, sel: Selector, out: Impact) -> None:
            emptied=sum(1 for c in clusters if c[2] == c[3]),
            representative_reelected=sorted(c[0] for c in clusters if c[1] and c[2] < c[3]))
     tasks = _ids(con, f"SELECT DISTINCT task_id FROM episodes WHERE trajectory_key IN {in_k}")
-    _layer(out, "task_stats", _count_params(con, "SELECT 1 FROM task_stats WHERE task_id IN (SELECT unnest(?))", [tasks])
+    _layer(out, "task_stats", _count(con, "SELECT 1 FROM task_stats WHERE task_id IN (SELECT unnest(?))", [tasks])
            if tasks else 0, recomputed_tasks=tasks)
     _layer(out, "fragments", _count(con, f"SELECT 1 FROM fragments WHERE trajectory_key IN {in_k}"),
            _ids(con, f"SELECT fragment_id FROM fragments WHERE trajectory_key IN {in_k}"))
@@ -226,10 +226,6 @@ def _layers(wh: Warehouse, con: Any, sel: Selector, out: Impact) -> None:
                             WHERE t.s.trajectory_key IN {in_k}""").fetchall()
     _layer(out, "packs", len(packs), sorted(p[0] for p in packs), pack_sets=sorted({p[1] for p in packs}))
     out.notes.append("exports and data cards: this version does not record what it exported, so none are listed")
-
-
-def _count_params(con: Any, sql: str, params: list[Any]) -> int:
-    return con.execute(f"SELECT count(*) FROM ({sql})", params).fetchall()[0][0]
 
 
 def _vault(wh: Warehouse, con: Any, out: Impact) -> None:

@@ -35,7 +35,6 @@ from packing.windows import (
     plan_windows,
     stored_state,
     stored_tokens,
-    token_key,
 )
 from schemas import ids
 from schemas.arrow import arrow_schema
@@ -205,8 +204,7 @@ def _windowed(cfg: PackConfig, where: str = "") -> str:
                                window=int(cfg.window), where=where)
 
 
-def _units_to_pack(wh: Warehouse, cfg: PackConfig, pack_set: str, plan: Plan, versions: dict[str, str]
-                   ) -> Iterator[tuple[dict, list[dict]]]:
+def _units_to_pack(wh: Warehouse, cfg: PackConfig, pack_set: str, plan: Plan) -> Iterator[tuple[dict, list[dict]]]:
     """(unit, its steps) in packing order for every window that is not copied: a unit whose
     stored tokens are reused carries them (``stored``) and no steps; the others their steps."""
     tools = tools_by_digest(wh)
@@ -218,7 +216,7 @@ def _units_to_pack(wh: Warehouse, cfg: PackConfig, pack_set: str, plan: Plan, ve
     window, tokens = None, {}
     try:
         for u, mine in joined_by_key(unit_stream, step_stream, key="ord_key"):
-            u["token_key"] = token_key(u, versions)
+            u["token_key"] = plan.keys[u["unit_id"]]
             u["tools"] = tools.get(u.pop("tool_schema_digest"))
             u["window_digest"] = plan.digests[u["window_id"]]
             if u["unit_id"] in plan.reuse:
@@ -276,7 +274,7 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
         def write(rows: list[dict]) -> None:
             files.append(session.write("packs", pack_table(rows, schema)))
 
-        pack_stream(_units_to_pack(wh, cfg, summary.pack_set, plan, versions), cfg, tok, summary, write, lineage)
+        pack_stream(_units_to_pack(wh, cfg, summary.pack_set, plan), cfg, tok, summary, write, lineage)
         summary.fragments = plan.units
         summary.windows = {"copied": len(plan.copy), "repacked": len(plan.repack),
                            "new": len(plan.digests) - len(plan.copy) - len(plan.repack)}

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ import numpy as np
 
 from lineage.catalog import Warehouse
 from lineage.rebuild import joined_by_key
-from lineage.storage import ensure_dir
+from lineage.storage import ensure_dir, write_bytes_atomic
 from packing.layer import _STEPS_SQL, _UNITS, tools_by_digest
 from packing.render import render, trained_text
 from packing.tokenizers import tokenizer_of
@@ -109,9 +108,7 @@ def read_ledger(wh: Warehouse, pack_set: str) -> dict[str, list[str]]:
 def _write_ledger(wh: Warehouse, pack_set: str, entries: dict[str, list[str]]) -> None:
     path = _ledger_path(wh, pack_set)
     ensure_dir(path.parent, restricted=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(entries, sort_keys=True))
-    os.replace(tmp, path)
+    write_bytes_atomic(json.dumps(entries, sort_keys=True).encode(), path, restricted=True)
 
 
 def verify_packs(wh: Warehouse, pack_set: str | None = None, *, scan_secrets: bool = True,

@@ -82,6 +82,7 @@ class Plan:
     repack: set[str] = field(default_factory=set)  # windows packed again, some units' tokens from the stored packs
     reuse: set[str] = field(default_factory=set)  # units whose stored tokens are taken
     render: dict[str, str] = field(default_factory=dict)  # trajectory key -> order key: steps to read
+    keys: dict[str, str] = field(default_factory=dict)  # unit -> token key, units of windows not copied
     digests: dict[str, str] = field(default_factory=dict)  # window id -> digest, every window
     units: int = 0
 
@@ -127,6 +128,7 @@ def plan_windows(rows: Iterator[dict[str, Any]], versions: dict[str, str], store
         if current in stored_windows:
             plan.repack.add(current)
         for u in members:
+            plan.keys[u["unit_id"]] = u["token_key"]
             if stored_units.get(u["unit_id"]) == (u["token_key"], current):
                 plan.reuse.add(u["unit_id"])
             else:
