@@ -68,6 +68,8 @@ class PackConfig:
             raise ConfigError(f"unknown packer {self.packer!r}", valid=", ".join(PACKERS))
         if not 16 <= self.seq_len <= 1 << 20:
             raise ConfigError(f"sequence length {self.seq_len} out of range", valid="16 .. 1048576 tokens")
+        if not 1 <= self.window <= 1_000_000:
+            raise ConfigError(f"packing window {self.window} out of range", valid="1 .. 1000000 units")
 
 
 @dataclass
@@ -368,7 +370,8 @@ def pack_stream(units: Iterable[tuple[dict, list[dict]]], cfg: PackConfig, tok: 
             _bump(summary.sequences, split)
             _bump(summary.tokens, split, len(seq.ids))
             _bump(summary.trainable, split, sum(seq.mask))
-        write(rows)
+        if rows:  # a window whose units were all dropped writes no (empty) file
+            write(rows)
 
     open_key = None
     for u, steps in units:

@@ -175,6 +175,8 @@ def copied_packs(wh: Warehouse, pack_set: str, plan: Plan, schema: pa.Schema, li
         return
     for rb in wh.stream("SELECT * FROM packs WHERE pack_set = ? AND list_contains(?, window_id)",
                         [pack_set, list(plan.copy)], batch_rows=256, arrow=True, memory_limit="512MB", threads=1):
+        if not rb.num_rows:  # no empty files
+            continue
         table = pa.Table.from_batches([rb]).select(schema.names).cast(schema)
         segments = table.column("segments").to_pylist()
         changed = []

@@ -149,7 +149,8 @@ def test_pack_windows_copied_repacked_or_new_equal_a_full_pack_build(tmp_path: P
     first = build_packs(wh, run_id="w1", cfg=cfg)
     assert first.windows["new"] > 4 and first.units_rendered == first.fragments
     assert violations(verify_packs(wh, first.pack_set, scan_secrets=False, ledger=True)) == 0
-    ingest_paths(wh, shards[-1:], IngestOptions(source="later"))
+    real = [SHARED_CORPUS / d for d in ("openhands-v1", "mini-swe-agent-2x", "swe-agent-traj")]
+    ingest_paths(wh, [*shards[-1:], *(d for d in real if d.is_dir())], IngestOptions(source="later"))
     build(str(wh.root))
     inc = build_packs(wh, run_id="w2", cfg=cfg)
     assert inc.windows["copied"] > 0 and inc.windows["new"] > 0 and inc.units_reused > 0, inc

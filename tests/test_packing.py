@@ -293,6 +293,8 @@ def test_packs_table_per_split_beside_other_pack_sets(built: Warehouse):
     assert {r["t"].split("@")[0] for r in sets} == {"qwen2.5", "cl100k"}
     with pytest.raises(ConfigError, match="dedup choice"):
         build_packs(built, run_id="p4", cfg=PackConfig(dedup="some"))
+    with pytest.raises(ConfigError, match="packing window 0"):
+        build_packs(built, run_id="p5", cfg=PackConfig(window=0))
 
 
 # --- verification, exports and token lineage over the built warehouse --------------------------------
