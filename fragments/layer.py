@@ -7,7 +7,9 @@ episode, and its step ids (lineage to ``redacted_steps``).
 
 Which episodes give training fragments (ARCHITECTURE.md section 1): only ``train`` ones (or
 episodes not curated yet); evaluation splits and held-out episodes never do; leak-flagged
-episodes (an agent that saw the future) do not either, unless ``SelectConfig.leak_fragments``.
+episodes (an agent that saw the future) do not either, unless ``SelectConfig.leak_fragments``;
+nor do episodes that the license policy or an opt-out does not allow for training
+(``eligibility.train`` other than ``allow``; licenses.eligibility).
 """
 
 from __future__ import annotations
@@ -57,8 +59,15 @@ def version(cfg: StatsConfig, sel: SelectConfig) -> str:
             f"controls={sel.controls};context={sel.context_budget_chars}")
 
 
-def gives_fragments(split: str | None, leak_kinds: list[str], sel: SelectConfig) -> bool:
-    return split in (None, "train") and (sel.leak_fragments or not leak_kinds)
+def gives_fragments(split: str | None, leak_kinds: list[str], sel: SelectConfig, license_train: str = "allow") -> bool:
+    return split in (None, "train") and (sel.leak_fragments or not leak_kinds) and license_train == "allow"
+
+
+def withheld_reason(split: str | None, leak_kinds: list[str], sel: SelectConfig, license_train: str) -> str:
+    """Why an episode gives no fragments (for the summary's counts)."""
+    if split not in (None, "train"):
+        return split
+    return "leak_flagged" if leak_kinds and not sel.leak_fragments else f"license_{license_train}"
 
 
 def json_text(value: dict) -> str:
@@ -86,15 +95,19 @@ def fragment_row(f: Fragment, steps: list[dict], step_id: dict[int, str], sel: S
 
 #: an episode's task as task_stats groups by it (``e``: the episodes table's alias and dot, or "")
 _TASK = "coalesce(nullif({e}task_id, ''), nullif({e}instance_id, ''), 'episode:' || {e}trajectory_key)"
+#: the eligibility step's training decision; an episode it has not decided counts as blocked, and
+#: every episode as allowed while no eligibility was ever built (a library call without that step)
+_LICENSE = """CASE WHEN g.train IS NOT NULL THEN g.train WHEN EXISTS (SELECT 1 FROM eligibility) THEN 'undecided'
+                   ELSE 'allow' END AS license_train"""
 _LEAK_KINDS = """(SELECT trajectory_key, list(DISTINCT kind ORDER BY kind) AS kinds FROM leak_flags
                   WHERE kind <> 'fix_after_cutoff' GROUP BY trajectory_key)"""
 # joins, not a correlated subquery: at 107,000 episodes DuckDB runs these within the stream's
 # memory limit (spilling the sort), where the subquery ran out of memory
 _EPISODES_SQL = """
-    SELECT e.*, c.weight AS dedup_weight, s.split, coalesce(l.kinds, []) AS leak_kinds
+    SELECT e.*, c.weight AS dedup_weight, s.split, coalesce(l.kinds, []) AS leak_kinds, """ + _LICENSE + """
     FROM redacted_episodes e
     LEFT JOIN near_dup_clusters c USING (trajectory_key) LEFT JOIN splits s USING (trajectory_key)
-    LEFT JOIN """ + _LEAK_KINDS + """ l USING (trajectory_key)
+    LEFT JOIN """ + _LEAK_KINDS + """ l USING (trajectory_key) LEFT JOIN eligibility g USING (trajectory_key)
     {where} ORDER BY e.trajectory_key"""
 _STEPS_SQL = """
     SELECT trajectory_key, step_id, step_index, author, role, text, observation, exit_code,
@@ -105,11 +118,11 @@ _STEPS_SQL = """
 #: stand for its rows); the task expression is the one task_stats groups by
 _INPUTS_SQL = """
     SELECT e.trajectory_key, e._batch_id AS batch_id, c.weight, s.split,
-           coalesce(l.kinds, []) AS leak_kinds,
+           coalesce(l.kinds, []) AS leak_kinds, """ + _LICENSE + """,
            """ + _TASK.format(e="e.") + """ AS task
     FROM redacted_episodes e
     LEFT JOIN near_dup_clusters c USING (trajectory_key) LEFT JOIN splits s USING (trajectory_key)
-    LEFT JOIN """ + _LEAK_KINDS + """ l USING (trajectory_key)"""
+    LEFT JOIN """ + _LEAK_KINDS + """ l USING (trajectory_key) LEFT JOIN eligibility g USING (trajectory_key)"""
 _KEYS = "(SELECT unnest(?::VARCHAR[]))"
 
 
@@ -142,8 +155,10 @@ def episode_inputs(wh: Warehouse) -> dict[str, tuple[str, str]]:
     out = {}
     for batch in wh.stream(_INPUTS_SQL, batch_rows=50_000):
         for r in batch:
-            out[r["trajectory_key"]] = (ids.digest([src.get(r["batch_id"]), r["weight"], r["split"], r["leak_kinds"]])[:16],
-                                        r["task"])
+            parts = [src.get(r["batch_id"]), r["weight"], r["split"], r["leak_kinds"]]
+            if r["license_train"] != "allow":  # (allowed episodes keep the digest they had before eligibility)
+                parts.append(r["license_train"])
+            out[r["trajectory_key"]] = (ids.digest(parts)[:16], r["task"])
     return out
 
 
@@ -185,9 +200,9 @@ def _totals(wh: Warehouse, summary: FragmentSummary, sel: SelectConfig) -> None:
     summary.fragments = {r["kind"]: r["n"] for r in wh.query(
         "SELECT kind, count(*) AS n FROM fragments GROUP BY ALL ORDER BY 1").to_pylist()}
     summary.withheld = {}
-    for r in wh.query(_INPUTS_SQL).select(["split", "leak_kinds"]).to_pylist():
-        if not gives_fragments(r["split"], r["leak_kinds"], sel):
-            why = "leak_flagged" if r["split"] == "train" else r["split"]
+    for r in wh.query(_INPUTS_SQL).select(["split", "leak_kinds", "license_train"]).to_pylist():
+        if not gives_fragments(r["split"], r["leak_kinds"], sel, r["license_train"]):
+            why = withheld_reason(r["split"], r["leak_kinds"], sel, r["license_train"])
             summary.withheld[why] = summary.withheld.get(why, 0) + 1
     summary.tasks = wh.query("SELECT count(DISTINCT task_id) FROM task_stats").column(0)[0].as_py()
     summary.episodes = wh.query("SELECT count(*) FROM outcomes").column(0)[0].as_py()
@@ -207,7 +222,7 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
     with wh.write_session("fragments", timeout=lock_timeout) as session:
         mark_running(session, run_id, "fragments", started)
         inputs = inputs_fingerprint(wh, ["redacted_episodes", "redacted_steps", "near_dup_clusters", "splits",
-                                         "leak_flags"])
+                                         "leak_flags", "eligibility"])
         rules = version(cfg, sel)
         v = f"{rules};inputs={inputs}"
         if not full and is_current(wh, "fragments", v):
@@ -240,8 +255,8 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
                               "cause": o.cause, "policy_name": e["policy_name"], "harness_name": e["harness_name"],
                               "started_at": e["started_at"]})
             step_id = {s["step_index"]: s["step_id"] for s in steps}
-            if not gives_fragments(e["split"], e["leak_kinds"], sel):
-                why = "leak_flagged" if e["split"] == "train" else e["split"]
+            if not gives_fragments(e["split"], e["leak_kinds"], sel, e["license_train"]):
+                why = withheld_reason(e["split"], e["leak_kinds"], sel, e["license_train"])
                 summary.withheld[why] = summary.withheld.get(why, 0) + 1
                 continue
             for f in select_fragments(e, steps, o.cause, o.quarantined, sel):

@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from licenses.eligibility import not_releasable
 from lineage.catalog import Warehouse
 from schemas.errors import ConfigError
 from schemas.native import NATIVE_FORMAT, NATIVE_FORMAT_VERSION
@@ -41,8 +42,9 @@ def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
 
 
-def iter_episodes(wh: Warehouse, layer: str, where: str | None = None) -> Iterator[tuple[dict, list[dict]]]:
-    """(episode row, its step rows) for every episode of ``layer``, in trajectory-key order."""
+def iter_episodes(wh: Warehouse, layer: str, where: str | None = None,
+                  exclude: set[str] | frozenset[str] = frozenset()) -> Iterator[tuple[dict, list[dict]]]:
+    """(episode row, its step rows) for every episode of ``layer`` (but ``exclude``), in trajectory-key order."""
     if layer not in LAYERS:
         raise ConfigError(f"unknown layer {layer!r}", valid=", ".join(LAYERS))
     ep_table, step_table = LAYERS[layer]
@@ -52,6 +54,7 @@ def iter_episodes(wh: Warehouse, layer: str, where: str | None = None) -> Iterat
                           valid="a built layer: run `trajwh build` first (--layer normalized exports unredacted data)")
     filt = f"WHERE {where}" if where else ""
     keys = wh.query(f"SELECT trajectory_key FROM {ep_table} {filt} ORDER BY trajectory_key").column(0).to_pylist()
+    keys = [k for k in keys if k not in exclude]
     for start in range(0, len(keys), 500):
         chunk = keys[start:start + 500]
         eps = wh.query(f"SELECT * FROM {ep_table} WHERE list_contains(?, trajectory_key) ORDER BY trajectory_key",
@@ -146,10 +149,27 @@ CONVERTERS: dict[str, Callable[[dict, list[dict]], dict]] = {"native": to_native
 
 
 def export_episodes(wh: Warehouse, fmt: str, out: str | Path, *, layer: str = "redacted", where: str | None = None,
-                    progress: Callable[[int], None] | None = None) -> int:
-    """Write every episode of ``layer`` as JSONL in ``fmt`` to ``out`` (``.gz`` compresses)."""
+                    progress: Callable[[int], None] | None = None, eligible_only: bool = False,
+                    policy_digest: str | None = None) -> int:
+    """Write every episode of ``layer`` as JSONL in ``fmt`` to ``out`` (``.gz`` compresses).
+
+    The redacted layer is what leaves the warehouse: an episode the license policy or an opt-out
+    does not allow for release is refused, with the reasons (``licenses.eligibility.not_releasable``),
+    or left out with ``eligible_only``. The normalized layer stays in the restricted zone."""
     if fmt not in CONVERTERS:
         raise ConfigError(f"unknown export format {fmt!r}", valid=", ".join(FORMATS))
+    exclude: set[str] = set()
+    if layer == "redacted":
+        next(iter_episodes(wh, layer, "false"), None)  # a layer that is not built fails first, and says so
+        blocked = not_releasable(wh, where, policy_digest)
+        if blocked and not eligible_only:
+            first = list(blocked.items())[:3]
+            raise ConfigError(
+                f"{len(blocked)} selected episode(s) may not be released: " + "; ".join(
+                    f"{k[:16]}: {', '.join(r)}" for k, r in first) + (" ..." if len(blocked) > 3 else ""),
+                valid="--eligible-only to leave them out; or a license for them ([licenses.release] in trajwh.toml, "
+                      "`trajwh ingest --license`), then `trajwh build` (`trajwh licenses` lists the reasons)")
+        exclude = set(blocked)
     convert = CONVERTERS[fmt]
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -157,7 +177,7 @@ def export_episodes(wh: Warehouse, fmt: str, out: str | Path, *, layer: str = "r
     n = 0
     opener = gzip.open if out.suffix == ".gz" else open
     with opener(tmp, "wb") as f:
-        for e, steps in iter_episodes(wh, layer, where):
+        for e, steps in iter_episodes(wh, layer, where, exclude):
             f.write(orjson.dumps(convert(e, steps), option=_OPTS) + b"\n")
             n += 1
             if progress:

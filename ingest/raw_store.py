@@ -37,6 +37,8 @@ from ingest.reader import (
     read_document,
     read_head,
 )
+from licenses.optout import mark_opt_outs
+from licenses.spdx import require_valid
 from lineage.catalog import Warehouse, WriteSession, json_text, now_utc
 from lineage.storage import WrittenFile
 from schemas import ids
@@ -46,7 +48,6 @@ from schemas.tables import QuarantineRow, RawRecord
 
 INGEST_VERSION = "1.0.0"
 INGEST_TRANSFORM = f"ingest@{INGEST_VERSION}"
-_SPDX = re.compile(r"^(LicenseRef-[A-Za-z0-9.\-]+|[A-Za-z0-9][A-Za-z0-9.+\-]*)( (AND|OR|WITH) [A-Za-z0-9.+\-]+)*$")
 _SOURCE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/\-]{0,127}$")
 
 
@@ -65,9 +66,8 @@ class IngestOptions:
         if not _SOURCE.match(self.source):
             raise ConfigError(f"source name {self.source!r} is not usable",
                               valid="1-128 characters of letters, digits and _ . : / -, starting with a letter or digit")
-        if self.license is not None and not _SPDX.match(self.license):
-            raise ConfigError(f"license {self.license!r} is not an SPDX identifier or expression",
-                              valid="e.g. MIT, Apache-2.0, CC-BY-4.0, 'MIT OR Apache-2.0', LicenseRef-internal")
+        if self.license is not None:  # checked against the SPDX list, and stored normalized
+            self.license = require_valid(self.license, "--license")
         if self.format is not None:
             get_adapter(self.format)
         if self.max_record_bytes <= 0 or self.flush_bytes <= 0:
@@ -97,6 +97,7 @@ class IngestSummary:
     files: list[FileSummary] = field(default_factory=list)
     bytes_read: int = 0
     quarantine_reasons: dict[str, int] = field(default_factory=dict)
+    opted_out: dict[str, int] = field(default_factory=dict)  # opt-out kind -> new records it matches
 
     @property
     def n_new(self) -> int:
@@ -376,6 +377,8 @@ def ingest_paths(wh: Warehouse, paths: Iterable[str | os.PathLike[str]], opts: I
                   "runs": [_run_row(summary, opts, started)]},
             batch_id=batch_id, run_id=run_id, transform_version=INGEST_TRANSFORM,
         )
+        if summary.n_new:  # marked on arrival: the next build keeps them out of training and release
+            summary.opted_out = mark_opt_outs(wh, session, batch_id, opts.source)
     return summary
 
 

@@ -465,7 +465,9 @@ class WriteSession:
 
 #: metadata tables whose rows are replaced by key rather than appended (one Dagster run writes a
 #: row per job, so a run row's key is the run id and the job)
-_ROW_KEYS = {"runs": ("run_id", "job"), "batches": ("batch_id",), "deletions": ("request_id",)}
+_ROW_KEYS = {"runs": ("run_id", "job"), "batches": ("batch_id",), "deletions": ("request_id",),
+             "opt_outs": ("opt_out_id",), "opt_out_scans": ("opt_out_id", "batch_id"),
+             "opt_out_matches": ("opt_out_id", "record_id")}
 
 
 def _replace_rows(con: duckdb.DuckDBPyConnection, table: str, rows: list[dict[str, Any]]) -> None:

@@ -46,7 +46,8 @@ from schemas.tables import VaultRow
 STAGES = ("planned", "sources_removed", "rebuilt", "compacted", "verified")
 #: tables whose rows belong to one episode (column ``trajectory_key``)
 _BY_EPISODE = ("episodes", "steps", "redacted_episodes", "redacted_steps", "redaction_events", "episode_features",
-               "near_dup_clusters", "task_groups", "splits", "leak_flags", "outcomes", "fragments")
+               "near_dup_clusters", "task_groups", "splits", "leak_flags", "outcomes", "fragments", "license_facts",
+               "eligibility")
 #: every table a forget rewrites (task_stats are aggregates: the rebuild recomputes them)
 _KEYED = frozenset({"raw_records", "quarantine", *_BY_EPISODE, "tool_schemas", "redacted_tool_schemas", "lineage_edges",
                     "packs"})
@@ -251,6 +252,11 @@ def _remove_sources(wh: Warehouse, req: dict[str, Any], progress: Callable[[str]
                    "bytes_written": sum(new.size for _, new in pairs), "rows_removed": removed}
         req["moved"] = orjson.dumps({**orjson.loads(req["moved"] or "{}"), "sources": sources}).decode()
         session.replace_files(pairs, rows={"deletions": [_request_row(req, status="sources_removed")]})
+        con = wh.connect(read_only=False)
+        try:  # what opt-outs matched among the forgotten records (ids only) goes with them
+            con.execute("DELETE FROM opt_out_matches WHERE list_contains(?, record_id)", [s["records"].to_pylist()])
+        finally:
+            con.close()
     return removed
 
 

@@ -35,8 +35,9 @@ SELECTOR_KINDS: dict[str, str] = {
     "episode": "a trajectory key (or a unique 8+ character prefix)",
     "task": "a task id",
     "repository": "a repository URL or owner/name (normalized like the task groups)",
+    "opt-out": "an opt-out id (`trajwh opt-out list`): the episodes it matches",
 }
-_EPISODE_KINDS = frozenset({"episode", "task", "repository"})
+_EPISODE_KINDS = frozenset({"episode", "task", "repository", "opt-out"})
 _MIN_PREFIX = 8
 _SAMPLE = 10
 
@@ -132,6 +133,15 @@ def _selected_episodes(con: Any, sel: Selector) -> list[str]:
                      "AND e.instance_id IS NOT DISTINCT FROM s.i")
 
 
+def _opted_out(wh: Warehouse, opt_out_id: str) -> list[str]:
+    from licenses.optout import opt_out_episodes
+
+    rows = wh.query("SELECT * FROM opt_outs WHERE opt_out_id = ? AND status = 'active'", [opt_out_id]).to_pylist()
+    if not rows:
+        raise ConfigError(f"no active opt-out {opt_out_id!r}", valid="an id that `trajwh opt-out list` shows")
+    return sorted(opt_out_episodes(wh, rows, episodes="episodes"))
+
+
 def _count(con: Any, sql: str, params: list[Any] | None = None) -> int:
     return con.execute(f"SELECT count(*) FROM ({sql})", params or []).fetchall()[0][0]
 
@@ -144,7 +154,7 @@ def impact(wh: Warehouse, selector: Selector | str) -> Impact:
     try:
         out = Impact(str(sel))
         if sel.kind in _EPISODE_KINDS:
-            keys = _selected_episodes(con, sel)
+            keys = _opted_out(wh, sel.value) if sel.kind == "opt-out" else _selected_episodes(con, sel)
             con.register("_k", pa.table({"k": pa.array(keys, pa.string())}))
             records = _ids(con, "SELECT parent_id FROM lineage_edges WHERE child_table = 'episodes' AND "
                                 "parent_table = 'raw_records' AND child_id IN (SELECT k FROM _k)")

@@ -33,6 +33,8 @@ def run_state(run: dict[str, Any]) -> str:
 
 
 def warehouse_status(wh: Warehouse) -> dict[str, Any]:
+    from licenses.report import license_report
+
     tables = []
     files = {r["table_name"]: r for r in wh.query(
         "SELECT table_name, count(*) AS files, sum(bytes) AS bytes FROM table_files GROUP BY 1").to_pylist()}
@@ -54,6 +56,7 @@ def warehouse_status(wh: Warehouse) -> dict[str, Any]:
             "ORDER BY started_at DESC LIMIT 5").to_pylist()],
         "quarantine": wh.query("SELECT stage, reason_code, count(*) AS n FROM quarantine "
                                "GROUP BY ALL ORDER BY n DESC").to_pylist(),
+        "licenses": license_report(wh),
         "totals": wh.query("""SELECT (SELECT count(*) FROM episodes) AS episodes,
                                      (SELECT count(*) FROM steps) AS steps,
                                      (SELECT count(DISTINCT task_id) FROM episodes) AS tasks,

@@ -151,6 +151,13 @@ def export_packs(wh: Warehouse, *, split: str, fmt: str, out: str | Path, pack_s
     if not info["n"]:
         splits = wh.query("SELECT DISTINCT split FROM packs WHERE pack_set = ? ORDER BY 1", [pack_set]).column(0)
         raise ConfigError(f"pack set {pack_set} has no {split!r} packs", valid=", ".join(splits.to_pylist()))
+    from licenses.eligibility import not_trainable_in_packs
+
+    barred = not_trainable_in_packs(wh, pack_set, split)
+    if barred:  # an opt-out added since the packs were built: they must be built again first
+        first = "; ".join(f"{k[:16]}: {', '.join(r)}" for k, r in list(barred.items())[:3])
+        raise ConfigError(f"{len(barred)} episode(s) in the {split} packs may not be trained on now: {first}",
+                          valid="run `trajwh build` (the packs are built again without them), then export")
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         if not overwrite:

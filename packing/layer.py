@@ -42,10 +42,10 @@ from schemas.errors import ConfigError
 from schemas.tables import PackRow
 
 TRANSFORM = "packs"
-PACKS_VERSION = "1.2.0"  # 1.1: tool definitions rendered; 1.2: stable windows (incremental builds)
+PACKS_VERSION = "1.3.0"  # 1.3: evaluation episodes only when eligible for training; 1.1: tool definitions rendered; 1.2: stable windows (incremental builds)
 #: the tables a pack set is made from (its fingerprint, and the round-trip check's cache key)
 PACK_INPUTS = ["fragments", "redacted_steps", "redacted_episodes", "redacted_tool_schemas", "near_dup_clusters",
-               "splits", "outcomes"]
+               "splits", "outcomes", "eligibility"]
 DEDUP_CHOICES = ("representative", "weighted", "all")
 
 
@@ -96,7 +96,9 @@ class PackSummary:
 
 
 # what is packed: the trainable fragments (train split) and, for an evaluation loss, each resolved,
-# not quarantined episode of an evaluation split whole (model steps trained, as a full_episode fragment)
+# not quarantined episode of an evaluation split whole (model steps trained, as a full_episode fragment);
+# only episodes the license policy and opt-outs allow for training (licenses.eligibility; every
+# episode while no eligibility was ever built, as for a library call without that step)
 _UNITS = """
     SELECT f.fragment_id AS unit_id, f.trajectory_key, f.step_ids, f.span_step_ids, f.split, f.kind,
            f.dedup_weight, c.cluster_id, coalesce(c.is_representative, true) AS representative
@@ -105,8 +107,10 @@ _UNITS = """
     SELECT 'ev-' || left(sha256(s.trajectory_key), 20), s.trajectory_key, NULL, NULL, s.split, 'eval_episode',
            c.weight, c.cluster_id, coalesce(c.is_representative, true)
     FROM splits s JOIN outcomes o USING (trajectory_key) LEFT JOIN near_dup_clusters c USING (trajectory_key)
+    LEFT JOIN eligibility g USING (trajectory_key)
     WHERE {evaluation} AND s.split NOT IN ('train', 'held_out') AND o.outcome = 'resolved'
-      AND NOT coalesce(o.quarantined, false)"""
+      AND NOT coalesce(o.quarantined, false)
+      AND (g.train = 'allow' OR (g.train IS NULL AND NOT EXISTS (SELECT 1 FROM eligibility)))"""
 _UNITS_SQL = """
     SELECT u.*, e.tool_schema_digest FROM ({units}) u LEFT JOIN redacted_episodes e USING (trajectory_key)
     WHERE {dedup} ORDER BY trajectory_key, unit_id"""

@@ -50,8 +50,9 @@ def _digest(ids: Any, mask: Any) -> bytes:
 
 
 def _structure(wh: Warehouse, where: str, params: list[str]) -> dict[str, int]:
-    """Per pack: segments tile [0, n_tokens), lengths agree, one split; counted violations."""
-    return wh.query(f"""
+    """Per pack: segments tile [0, n_tokens), lengths agree, one split; no segment of an episode the
+    license policy or an opt-out keeps out of training (licenses.eligibility); counted violations."""
+    out = wh.query(f"""
         WITH per AS (
             SELECT p.pack_id, any_value(p.n_tokens) AS n, any_value(len(p.input_ids)) AS n_ids,
                    any_value(len(p.loss_mask)) AS n_mask, any_value(len(p.position_ids)) AS n_pos,
@@ -63,6 +64,10 @@ def _structure(wh: Warehouse, where: str, params: list[str]) -> dict[str, int]:
                    AS length_violations,
                count(*) FILTER (WHERE seg_splits > 1) AS mixed_split_violations
         FROM per""", params).to_pylist()[0]
+    out["not_eligible_violations"] = wh.query(f"""
+        SELECT count(*) FROM packs p, unnest(p.segments) AS t(s) JOIN eligibility g ON g.trajectory_key = t.s.trajectory_key
+        WHERE {where} AND g.train <> 'allow'""", params).column(0)[0].as_py()
+    return out
 
 
 def _sampled(unit_id: str, n: int) -> bool:

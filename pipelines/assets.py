@@ -8,6 +8,7 @@ from dedup.layer import CurateConfig, curate_warehouse
 from fragments.layer import build_fragments
 from ingest.normalize import normalize_warehouse
 from ingest.raw_store import IngestOptions, ingest_paths
+from licenses.eligibility import build_eligibility
 from packing.layer import build_packs
 from pipelines import settings as settings_mod
 from pipelines.render import count_progress
@@ -145,6 +146,31 @@ def curated(context: dg.AssetExecutionContext, config: CurateAssetConfig, wareho
     yield dg.MaterializeResult(asset_key="leak_flags", metadata={**common, "flags": s.leaks})
 
 
+class EligibilityConfig(dg.Config):
+    full: bool = False
+
+
+@dg.multi_asset(
+    specs=[
+        dg.AssetSpec("license_facts", deps=["redacted_episodes"], group_name="curated",
+                     description="The licenses and terms that bind each episode, with where each fact came from."),
+        dg.AssetSpec("eligibility", deps=["redacted_episodes"], group_name="curated",
+                     description="Per episode: may it be trained on, released, or neither (license policy and "
+                                 "opt-outs), with the reasons."),
+    ],
+    can_subset=False,
+)
+def licensed(context: dg.AssetExecutionContext, config: EligibilityConfig, warehouse: WarehouseResource):
+    s = build_eligibility(warehouse.get(), run_id=context.run_id, full=config.full,
+                          policy=settings_mod.license_policy(warehouse.settings()), lock_timeout=warehouse.lock_timeout)
+    yield dg.MaterializeResult(asset_key="license_facts", metadata={
+        "skipped_unchanged": s.skipped, **{f"source_license:{k}": v for k, v in s.licenses.items()}})
+    yield dg.MaterializeResult(asset_key="eligibility", metadata={
+        "skipped_unchanged": s.skipped, "episodes": s.episodes, "opted_out": s.opted_out,
+        **{f"eligibility:{k}": v for k, v in s.eligibility.items()},
+        **{f"reason:{k}": v for k, v in s.reasons.items()}})
+
+
 class FragmentsConfig(dg.Config):
     full: bool = False
 
@@ -155,7 +181,7 @@ class FragmentsConfig(dg.Config):
                      description="One outcome per episode: resolved or the cause of failure, with evidence."),
         dg.AssetSpec("task_stats", deps=["redacted_episodes"], group_name="curated",
                      description="Per task: attempts, posterior success rate, pass@k, pass^k, all-fail diagnosis."),
-        dg.AssetSpec("fragments", deps=["near_dup_clusters", "splits", "redacted_steps"], group_name="fragments",
+        dg.AssetSpec("fragments", deps=["near_dup_clusters", "splits", "redacted_steps", "eligibility"], group_name="fragments",
                      description="Training units: full episodes, productive and recovery segments, with reasons."),
     ],
     can_subset=False,
@@ -191,7 +217,7 @@ def pack_config(config: PacksConfig, warehouse: WarehouseResource):
                                     dedup=config.dedup or None, packer=config.packer or None)
 
 
-@dg.asset(name="packs", deps=["fragments", "outcomes", "splits", "near_dup_clusters", "redacted_steps"],
+@dg.asset(name="packs", deps=["fragments", "outcomes", "splits", "near_dup_clusters", "redacted_steps", "eligibility"],
           group_name="packed", description="Token sequences a trainer reads: the trainable fragments (and the "
           "resolved episodes of the evaluation splits) rendered through the chat template, loss-masked and packed "
           "per split; one pack set per tokenizer + template + packing configuration.")

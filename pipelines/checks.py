@@ -96,11 +96,12 @@ def _outcome_counts(wh) -> dict:
 
 @dg.asset_check(asset="fragments", blocking=True,
                 description="Training fragments come only from train episodes: none from valid, test or held-out "
-                            "episodes, none from leak-flagged ones unless [leaks] train_fragments allows it.")
+                            "episodes, none from leak-flagged ones unless [leaks] train_fragments allows it, none "
+                            "from episodes the license policy or an opt-out keeps out of training.")
 def fragments_only_from_train(warehouse: WarehouseResource) -> dg.AssetCheckResult:
     allow_leaks = warehouse.settings().leaks.train_fragments
     wh = warehouse.get()
-    return _result(cached(wh, f"fragments_only_from_train:{allow_leaks}", ["fragments", "splits", "leak_flags"],
+    return _result(cached(wh, f"fragments_only_from_train:{allow_leaks}", ["fragments", "splits", "leak_flags", "eligibility"],
                           lambda: _fragment_counts(wh, allow_leaks)))
 
 
@@ -110,6 +111,8 @@ def _fragment_counts(wh, allow_leaks: bool) -> dict:
                    AS not_train_violations,
                (SELECT count(DISTINCT f.fragment_id) FROM fragments f JOIN leak_flags l USING (trajectory_key)
                  WHERE l.kind <> 'fix_after_cutoff') AS leak_flagged_fragments,
+               (SELECT count(*) FROM fragments f JOIN eligibility g USING (trajectory_key) WHERE g.train <> 'allow')
+                   AS not_eligible_violations,
                (SELECT count(*) FROM fragments) AS fragments""").to_pylist()[0]
     if not allow_leaks:
         r["leak_flagged_violations"] = r.pop("leak_flagged_fragments")
@@ -137,6 +140,11 @@ def packs_round_trip(warehouse: WarehouseResource) -> dg.AssetCheckResult:
     wh = warehouse.get()
     cfg = pack_config(PacksConfig(), warehouse)
     pack_set = pack_set_id(cfg)
+    if not wh.query("SELECT count(*) FROM packs WHERE pack_set = ?", [pack_set]).column(0)[0].as_py():
+        # nothing to verify: no unit was eligible, or every one was dropped (the packs run counts them)
+        return dg.AssetCheckResult(passed=True, metadata={
+            "pack_set": pack_set, "segments": 0,
+            "note": "the pack set holds no sequences: no trainable unit, or every unit dropped as over-length"})
     r = cached(wh, f"verify_packs:{pack_set}", _PACK_INPUTS,
                lambda: verify_packs(wh, pack_set, secret_sample=PACK_SECRET_SAMPLE, ledger=True))
     return dg.AssetCheckResult(passed=passed(r), metadata={

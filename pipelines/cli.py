@@ -38,10 +38,10 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except WarehouseBusyError as exc:
-            render.err_console.print(f"[bold red]busy:[/] {exc}")
+            render.err_console.print(f"[bold red]busy:[/] {escape(str(exc))}")
             sys.exit(3)
         except TrajwhError as exc:
-            render.err_console.print(f"[bold red]error:[/] {exc}")
+            render.err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
             sys.exit(2)
     return wrapper
 
@@ -97,6 +97,9 @@ def ingest(paths: tuple[str, ...], source: str, license_: str | None, format_: s
     c.print(f"[bold]{s.n_new} new, {s.n_duplicate} already present[/], {s.n_quarantined} quarantined "
             f"— {len(s.files)} files, {render.human_bytes(s.bytes_read)} in {dt:.1f} s "
             f"({render.human_bytes(s.bytes_read / max(dt, 1e-9))}/s)")
+    if s.opted_out:
+        c.print("[yellow]opt-outs match new records[/] (kept out of training and release from the next build): "
+                + ", ".join(f"{k} {v}" for k, v in sorted(s.opted_out.items())))
     if s.n_forgotten:
         c.print(f"[yellow]{s.n_forgotten} records refused: a deletion request removed them[/] "
                 "(trajwh sql \"SELECT request_id, selector, reason FROM deletions\"; --allow-forgotten takes them)")
@@ -159,8 +162,8 @@ def print_build(result: Any, seconds: float) -> None:
     c = render.console
     for mat in result.get_asset_materialization_events():
         md = mat.materialization.metadata
-        c.print(f"  [green]✓[/] {mat.asset_key.to_user_string()}: " +
-                ", ".join(f"{k}={v.value}" for k, v in md.items()))
+        c.print(f"  [green]✓[/] {mat.asset_key.to_user_string()}: " + escape(
+                ", ".join(f"{k}={v.value}" for k, v in md.items())), emoji=False)
     failed = []
     for ev in result.get_asset_check_evaluations():
         mark = "[green]✓[/]" if ev.passed else "[red]✗[/]"
@@ -267,6 +270,9 @@ def status(as_json: bool, formats: bool, warehouse: str | None) -> None:
     c.print(render.dict_table(st["batches"], "last batches"))
     c.print(render.dict_table(st["runs"], "last runs"))
     c.print(render.dict_table(st["quarantine"], "quarantine by reason"))
+    from pipelines.cli_licenses import print_license_report
+
+    print_license_report(st["licenses"])
 
 
 @main.command()
@@ -340,24 +346,35 @@ def trace(ident: str, warehouse: str | None) -> None:
               help="normalized holds unredacted data: export it only inside the restricted zone.")
 @click.option("--where", default=None, help="SQL filter on the episodes, e.g. \"harness_name = 'swe-agent'\".")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="JSONL file (.gz compresses).")
+@click.option("--eligible-only", is_flag=True,
+              help="Leave out the episodes the license policy or an opt-out does not allow for release "
+                   "(otherwise the export is refused and says why).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="trajwh.toml whose [licenses] policy is in force (else the usual places).")
 @warehouse_option
 @handle_errors
-def export(fmt: str, layer: str, where: str | None, out: str, warehouse: str | None) -> None:
-    """Write episodes as native JSONL or ATIF, one episode per line."""
+def export(fmt: str, layer: str, where: str | None, out: str, eligible_only: bool, config_path: str | None,
+           warehouse: str | None) -> None:
+    """Write episodes as native JSONL or ATIF, one episode per line. Only episodes allowed for
+    release leave the warehouse (docs/licenses.md)."""
     from ingest.export import export_episodes
+    from pipelines.settings import license_policy
+    from schemas.config import load_settings
 
     wh = Warehouse(warehouse)
+    digest = license_policy(load_settings(config_path, wh.root)).digest
     if layer == "normalized":
         render.err_console.print("[yellow]warning:[/] the normalized layer is not redacted; keep this export "
                                  "inside the restricted zone")
     with render.count_progress("exporting") as advance:
-        n = export_episodes(wh, fmt, out, layer=layer, where=where, progress=advance)
+        n = export_episodes(wh, fmt, out, layer=layer, where=where, progress=advance, eligible_only=eligible_only,
+                            policy_digest=digest)
     render.console.print(f"wrote {n} episodes as {fmt} to {out}")
 
 
 
 # the other command groups register themselves on `main`
-from pipelines import cli_curation, cli_demo, cli_forget, cli_packing, cli_redaction  # noqa: E402, F401
+from pipelines import cli_curation, cli_demo, cli_forget, cli_licenses, cli_packing, cli_redaction  # noqa: E402, F401
 
 if __name__ == "__main__":
     main()

@@ -73,7 +73,8 @@ def demo(episodes: int, seed: int, corpus: str, warehouse: str | None) -> None:
     with render.count_progress("generating corpus", episodes) as advance:
         generate_corpus(SynthConfig(episodes=episodes, seed=seed), corpus, progress=advance)
     result = run_build(str(wh.root), include_ingest=True,
-                       ingest_config={"paths": [str(Path(corpus).resolve())], "source": "synthetic"})
+                       ingest_config={"paths": [str(Path(corpus).resolve())], "source": "synthetic",
+                                      "license": "CC-BY-4.0"})
     print_build(result, time.monotonic() - t0)
     st = warehouse_status(wh)
     tot = st["totals"]
@@ -89,10 +90,13 @@ def demo(episodes: int, seed: int, corpus: str, warehouse: str | None) -> None:
                                   (SELECT split, count(*) AS n FROM splits GROUP BY 1)) AS splits,
                               (SELECT count(DISTINCT trajectory_key) FROM leak_flags WHERE step_index IS NOT NULL) AS leaky,
                               (SELECT string_agg(kind || ' ' || n, ', ' ORDER BY kind) FROM
-                                  (SELECT kind, count(*) AS n FROM fragments GROUP BY 1)) AS fragments""").to_pylist()[0]
+                                  (SELECT kind, count(*) AS n FROM fragments GROUP BY 1)) AS fragments,
+                              (SELECT string_agg(eligibility || ' ' || n, ', ' ORDER BY eligibility) FROM
+                                  (SELECT eligibility, count(*) AS n FROM eligibility GROUP BY 1)) AS eligibility""").to_pylist()[0]
     c.print(f"redactions    {more['replacements']:>10,}\nnear-dup clusters {more['dup_clusters']:>6,}\n"
             f"task groups   {more['groups']:>10,}\nsplits        {more['splits']}\n"
-            f"time leaks    {more['leaky']:>10,} episodes flagged\nfragments     {more['fragments']}")
+            f"time leaks    {more['leaky']:>10,} episodes flagged\neligibility   {more['eligibility']} "
+            f"(trajwh licenses)\nfragments     {more['fragments']}")
     from pipelines.cli_packing import print_pack_sets
 
     print_pack_sets(wh)

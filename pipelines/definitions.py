@@ -10,11 +10,19 @@ from pathlib import Path
 
 import dagster as dg
 
-from pipelines.assets import curated, fragment_layer, normalized, packs, raw_records, redacted
+from pipelines.assets import (
+    curated,
+    fragment_layer,
+    licensed,
+    normalized,
+    packs,
+    raw_records,
+    redacted,
+)
 from pipelines.checks import ALL_CHECKS
 from pipelines.resources import WarehouseResource
 
-ASSETS = [raw_records, normalized, redacted, curated, fragment_layer, packs]
+ASSETS = [raw_records, normalized, redacted, curated, licensed, fragment_layer, packs]
 #: the derived layers (everything but the ingest itself): what `trajwh build` materializes
 BUILD_SELECTION = dg.AssetSelection.all() - dg.AssetSelection.assets(raw_records)
 
@@ -69,7 +77,7 @@ def build(warehouse: str, *, full: bool = False, include_ingest: bool = False,
         selection = dg.AssetSelection.assets(*only)
     ops: dict = {"normalized": {"config": {"full": full}}, "redacted": {"config": {"full": full, "scope": scope}},
                  "curated": {"config": {"full": full, **{k: v for k, v in (curate or {}).items() if v is not None}}},
-                 "fragment_layer": {"config": {"full": full}}, "packs": {"config": {"full": full, **(pack or {})}}}
+                 "licensed": {"config": {"full": full}}, "fragment_layer": {"config": {"full": full}}, "packs": {"config": {"full": full, **(pack or {})}}}
     if include_ingest:
         ops["raw_records"] = {"config": ingest_config or {}}
     if only:  # config only for the ops that run

@@ -17,6 +17,7 @@ from dedup.splits import SplitConfig
 from fragments.outcomes import OUTCOME_RULES_VERSION
 from fragments.select import SelectConfig
 from fragments.task_stats import StatsConfig
+from licenses.policy import LicensePolicy
 from packing.layer import PackConfig
 from schemas.config import Settings, parse_cutoff, parse_fractions, settings_from
 from schemas.errors import ConfigError
@@ -79,3 +80,8 @@ def pack_config(settings: Settings, **overrides: Any) -> PackConfig:
     cfg = PackConfig(**{**base, **{k: v for k, v in overrides.items() if v is not None}})
     cfg.validate()
     return cfg
+
+
+def license_policy(settings: Settings) -> LicensePolicy:
+    """The ``[licenses]`` section as a policy (mapping files read relative to the config file)."""
+    return LicensePolicy.from_settings(settings.licenses, settings.source)

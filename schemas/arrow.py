@@ -92,6 +92,8 @@ PARQUET_TABLES: dict[str, type[BaseModel]] = {
     "task_stats": tables.TaskStatsRow,
     "fragments": tables.FragmentRow,
     "packs": tables.PackRow,
+    "license_facts": tables.LicenseFactRow,
+    "eligibility": tables.EligibilityRow,
 }
 
 #: table name -> layer folder
@@ -115,6 +117,8 @@ TABLE_LAYERS: dict[str, str] = {
     "task_stats": "curated",
     "fragments": "fragments",
     "packs": "packed",
+    "license_facts": "curated",
+    "eligibility": "curated",
 }
 
 #: tables kept inside catalog.duckdb itself (small metadata)
@@ -123,6 +127,9 @@ CATALOG_TABLES: dict[str, type[BaseModel]] = {
     "ingested_files": tables.IngestedFileRow,
     "runs": tables.RunRow,
     "deletions": tables.DeletionRow,
+    "opt_outs": tables.OptOutRow,
+    "opt_out_matches": tables.OptOutMatchRow,
+    "opt_out_scans": tables.OptOutScanRow,
 }
 
 #: layers that hold secrets: owner-only permissions (ARCHITECTURE.md section 1)

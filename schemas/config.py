@@ -42,6 +42,23 @@ Example (all keys optional)::
     packer = "min-slack"           # min-slack, best-fit-decreasing or first-fit
     evaluation = true              # also pack the resolved episodes of valid / test (an evaluation loss)
 
+    [licenses]                     # docs/licenses.md
+    repositories = { "github.com/psf/requests" = "Apache-2.0" }   # task repository -> SPDX
+    repository_file = "repo-licenses.csv"   # more of them: "repository,license" lines (relative to this file)
+    policy_terms = { "gpt-4*" = "LicenseRef-OpenAI-Terms" }       # policy name pattern -> its output terms
+
+    [licenses.train]               # what may be trained on
+    allow = ["*"]                  # SPDX ids or patterns ("*", "CC-BY-*", "LicenseRef-*")
+    review = []                    # ids that need a person's review first (not allowed until moved to allow)
+    unknown = "allow"              # a required license that is missing or not valid SPDX: allow, review, block
+    require = []                   # fact kinds that must be known: source, repository, policy_terms
+
+    [licenses.release]             # what may leave the warehouse (exports, cards)
+    allow = ["MIT", "Apache-2.0", "BSD-2-Clause", "BSD-3-Clause", "ISC", "0BSD", "CC0-1.0", "CC-BY-4.0", ...]
+    review = ["GPL-*", "LGPL-*", "AGPL-*", "MPL-*", "EPL-*", "CC-BY-SA-*"]
+    unknown = "block"
+    require = ["source"]
+
     [outcomes]
     rules_version = "2.0.0"        # the taxonomy rules this file was written for (checked)
 
@@ -175,6 +192,51 @@ class RedactionSettings(_Section):
     private_addresses: bool = Field(True, description="redact RFC 1918 / CGNAT / IPv6 ULA addresses (internal topology)")
 
 
+LICENSE_FACT_KINDS = ("source", "repository", "policy_terms")
+DECISIONS = ("allow", "review", "block")
+#: permissive licenses and public-domain dedications: released by default
+RELEASE_ALLOW = ("MIT", "MIT-0", "Apache-2.0", "BSD-2-Clause", "BSD-3-Clause", "ISC", "0BSD", "Zlib", "Unlicense",
+                 "CC0-1.0", "CC-BY-4.0", "PSF-2.0", "Python-2.0", "BSL-1.0", "PostgreSQL", "ODC-By-1.0", "PDDL-1.0")
+#: copyleft and share-alike: a person decides before a release
+RELEASE_REVIEW = ("GPL-*", "LGPL-*", "AGPL-*", "MPL-*", "EPL-*", "CDDL-*", "EUPL-*", "CC-BY-SA-*", "ODbL-*")
+
+
+class LicenseUse(_Section):
+    allow: tuple[str, ...] = ("*",)
+    review: tuple[str, ...] = ()
+    unknown: str = "allow"
+    require: tuple[str, ...] = ()
+
+    @field_validator("unknown")
+    @classmethod
+    def _unknown(cls, v: str) -> str:
+        return _one_of(v, DECISIONS)
+
+    @field_validator("require")
+    @classmethod
+    def _require(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [k for k in v if k not in LICENSE_FACT_KINDS]
+        if bad:
+            raise ValueError(f"unknown license fact kind(s) {bad}; valid: {', '.join(LICENSE_FACT_KINDS)}")
+        return v
+
+    @field_validator("allow", "review")
+    @classmethod
+    def _patterns(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [p for p in v if not p or any(c.isspace() for c in p)]
+        if bad:
+            raise ValueError(f"{bad} are not license ids or patterns; valid: e.g. MIT, CC-BY-*, LicenseRef-*, *")
+        return v
+
+
+class LicenseSettings(_Section):
+    train: LicenseUse = LicenseUse()
+    release: LicenseUse = LicenseUse(allow=RELEASE_ALLOW, review=RELEASE_REVIEW, unknown="block", require=("source",))
+    repositories: dict[str, str] = {}
+    repository_file: str | None = None
+    policy_terms: dict[str, str] = {}
+
+
 class Settings(_Section):
     redaction: RedactionSettings = RedactionSettings()
     splits: SplitSettings = SplitSettings()
@@ -185,6 +247,7 @@ class Settings(_Section):
     packing: PackingSettings = PackingSettings()
     outcomes: OutcomeSettings = OutcomeSettings()
     stats: StatsSettings = StatsSettings()
+    licenses: LicenseSettings = LicenseSettings()
     source: str | None = Field(None, exclude=True)  # the file it came from, if any
 
     def digest(self) -> str:

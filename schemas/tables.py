@@ -12,7 +12,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = "1.7.0"  # 1.7: packs carry their window and digest, segments their token key; 1.6: redacted_tool_schemas (what packing renders); 1.5: pack segments carry kind, split and the context steps cut; 1.1: canonical actions on steps and tool calls; 1.2: base_commit_at, normalized repository;
+SCHEMA_VERSION = "1.8.0"  # 1.8: license_facts, eligibility, the opt-out registry; 1.7: packs carry their window and digest, segments their token key; 1.6: redacted_tool_schemas (what packing renders); 1.5: pack segments carry kind, split and the context steps cut; 1.1: canonical actions on steps and tool calls; 1.2: base_commit_at, normalized repository;
 # 1.3: tool_schemas table, tool calls keep the request the harness executed when it rewrote the model's;
 # 1.4: episode_features (per-batch curation inputs), outcomes.inputs_digest
 
@@ -469,6 +469,69 @@ class FragmentRow(_Row):
     lin_run_id: str = _lineage("_run_id")
     lin_transform: str = _lineage("_transform")
     lin_transform_version: str = _lineage("_transform_version")
+
+
+class LicenseFactRow(_Row):
+    """One license or terms that binds an episode, and where the fact came from (licenses.facts).
+    ``expression`` is the normalized SPDX expression; None when the fact's kind is not known."""
+
+    trajectory_key: str
+    kind: str  # source | repository | policy_terms
+    expression: str | None = None
+    given: str | None = None  # as the input spelled it (when it is not valid SPDX: the reason is in status)
+    status: str  # valid | invalid | unknown
+    origin: str  # ingest --license | source metadata $.license | trajwh.toml [licenses.repositories] | ...
+    lin_batch_id: str = _lineage("_batch_id")
+    lin_run_id: str = _lineage("_run_id")
+    lin_transform: str = _lineage("_transform")
+    lin_transform_version: str = _lineage("_transform_version")
+
+
+class EligibilityRow(_Row):
+    """What an episode may be used for under the license policy and the opt-out registry."""
+
+    trajectory_key: str
+    eligibility: str  # release (train and release) | train (train only) | release_only | blocked
+    train: str  # allow | review | block
+    release: str  # allow | review | block
+    reasons: list[str]  # why a use is not allowed (empty when both are)
+    opt_out_ids: list[str]  # opt-outs that match the episode
+    policy_digest: str  # the [licenses] policy it was decided by
+    lin_batch_id: str = _lineage("_batch_id")
+    lin_run_id: str = _lineage("_run_id")
+    lin_transform: str = _lineage("_transform")
+    lin_transform_version: str = _lineage("_transform_version")
+
+
+class OptOutRow(_Row):
+    """An opt-out: data matching it is never trained on or released. Stores only what matching
+    needs: an e-mail address is kept as its salted sha256, never as text."""
+
+    opt_out_id: str
+    kind: str  # repository | email | source | task | content
+    value: str  # the normalized repository, the e-mail's digest, the source, the task id, the pattern
+    reason: str
+    created_at: datetime
+    status: str  # active | removed
+    removed_at: datetime | None = None
+
+
+class OptOutMatchRow(_Row):
+    """A raw record an opt-out matched when its batch was scanned (content and e-mail opt-outs;
+    the others are matched by their episodes' fields at each build)."""
+
+    opt_out_id: str
+    batch_id: str
+    record_id: str
+
+
+class OptOutScanRow(_Row):
+    """A batch's raw records were scanned for an opt-out (at ingest, when added, or by a build)."""
+
+    opt_out_id: str
+    batch_id: str
+    scanned_at: datetime
+    n_matches: int
 
 
 # --- packed zone -----------------------------------------------------------------------------

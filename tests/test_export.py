@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from ingest.export import export_episodes
 from ingest.normalize import normalize_warehouse
 from ingest.raw_store import IngestOptions, ingest_paths
+from licenses.eligibility import build_eligibility
 from lineage.catalog import Warehouse
 from redaction.layer import redact_warehouse
 from schemas.errors import ConfigError
@@ -125,11 +126,14 @@ def test_real_corpus_round_trips_through_native_and_atif(tmp_path):
 
 
 def test_export_refuses_layers_that_are_not_built(wh, cases, tmp_path):
-    ingest_paths(wh, [cases / "two_episodes.jsonl"], IngestOptions(source="c"))
+    ingest_paths(wh, [cases / "two_episodes.jsonl"], IngestOptions(source="c", license="MIT"))
     normalize_warehouse(wh, run_id="a")
     with pytest.raises(ConfigError, match="not built"):
         export_episodes(wh, "native", tmp_path / "x.jsonl")  # default: the redacted layer, not built yet
     redact_warehouse(wh, run_id="r")
+    with pytest.raises(ConfigError, match="what may be released is not decided"):
+        export_episodes(wh, "native", tmp_path / "r.jsonl")  # a release needs the eligibility step's decision
+    build_eligibility(wh, run_id="g")
     assert export_episodes(wh, "native", tmp_path / "r.jsonl") == 2
     with pytest.raises(ConfigError, match="unknown export format"):
         export_episodes(wh, "csv", tmp_path / "x.jsonl", layer="normalized")

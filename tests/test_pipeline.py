@@ -22,7 +22,7 @@ def test_definitions_load():
                                                                                        "redaction_events", "near_dup_clusters",
                                                                                        "task_groups", "splits", "leak_flags",
                                                                                        "outcomes", "task_stats", "fragments",
-                                                                                       "packs"}
+                                                                                       "packs", "license_facts", "eligibility"}
     assert defs.resolve_job_def("build") is not None
     assert defs.resolve_schedule_def("daily_build").cron_schedule == "0 3 * * *"
 

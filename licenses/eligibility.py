@@ -1,0 +1,172 @@
+"""Build ``license_facts`` and ``eligibility``: what each episode may be used for, and why.
+
+A global step, run after redaction (it reads the redacted episodes, the policy and the opt-out
+registry). The two tables are rebuilt whole and swapped in one commit; a run whose inputs
+(redacted episodes), policy digest and registry (active opt-outs and their matches) are
+unchanged is skipped. The step is cheap (one streamed pass over the episodes' license columns;
+expressions and decisions are cached), so a policy change rebuilds it whole; what depends on
+it (fragments, packs) redoes only the episodes whose ``train`` decision changed, because the
+fragments' per-episode inputs digest carries that decision.
+
+Before deciding, any (opt-out, batch) pair not scanned yet is scanned (``licenses.optout``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from licenses.optout import active_opt_outs, opt_out_episodes, scan_pending
+from licenses.policy import POLICY_VERSION, LicensePolicy
+from lineage.catalog import Warehouse, now_utc
+from lineage.rebuild import TableSetWriter, inputs_fingerprint, is_current, mark_running, run_row
+from schemas import ids
+from schemas.tables import EligibilityRow, LicenseFactRow
+
+TRANSFORM = "eligibility"
+TABLES = ("license_facts", "eligibility")
+_MODELS = {"license_facts": LicenseFactRow, "eligibility": EligibilityRow}
+_EPISODES_SQL = """
+    SELECT trajectory_key, _batch_id, license, repository, instance_id, policy_name,
+           json_extract_string(metadata, '$.license') AS meta_license,
+           coalesce(json_extract_string(metadata, '$.repository_license'),
+                    json_extract_string(metadata, '$.repo_license')) AS meta_repository_license
+    FROM redacted_episodes ORDER BY trajectory_key"""
+
+
+@dataclass
+class EligibilitySummary:
+    run_id: str
+    skipped: bool = False
+    episodes: int = 0
+    eligibility: dict[str, int] = field(default_factory=dict)
+    reasons: dict[str, int] = field(default_factory=dict)  # reason (opt-out ids folded) -> episodes
+    licenses: dict[str, int] = field(default_factory=dict)  # source license (or "unknown") -> episodes
+    opted_out: int = 0
+    new_matches: int = 0
+
+
+def registry_digest(wh: Warehouse) -> str:
+    """Digest of the active opt-outs and what they matched (a change -> a new digest)."""
+    row = wh.query("""
+        SELECT (SELECT string_agg(opt_out_id || '/' || kind || '/' || value, ',' ORDER BY opt_out_id)
+                FROM opt_outs WHERE status = 'active') AS o,
+               (SELECT string_agg(opt_out_id || '/' || record_id, ',' ORDER BY opt_out_id, record_id)
+                FROM opt_out_matches) AS m""").to_pylist()[0]
+    return ids.digest([row["o"] or "", row["m"] or ""])[:16]
+
+
+def reason_class(reason: str) -> str:
+    """A reason without the opt-out id, for counts (``train: block opted out (email)``)."""
+    head, sep, _ = reason.partition(", oo-")
+    return head + ")" if sep else reason
+
+
+def build_eligibility(wh: Warehouse, *, run_id: str, policy: LicensePolicy | None = None, full: bool = False,
+                      lock_timeout: float = 60.0) -> EligibilitySummary:
+    """Decide every redacted episode's eligibility under ``policy`` and the opt-out registry."""
+    policy = policy or LicensePolicy()
+    summary = EligibilitySummary(run_id)
+    started = now_utc()
+    with wh.write_session(TRANSFORM, timeout=lock_timeout) as session:
+        mark_running(session, run_id, TRANSFORM, started)
+        summary.new_matches = scan_pending(wh, session)
+        version = (f"{TRANSFORM}@{POLICY_VERSION};policy={policy.digest};registry={registry_digest(wh)};"
+                   f"inputs={inputs_fingerprint(wh, ['redacted_episodes'])}")
+        if not full and is_current(wh, "eligibility", version):
+            summary.skipped = True
+        else:
+            opted = opt_out_episodes(wh, active_opt_outs(wh))
+            kinds = {o["opt_out_id"]: o["kind"] for o in active_opt_outs(wh)}
+            lineage = {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": version}
+            writer = TableSetWriter(session, _MODELS, flush_rows=50_000)
+            for batch in wh.stream(_EPISODES_SQL, batch_rows=10_000, memory_limit="256MB"):
+                for e in batch:
+                    key = e["trajectory_key"]
+                    facts = policy.facts(e)
+                    d = policy.decide(facts, [(oid, kinds[oid]) for oid in opted.get(key, [])])
+                    base = {"trajectory_key": key, "_batch_id": e["_batch_id"], **lineage}
+                    writer.add("license_facts", [{**base, "kind": f.kind, "expression": f.expression, "given": f.given,
+                                                  "status": f.status, "origin": f.origin} for f in facts])
+                    writer.add("eligibility", {**base, "eligibility": d.eligibility, "train": d.train,
+                                               "release": d.release, "reasons": list(d.reasons),
+                                               "opt_out_ids": list(d.opt_out_ids), "policy_digest": policy.digest})
+            writer.commit(run_id=run_id, version=version)
+        _totals(wh, summary)
+        session.upsert_rows("runs", [run_row(run_id, TRANSFORM, started,
+                                             params={"version": version, "skipped": summary.skipped},
+                                             counts=summary.__dict__, code_version=f"{TRANSFORM}@{POLICY_VERSION}")])
+    return summary
+
+
+def _totals(wh: Warehouse, summary: EligibilitySummary) -> None:
+    summary.episodes = wh.query("SELECT count(*) FROM eligibility").column(0)[0].as_py()
+    summary.eligibility = {r["eligibility"]: r["n"] for r in wh.query(
+        "SELECT eligibility, count(*) AS n FROM eligibility GROUP BY 1 ORDER BY 1").to_pylist()}
+    summary.reasons = {}
+    for r in wh.query("SELECT unnest(reasons) AS reason, count(*) AS n FROM eligibility GROUP BY 1").to_pylist():
+        cls = reason_class(r["reason"])
+        summary.reasons[cls] = summary.reasons.get(cls, 0) + r["n"]
+    summary.reasons = dict(sorted(summary.reasons.items()))
+    summary.licenses = {r["lic"]: r["n"] for r in wh.query(
+        "SELECT coalesce(expression, status) AS lic, count(*) AS n FROM license_facts WHERE kind = 'source' "
+        "GROUP BY 1 ORDER BY 1").to_pylist()}
+    summary.opted_out = wh.query("SELECT count(*) FROM eligibility WHERE len(opt_out_ids) > 0").column(0)[0].as_py()
+
+
+def eligibility_of(wh: Warehouse, keys: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Trajectory key -> its eligibility row (all episodes, or ``keys``), as the last build decided."""
+    where, params = ("WHERE list_contains(?, trajectory_key)", [keys]) if keys is not None else ("", None)
+    rows = wh.query(f"SELECT trajectory_key, eligibility, train, release, reasons, opt_out_ids FROM eligibility {where}",
+                    params).to_pylist()
+    return {r["trajectory_key"]: r for r in rows}
+
+
+def not_releasable(wh: Warehouse, where: str | None = None, policy_digest: str | None = None) -> dict[str, list[str]]:
+    """Redacted episodes (those ``where`` selects) that may not leave the warehouse, with why:
+    the last build's release decision, plus opt-outs added since (matched now). Refuses when
+    nothing was decided yet, or when ``policy_digest`` (the policy in force) is not the one the
+    decisions were made by: a release must never rest on a stale decision."""
+    from schemas.errors import ConfigError
+
+    if not wh.query("SELECT count(*) FROM table_files WHERE table_name = 'eligibility'").column(0)[0].as_py():
+        raise ConfigError(f"what may be released is not decided in {wh.root}",
+                          valid="run `trajwh build` first (its eligibility step applies [licenses] and the opt-outs)")
+    if policy_digest is not None:
+        stale = wh.query("SELECT DISTINCT policy_digest FROM eligibility WHERE policy_digest <> ?",
+                         [policy_digest]).column(0).to_pylist()
+        if stale:
+            raise ConfigError("the license policy ([licenses] in trajwh.toml) changed since the last build",
+                              valid="run `trajwh build` so that eligibility follows the policy in force")
+    filt = f"WHERE {where}" if where else ""
+    rows = wh.query(f"""
+        SELECT e.trajectory_key, g.release, g.reasons FROM (SELECT trajectory_key FROM redacted_episodes {filt}) e
+        LEFT JOIN eligibility g USING (trajectory_key) WHERE g.release IS DISTINCT FROM 'allow'""").to_pylist()
+    out = {r["trajectory_key"]: [x for x in (r["reasons"] or []) if x.startswith("release:")]
+           or ["release: not decided yet (ingested after the last build)"] for r in rows}
+    opt_outs = active_opt_outs(wh)
+    if opt_outs:
+        kinds = {o["opt_out_id"]: o["kind"] for o in opt_outs}
+        selected = set(wh.query(f"SELECT trajectory_key FROM redacted_episodes {filt}").column(0).to_pylist())
+        for key, oids in opt_out_episodes(wh, opt_outs).items():
+            if key in selected:
+                extra = [f"release: block opted out ({kinds[o]}, {o})" for o in oids]
+                out[key] = sorted(set(out.get(key, [])) | set(extra))
+    return dict(sorted(out.items()))
+
+
+def not_trainable_in_packs(wh: Warehouse, pack_set: str, split: str) -> dict[str, list[str]]:
+    """Episodes in a pack set's split that may not be trained on now: the last build's decision
+    (the packs check already holds it at 0), and opt-outs added since the packs were built."""
+    keys = set(wh.query("SELECT DISTINCT t.s.trajectory_key FROM packs p, unnest(p.segments) AS t(s) "
+                        "WHERE p.pack_set = ? AND p.split = ?", [pack_set, split]).column(0).to_pylist())
+    out: dict[str, list[str]] = {}
+    for r in wh.query("SELECT trajectory_key, reasons FROM eligibility WHERE train <> 'allow' AND "
+                      "list_contains(?, trajectory_key)", [sorted(keys)]).to_pylist():
+        out[r["trajectory_key"]] = [x for x in r["reasons"] if x.startswith("train:")]
+    opt_outs = active_opt_outs(wh)
+    kinds = {o["opt_out_id"]: o["kind"] for o in opt_outs}
+    for key, oids in opt_out_episodes(wh, opt_outs).items():
+        if key in keys:
+            out[key] = sorted(set(out.get(key, [])) | {f"train: block opted out ({kinds[o]}, {o})" for o in oids})
+    return dict(sorted(out.items()))
