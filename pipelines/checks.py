@@ -152,4 +152,29 @@ def packs_round_trip(warehouse: WarehouseResource) -> dg.AssetCheckResult:
         "examples": dg.MetadataValue.json(r["examples"])})
 
 
-ALL_CHECKS = [packs_round_trip, fragments_only_from_train, one_outcome_per_episode, no_group_crosses_splits, redacted_layer_has_no_secrets, redacted_steps_have_lineage, episodes_have_lineage, steps_have_lineage, normalized_reconciles_with_raw]
+@dg.asset_check(asset="eligibility", blocking=True,
+                description="Every redacted episode has exactly one eligibility row and at least one license fact; "
+                            "an episode an active opt-out matches is blocked for both uses; a row not allowed for a "
+                            "use says why.")
+def every_episode_decided(warehouse: WarehouseResource) -> dg.AssetCheckResult:
+    wh = warehouse.get()
+    return _result(cached(wh, "every_episode_decided", ["redacted_episodes", "eligibility", "license_facts"],
+                          lambda: _eligibility_counts(wh)))
+
+
+def _eligibility_counts(wh) -> dict:
+    return wh.query("""
+        SELECT (SELECT count(*) FROM redacted_episodes e WHERE NOT EXISTS
+                    (SELECT 1 FROM eligibility g WHERE g.trajectory_key = e.trajectory_key)) AS undecided_violations,
+               (SELECT count(*) FROM (SELECT trajectory_key FROM eligibility GROUP BY 1 HAVING count(*) > 1))
+                   AS duplicate_violations,
+               (SELECT count(*) FROM eligibility g WHERE NOT EXISTS
+                    (SELECT 1 FROM license_facts f WHERE f.trajectory_key = g.trajectory_key)) AS no_fact_violations,
+               (SELECT count(*) FROM eligibility WHERE len(opt_out_ids) > 0 AND (train <> 'block' OR release <> 'block'))
+                   AS opted_out_not_blocked_violations,
+               (SELECT count(*) FROM eligibility WHERE (train <> 'allow' OR release <> 'allow') AND len(reasons) = 0)
+                   AS no_reason_violations,
+               (SELECT count(*) FROM eligibility) AS episodes""").to_pylist()[0]
+
+
+ALL_CHECKS = [every_episode_decided, packs_round_trip, fragments_only_from_train, one_outcome_per_episode, no_group_crosses_splits, redacted_layer_has_no_secrets, redacted_steps_have_lineage, episodes_have_lineage, steps_have_lineage, normalized_reconciles_with_raw]

@@ -158,12 +158,18 @@ def build(full: bool, scope: str, config_path: str | None, cutoff: str | None, f
     print_split_summary(wh)
 
 
+def _shown(v: Any) -> str:
+    """A metadata value in one line (a Markdown document, the data card, by its size only)."""
+    text = str(v.value)
+    return f"({text.count(chr(10)) + 1} lines of Markdown)" if "\n" in text else text
+
+
 def print_build(result: Any, seconds: float) -> None:
     c = render.console
     for mat in result.get_asset_materialization_events():
         md = mat.materialization.metadata
         c.print(f"  [green]✓[/] {mat.asset_key.to_user_string()}: " + escape(
-                ", ".join(f"{k}={v.value}" for k, v in md.items())), emoji=False)
+                ", ".join(f"{k}={_shown(v)}" for k, v in md.items())), emoji=False)
     failed = []
     for ev in result.get_asset_check_evaluations():
         mark = "[green]✓[/]" if ev.passed else "[red]✗[/]"

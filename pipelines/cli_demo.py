@@ -101,6 +101,9 @@ def demo(episodes: int, seed: int, corpus: str, warehouse: str | None) -> None:
 
     print_pack_sets(wh)
     c.print(f"warehouse     {wh.root}\ncatalog       {wh.catalog_path}")
+    card = wh.root / "card" / "card.html"
+    if card.exists():
+        c.print(f"data card     {card} (and README.md, card.json beside it; trajwh card)")
     c.print("query it:     trajwh sql \"SELECT harness_name, policy_name, avg(resolved::INT) AS success, "
             "count(*) AS n FROM episodes GROUP BY ALL ORDER BY success DESC\"")
     c.print("              trajwh status  |  trajwh trace <step_id>  |  trajwh trace <pack_id>:<token>  |  "

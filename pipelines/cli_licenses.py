@@ -1,4 +1,5 @@
-"""`trajwh licenses` and `trajwh opt-out ...`: license screening and the opt-out registry (docs/licenses.md)."""
+"""`trajwh licenses`, `trajwh opt-out ...` and `trajwh card`: license screening, the opt-out registry
+(docs/licenses.md) and the data card (docs/cards.md)."""
 
 from __future__ import annotations
 
@@ -118,3 +119,20 @@ def opt_out_forget(opt_out_id: str, reason: str, warehouse: str | None) -> None:
     result = forget(Warehouse(warehouse), f"opt-out:{opt_out_id}", reason, progress=render.console.log)
     _print_result(result)
     sys.exit(0 if result.status == "verified" else 1)
+
+
+@main.command()
+@click.option("--out", default=None, type=click.Path(file_okay=False),
+              help="Folder for README.md, card.json and card.html (default <warehouse>/card, or card-SPLIT).")
+@click.option("--split", default=None, type=click.Choice(["train", "valid", "test", "held_out"]),
+              help="Only the episodes of one split (provenance, the raw funnel head and deletions stay whole).")
+@warehouse_option
+@handle_errors
+def card(out: str | None, split: str | None, warehouse: str | None) -> None:
+    """Write the data card from the warehouse: Markdown with a YAML header (Hugging Face style),
+    JSON, and one self-contained HTML page with plots."""
+    from datacards.card import build_card
+
+    r = build_card(Warehouse(warehouse), out, split=split, force=True)
+    for kind, path in r.files.items():
+        render.console.print(f"{kind:<9} {path}")

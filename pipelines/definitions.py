@@ -12,6 +12,7 @@ import dagster as dg
 
 from pipelines.assets import (
     curated,
+    data_card,
     fragment_layer,
     licensed,
     normalized,
@@ -22,7 +23,7 @@ from pipelines.assets import (
 from pipelines.checks import ALL_CHECKS
 from pipelines.resources import WarehouseResource
 
-ASSETS = [raw_records, normalized, redacted, curated, licensed, fragment_layer, packs]
+ASSETS = [raw_records, normalized, redacted, curated, licensed, fragment_layer, packs, data_card]
 #: the derived layers (everything but the ingest itself): what `trajwh build` materializes
 BUILD_SELECTION = dg.AssetSelection.all() - dg.AssetSelection.assets(raw_records)
 

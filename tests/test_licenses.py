@@ -12,7 +12,7 @@ from conftest import SHARED_CORPUS
 
 from ingest.export import export_episodes
 from ingest.raw_store import IngestOptions, ingest_paths
-from licenses.optout import OptOutSelector, add_opt_out, email_digest, remove_opt_out
+from licenses.optout import OptOutSelector, add_opt_out, addresses, email_digest, remove_opt_out
 from licenses.policy import LicensePolicy
 from licenses.spdx import decide, parse
 from lineage.catalog import Warehouse
@@ -222,6 +222,13 @@ def test_export_never_releases_a_blocked_episode(licensed, tmp_path):
     # a changed policy must be built before anything is released under it
     with pytest.raises(ConfigError, match="changed since the last build"):
         export_episodes(wh, "native", tmp_path / "x.jsonl", eligible_only=True, policy_digest="0" * 16)
+
+
+def test_addresses_are_found_from_their_at_sign():
+    text = (b'Author: Jane <Jane.Doe@Acme-Corp.example>, cc x@y and user@localhost, '
+            b'"ops+alerts@mail.example.org"; @handle.example has no local part')
+    assert addresses(text) == {b"jane.doe@acme-corp.example", b"ops+alerts@mail.example.org"}
+    assert addresses(b"no address here") == set()
 
 
 def test_opt_out_selectors_are_checked():

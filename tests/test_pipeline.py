@@ -22,7 +22,8 @@ def test_definitions_load():
                                                                                        "redaction_events", "near_dup_clusters",
                                                                                        "task_groups", "splits", "leak_flags",
                                                                                        "outcomes", "task_stats", "fragments",
-                                                                                       "packs", "license_facts", "eligibility"}
+                                                                                       "packs", "license_facts", "eligibility",
+                                                                                       "data_card"}
     assert defs.resolve_job_def("build") is not None
     assert defs.resolve_schedule_def("daily_build").cron_schedule == "0 3 * * *"
 
@@ -35,7 +36,7 @@ def test_graph_ingests_builds_and_passes_checks(wh, small_corpus):
                                  "normalized_reconciles_with_raw": True, "redacted_layer_has_no_secrets": True,
                                  "redacted_steps_have_lineage": True, "no_group_crosses_splits": True,
                                  "one_outcome_per_episode": True, "fragments_only_from_train": True,
-                                 "packs_round_trip": True}
+                                 "packs_round_trip": True, "every_episode_decided": True}
     counts = wh.query("SELECT (SELECT count(*) FROM episodes) AS e, (SELECT count(*) FROM steps) AS s, "
                       "(SELECT sum(n_steps) FROM episodes) AS n").to_pylist()[0]
     assert counts["e"] == 150 and counts["s"] == counts["n"] > 150 * 5

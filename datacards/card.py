@@ -1,0 +1,52 @@
+"""``trajwh card`` and the ``data_card`` asset: collect, render, write; skipped when nothing it
+reads changed since the card in ``out`` was written."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from datacards.render import write_card
+from datacards.stats import CARD_SCHEMA_VERSION, collect_card, policy_of
+from lineage.catalog import Warehouse
+from lineage.rebuild import inputs_fingerprint
+from schemas import ids
+
+#: the tables the card reads (their files' digests, with the catalog rows below, decide a rebuild)
+CARD_INPUTS = ["raw_records", "quarantine", "redacted_episodes", "redaction_events", "near_dup_clusters", "splits",
+               "task_groups", "leak_flags", "outcomes", "task_stats", "fragments", "packs", "license_facts",
+               "eligibility"]
+DEFAULT_DIR = "card"
+
+
+@dataclass
+class CardResult:
+    out: Path
+    files: dict[str, Path]
+    skipped: bool
+
+
+def card_inputs(wh: Warehouse, split: str | None) -> str:
+    rows = wh.query("""SELECT (SELECT string_agg(request_id || status, ',' ORDER BY request_id) FROM deletions) AS d,
+                              (SELECT string_agg(opt_out_id || status, ',' ORDER BY opt_out_id) FROM opt_outs) AS o,
+                              (SELECT string_agg(batch_id, ',' ORDER BY batch_id) FROM batches) AS b""").to_pylist()[0]
+    return ids.digest([CARD_SCHEMA_VERSION, split, inputs_fingerprint(wh, CARD_INPUTS), rows["d"], rows["o"],
+                       rows["b"]])[:16]
+
+
+def build_card(wh: Warehouse, out: str | Path | None = None, *, split: str | None = None,
+               force: bool = False, license_policy: dict | None = None) -> CardResult:
+    """Write ``card.json``, ``README.md`` and ``card.html`` to ``out`` (default ``<warehouse>/card``,
+    or ``card-SPLIT`` for one split)."""
+    wh.require()
+    out = Path(out) if out else wh.root / (DEFAULT_DIR + (f"-{split}" if split else ""))
+    files = {"json": out / "card.json", "markdown": out / "README.md", "html": out / "card.html"}
+    if license_policy is None:
+        license_policy = policy_of(wh)
+    key = card_inputs(wh, split) + ids.digest([license_policy])[:8]
+    stamp = out / ".inputs"
+    if not force and all(p.exists() for p in files.values()) and stamp.exists() and stamp.read_text() == key:
+        return CardResult(out, files, skipped=True)
+    files = write_card(collect_card(wh, split, license_policy), out)
+    stamp.write_text(key)
+    return CardResult(out, files, skipped=False)
