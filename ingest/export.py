@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import orjson
 
 from licenses.eligibility import not_releasable
@@ -42,6 +43,18 @@ def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
 
 
+def check_filter(wh: Warehouse, table: str, where: str | None) -> None:
+    """A ``--where`` filter must be a valid condition on ``table``: else a ConfigError (exit 2)
+    naming the filter and DuckDB's reason, never a traceback."""
+    if not where:
+        return
+    try:
+        wh.query(f"SELECT count(*) FROM {table} WHERE {where}")
+    except duckdb.Error as exc:
+        raise ConfigError(f"--where {where!r} is not a valid filter on {table}: {str(exc).splitlines()[0]}",
+                          valid=f"a SQL condition on the columns of {table} (docs/sql.md)") from None
+
+
 def iter_episodes(wh: Warehouse, layer: str, where: str | None = None,
                   exclude: set[str] | frozenset[str] = frozenset()) -> Iterator[tuple[dict, list[dict]]]:
     """(episode row, its step rows) for every episode of ``layer`` (but ``exclude``), in trajectory-key order."""
@@ -53,6 +66,7 @@ def iter_episodes(wh: Warehouse, layer: str, where: str | None = None,
         raise ConfigError(f"layer {layer!r} is not built in {wh.root}",
                           valid="a built layer: run `trajwh build` first (--layer normalized exports unredacted data)")
     filt = f"WHERE {where}" if where else ""
+    check_filter(wh, ep_table, where)
     keys = wh.query(f"SELECT trajectory_key FROM {ep_table} {filt} ORDER BY trajectory_key").column(0).to_pylist()
     keys = [k for k in keys if k not in exclude]
     for start in range(0, len(keys), 500):
@@ -159,6 +173,7 @@ def export_episodes(wh: Warehouse, fmt: str, out: str | Path, *, layer: str = "r
     if fmt not in CONVERTERS:
         raise ConfigError(f"unknown export format {fmt!r}", valid=", ".join(FORMATS))
     exclude: set[str] = set()
+    check_filter(wh, LAYERS.get(layer, ("redacted_episodes",))[0], where)
     if layer == "redacted":
         next(iter_episodes(wh, layer, "false"), None)  # a layer that is not built fails first, and says so
         blocked = not_releasable(wh, where, policy_digest)

@@ -22,7 +22,7 @@ from rich.markup import escape
 
 from lineage.catalog import Warehouse
 from pipelines import render
-from schemas.errors import TrajwhError, WarehouseBusyError
+from schemas.errors import ConfigError, TrajwhError, WarehouseBusyError
 
 WAREHOUSE_HELP = "Warehouse folder (default: $TRAJWH_WAREHOUSE, else ./warehouse)."
 
@@ -347,11 +347,17 @@ def trace(ident: str, warehouse: str | None) -> None:
 
 
 @main.command()
-@click.option("--format", "fmt", type=click.Choice(["native", "atif"]), default="native", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["native", "atif", "hf"]), default="native", show_default=True,
+              help="native / atif: one JSONL file; hf: Parquet shards per split with a TRL-style messages column.")
 @click.option("--layer", type=click.Choice(["redacted", "normalized"]), default="redacted", show_default=True,
-              help="normalized holds unredacted data: export it only inside the restricted zone.")
+              help="normalized holds unredacted data: export it only inside the restricted zone (not with hf).")
 @click.option("--where", default=None, help="SQL filter on the episodes, e.g. \"harness_name = 'swe-agent'\".")
-@click.option("--out", required=True, type=click.Path(dir_okay=False), help="JSONL file (.gz compresses).")
+@click.option("--out", required=True, type=click.Path(), help="JSONL file (.gz compresses); a folder for hf.")
+@click.option("--unit", type=click.Choice(["episodes", "fragments"]), default="episodes", show_default=True,
+              help="hf: whole episodes, or the trainable fragments (context + trained span, with a trained flag per message).")
+@click.option("--split", "splits", multiple=True, type=click.Choice(["train", "valid", "test", "held_out"]),
+              help="hf: the splits to write (repeatable; default train, valid and test).")
+@click.option("--overwrite", is_flag=True, help="hf: replace what OUT holds.")
 @click.option("--eligible-only", is_flag=True,
               help="Leave out the episodes the license policy or an opt-out does not allow for release "
                    "(otherwise the export is refused and says why).")
@@ -359,16 +365,28 @@ def trace(ident: str, warehouse: str | None) -> None:
               help="trajwh.toml whose [licenses] policy is in force (else the usual places).")
 @warehouse_option
 @handle_errors
-def export(fmt: str, layer: str, where: str | None, out: str, eligible_only: bool, config_path: str | None,
-           warehouse: str | None) -> None:
-    """Write episodes as native JSONL or ATIF, one episode per line. Only episodes allowed for
-    release leave the warehouse (docs/licenses.md)."""
+def export(fmt: str, layer: str, where: str | None, out: str, unit: str, splits: tuple[str, ...], overwrite: bool,
+           eligible_only: bool, config_path: str | None, warehouse: str | None) -> None:
+    """Write episodes as native JSONL or ATIF (one episode per line), or as Hugging Face-shaped Parquet
+    (--format hf). Only episodes allowed for release leave the warehouse (docs/licenses.md)."""
     from ingest.export import export_episodes
     from pipelines.settings import license_policy
     from schemas.config import load_settings
 
     wh = Warehouse(warehouse)
     digest = license_policy(load_settings(config_path, wh.root)).digest
+    if fmt == "hf":
+        from packing.hf_export import export_hf
+
+        if layer != "redacted":
+            raise ConfigError("--format hf exports the redacted layer only", valid="--layer redacted (the default)")
+        with render.count_progress(f"exporting {unit}") as advance:
+            s = export_hf(wh, out, unit=unit, splits=splits or ("train", "valid", "test"), where=where,
+                          eligible_only=eligible_only, policy_digest=digest, overwrite=overwrite, progress=advance)
+        render.console.print(f"wrote {', '.join(f'{k} {v}' for k, v in s.rows.items()) or 'nothing'} ({unit}) to {out}/data"
+                             + (f"; {s.left_out} episodes not allowed for release left out" if s.left_out else "")
+                             + f"\nload: datasets.load_dataset(\"parquet\", data_dir=\"{out}/data\")")
+        return
     if layer == "normalized":
         render.err_console.print("[yellow]warning:[/] the normalized layer is not redacted; keep this export "
                                  "inside the restricted zone")
@@ -376,7 +394,6 @@ def export(fmt: str, layer: str, where: str | None, out: str, eligible_only: boo
         n = export_episodes(wh, fmt, out, layer=layer, where=where, progress=advance, eligible_only=eligible_only,
                             policy_digest=digest)
     render.console.print(f"wrote {n} episodes as {fmt} to {out}")
-
 
 
 # the other command groups register themselves on `main`
