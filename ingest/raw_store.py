@@ -98,6 +98,7 @@ class IngestSummary:
     bytes_read: int = 0
     quarantine_reasons: dict[str, int] = field(default_factory=dict)
     opted_out: dict[str, int] = field(default_factory=dict)  # opt-out kind -> new records it matches
+    recorded: bool = True  # False: nothing new, so no batch was recorded
 
     @property
     def n_new(self) -> int:
@@ -370,6 +371,11 @@ def ingest_paths(wh: Warehouse, paths: Iterable[str | os.PathLike[str]], opts: I
             summary.bytes_read += fs.size
         writer.finish()
         formats = sorted({f.format for f in summary.files if f.format})
+        if not writer.files and not summary.n_new and not summary.n_quarantined:
+            # nothing new (every record already present, or forgotten): no empty batch, only the run
+            summary.recorded = False
+            session.commit(rows={"runs": [_run_row(summary, opts, started)]})
+            return summary
         batch = _batch_row(summary, opts, files, formats, started)
         session.commit(
             writer.files,

@@ -108,7 +108,10 @@ def ingest(paths: tuple[str, ...], source: str, license_: str | None, format_: s
         c.print(f"  see: trajwh sql \"SELECT file_path, line_no, reason FROM quarantine WHERE batch_id = '{s.batch_id}'\"")
     for f in (f for f in s.files if f.error):
         c.print(escape(f"  {f.path}: {f.error}"), highlight=False)
-    c.print(f"batch {s.batch_id} in {wh.root}; next: [bold]trajwh build[/]")
+    if s.recorded:
+        c.print(f"batch {s.batch_id} in {wh.root}; next: [bold]trajwh build[/]")
+    else:
+        c.print(f"nothing new in {wh.root}: no batch recorded")
     if s.nothing_ingested:
         why = ("no input files were found" if not s.files else
                f"{s.n_forgotten} records were forgotten before" if s.n_forgotten and not s.n_quarantined else

@@ -76,6 +76,7 @@ def stats(by: str, interaction: tuple[str, str, str, str] | None, compare: tuple
                               o.evidence, e.policy_name, e.harness_name, e.source, e.cost_usd,
                               epoch(e.ended_at) - epoch(e.started_at) AS duration_s
                        FROM outcomes o JOIN redacted_episodes e USING (trajectory_key)""").to_pylist()
+    _known_names(rows, interaction, compare, policy)
     out = {"effective_rate": effective_rates(rows, by),
            "matrix": [{"policy": p, "harness": h, "success_rate": round(v, 4)}
                       for (p, h), v in policy_harness_matrix(rows).items()]}
@@ -90,6 +91,25 @@ def stats(by: str, interaction: tuple[str, str, str, str] | None, compare: tuple
     render.console.print(render.dict_table(out["matrix"], "policy x harness success rate (harness crashes count; "
                                                           "environment, verifier and unknown outcomes do not)"))
     if interaction:
-        render.console.print(f"interaction: {out['interaction']}")
+        render.console.print(f"interaction: {_rounded(out['interaction'])}")
     if compare:
-        render.console.print(f"{compare[1]} - {compare[0]}: {out['compare']}")
+        render.console.print(f"{compare[1]} - {compare[0]}: {_rounded(out['compare'])}")
+
+
+def _rounded(d: dict) -> dict:
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in d.items()}
+
+
+def _known_names(rows: list[dict], interaction: tuple | None, compare: tuple | None, policy: str | None) -> None:
+    """Policy and harness names given to --interaction / --compare / --policy must exist: an
+    unknown name is exit 2 with the valid ones, never an empty result that looks like an answer."""
+    from schemas.errors import ConfigError
+
+    policies = sorted({r["policy_name"] for r in rows if r["policy_name"]})
+    harnesses = sorted({r["harness_name"] for r in rows if r["harness_name"]})
+    wanted = [("policy", p, policies) for p in (interaction or ())[:2]] + \
+             [("harness", h, harnesses) for h in (interaction or ())[2:] + tuple(compare or ())] + \
+             ([("policy", policy, policies)] if policy else [])
+    for what, name, valid in wanted:
+        if name not in valid:
+            raise ConfigError(f"no {what} named {name!r} among the outcomes", valid=", ".join(valid) or "none (build first)")

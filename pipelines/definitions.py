@@ -5,6 +5,7 @@
 
 # no `from __future__ import annotations`: Dagster reads these annotations at runtime
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -41,7 +42,9 @@ def _landing_fingerprint(landing: Path) -> str:
             if p.is_file() and not any(part.startswith(".") for part in p.relative_to(landing).parts):
                 st = p.stat()
                 entries.append(f"{p}:{st.st_size}:{st.st_mtime_ns}")
-    return str(hash("\n".join(entries))) if entries else ""
+    # a digest, not hash(): Python salts str hashes per process, so a restarted daemon would see
+    # every landing folder as new and ingest it again
+    return hashlib.sha256("\n".join(entries).encode()).hexdigest() if entries else ""
 
 
 @dg.sensor(job=ingest_landing_job, minimum_interval_seconds=30,

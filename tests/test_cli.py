@@ -11,6 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT, trajwh_cmd
 
+from lineage.catalog import Warehouse
+
 
 def run(env, *args, ok=True):
     r = subprocess.run([*trajwh_cmd(), *args], env=env, capture_output=True, text=True, timeout=300)
@@ -31,7 +33,10 @@ def test_ingest_reports_new_then_already_present(cli_env, cases):
     first = run(cli_env, "ingest", str(cases / "two_episodes.jsonl"))
     assert "2 new, 0 already present" in first.stdout
     again = run(cli_env, "ingest", str(cases / "two_episodes.jsonl"))
-    assert "0 new, 2 already present" in again.stdout
+    assert "0 new, 2 already present" in again.stdout and "no batch recorded" in again.stdout
+    wh = Warehouse(cli_env["TRAJWH_WAREHOUSE"])  # a no-op ingest records its run, not an empty batch
+    assert wh.query("SELECT count(*) FROM batches").column(0)[0].as_py() == 1
+    assert wh.query("SELECT count(*) FROM runs WHERE job = 'ingest'").column(0)[0].as_py() == 2
 
 
 def test_ingest_exits_nonzero_only_when_nothing_could_be_ingested(cli_env, cases):
@@ -123,6 +128,12 @@ def test_stats_and_audit_commands(built):
     assert "teacher-omega" in rates and all(0 <= r["eta"] <= 1 for r in rates.values() if r["known"])
     assert all(r["eta"] is None for r in rates.values() if not r["known"])  # only unknown outcomes: no rate
     assert st["matrix"] and "delta" in st["interaction"]
+    for bad in (["--interaction", "policy-alpha", "no-such-policy", "swe-loop", "shell-agent"],
+                ["--compare", "swe-loop", "no-such-harness"]):
+        r = run(built, "stats", *bad, ok=False)
+        assert r.returncode == 2 and "no-such-" in r.stderr and "Valid:" in r.stderr and "Traceback" not in r.stderr
+    r = run(built, "export", "--out", "/dev/null", "--where", "no_such_column = 1", ok=False)
+    assert r.returncode == 2 and "no_such_column" in r.stderr and "Traceback" not in r.stderr
     audit = json.loads(run(built, "audit", "--json").stdout)
     assert audit["groups_across_splits"] == 0 and audit["clusters_across_splits"] == 0 and audit["violations"] == 0
 

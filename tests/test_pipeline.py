@@ -76,6 +76,25 @@ def test_lineage_check_fails_when_a_raw_parent_is_missing(wh, cases):
     assert gaps["missing_raw_parent_violations"] == 12 and not passed(gaps)
 
 
+def test_landing_fingerprint_is_the_same_in_another_process(tmp_path, cases):
+    """A digest, never Python's per-process salted hash(): a restarted daemon must not ingest again."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from pipelines.definitions import _landing_fingerprint
+
+    shutil.copy(cases / "two_episodes.jsonl", tmp_path / "a.jsonl")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; "
+            "from pipelines.definitions import _landing_fingerprint; print(_landing_fingerprint(Path(sys.argv[2])))")
+    others = {subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve().parents[1]), str(tmp_path)],
+                             capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": seed},
+                             check=True).stdout.strip() for seed in ("1", "2")}
+    assert others == {_landing_fingerprint(tmp_path)} and len(others.pop()) == 64
+
+
 def test_landing_sensor_requests_a_run_only_for_new_files(wh, cases):
     resource = WarehouseResource(path=str(wh.root))
     landing = wh.root / "landing"
