@@ -47,6 +47,9 @@ from schemas.errors import ConfigError
 from schemas.tables import QuarantineRow, RawRecord
 
 INGEST_VERSION = "1.0.0"
+#: files a dataset folder carries beside its trajectories: skipped with a note when no adapter reads them
+_DOC_NAME = re.compile(r"^(README|READ_ME|LICEN[CS]E|COPYING|NOTICE|CHANGELOG|CHANGES|AUTHORS|CONTRIBUTING|"
+                       r"CITATION|SOURCES|MANIFEST)([._-].*)?$", re.I)
 INGEST_TRANSFORM = f"ingest@{INGEST_VERSION}"
 _SOURCE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/\-]{0,127}$")
 
@@ -99,6 +102,7 @@ class IngestSummary:
     quarantine_reasons: dict[str, int] = field(default_factory=dict)
     opted_out: dict[str, int] = field(default_factory=dict)  # opt-out kind -> new records it matches
     recorded: bool = True  # False: nothing new, so no batch was recorded
+    skipped: list[str] = field(default_factory=list)  # documentation files (README, LICENSE, ...) passed over
 
     @property
     def n_new(self) -> int:
@@ -304,6 +308,10 @@ def _ingest_file(path: Path, writer: _BatchWriter, opts: IngestOptions, summary:
         writer.add_quarantine(row)
 
     try:
+        if adapter is None and _DOC_NAME.match(path.name):  # a folder's README or LICENSE: not a bad record
+            fs.error = "skipped: a documentation file, not a trajectory"
+            summary.skipped.append(fs.path)
+            return fs
         if adapter is None:
             seen = head[:80].decode("utf-8", "replace").replace("\n", "\\n")
             quarantine(None, 0, "unknown_format",

@@ -92,9 +92,11 @@ def redacted(context: dg.AssetExecutionContext, config: RedactConfig, warehouse:
         s = redact_warehouse(warehouse.get(), run_id=context.run_id, full=config.full, scope_kind=config.scope,
                              private_addresses=warehouse.settings().redaction.private_addresses,
                              lock_timeout=warehouse.lock_timeout, progress=advance, on_plan=advance.set_total)
-    if not s.vault_written:
-        context.log.warning("vault not written: no key (set TRAJWH_VAULT_KEY or TRAJWH_VAULT_KEY_FILE)")
-    common = {"batches_built": s.batches_done, "batches_unchanged": s.batches_skipped, "vault_written": s.vault_written}
+    if not s.vault_written:  # info, not a warning: `trajwh build` says it once, before the build
+        context.log.info("vault not written: no key (set TRAJWH_VAULT_KEY or TRAJWH_VAULT_KEY_FILE); the next build "
+                         "with a key writes it for the batches redacted without one")
+    common = {"batches_built": s.batches_done, "batches_unchanged": s.batches_skipped, "vault_written": s.vault_written,
+              "vault_backfilled_batches": s.vault_backfilled}
     yield dg.MaterializeResult(asset_key="redacted_episodes", metadata={**common, "episodes": s.episodes})
     yield dg.MaterializeResult(asset_key="redacted_steps", metadata={**common, "steps": s.steps})
     yield dg.MaterializeResult(asset_key="redaction_events", metadata={

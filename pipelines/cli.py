@@ -97,6 +97,9 @@ def ingest(paths: tuple[str, ...], source: str, license_: str | None, format_: s
     c.print(f"[bold]{s.n_new} new, {s.n_duplicate} already present[/], {s.n_quarantined} quarantined "
             f"— {len(s.files)} files, {render.human_bytes(s.bytes_read)} in {dt:.1f} s "
             f"({render.human_bytes(s.bytes_read / max(dt, 1e-9))}/s)")
+    if s.skipped:
+        c.print(escape(f"skipped {len(s.skipped)} documentation file(s), not trajectories: "
+                       + ", ".join(Path(p).name for p in s.skipped[:5]) + (" ..." if len(s.skipped) > 5 else "")))
     if s.opted_out:
         c.print("[yellow]opt-outs match new records[/] (kept out of training and release from the next build): "
                 + ", ".join(f"{k} {v}" for k, v in sorted(s.opted_out.items())))
@@ -149,7 +152,8 @@ def build(full: bool, scope: str, config_path: str | None, cutoff: str | None, f
     wh.require()
     if load_key() is None:
         render.err_console.print("[yellow]note:[/] no vault key ($TRAJWH_VAULT_KEY / $TRAJWH_VAULT_KEY_FILE): "
-                                 "the redacted layer is built, but the vault (placeholder -> value) is not written")
+                                 "the redacted layer is built, but the vault (placeholder -> value) is not written; "
+                                 "a later build with a key writes it for these batches")
     # validate the file and the overrides before anything runs: a bad key fails here, clearly
     settings = with_overrides(load_settings(config_path, wh.root), cutoff=cutoff, fractions=fractions,
                               whole_repository=whole_repository)

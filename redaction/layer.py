@@ -53,6 +53,7 @@ class RedactSummary:
     replacements: int = 0
     by_type: dict[str, int] = field(default_factory=dict)
     vault_written: bool = False
+    vault_backfilled: int = 0  # batches redacted again to write the vault entries a missing key left out
 
 
 def layer_version(scope_kind: str, normalized_version: str, private_addresses: bool = True) -> str:
@@ -345,6 +346,15 @@ def _complete_batches(wh: Warehouse) -> dict[str, str]:
     return {r["batch_id"]: r["v"] for r in rows if r["episodes"] == 0 or r["edge_files"] > 0}
 
 
+def _without_vault(wh: Warehouse, vault: Vault) -> set[str]:
+    """Batches redacted while no vault key was set (replacements, no vault folder): with a key now,
+    they are redacted again to write their vault entries (the same placeholders: they come from
+    the warehouse's salt, so the redacted rows do not change)."""
+    with_events = wh.query("SELECT DISTINCT batch_id FROM table_files WHERE table_name = 'redaction_events' "
+                           "AND rows > 0").column(0).to_pylist()
+    return {b for b in with_events if not any((vault.root / b).glob("part-*.parquet"))}
+
+
 def redact_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, scope_kind: str = "episode",
                      private_addresses: bool = True, lock_timeout: float = 60.0,
                      progress: Callable[[int], None] | None = None,
@@ -364,8 +374,10 @@ def redact_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, scope_ki
             "SELECT batch_id, any_value(transform_version) AS v FROM table_files WHERE table_name = 'episodes' "
             "GROUP BY 1").to_pylist()}
         built = _complete_batches(wh)
+        unvaulted = _without_vault(wh, vault) if vault.enabled else set()
         todo = [(b, layer_version(scope_kind, v, private_addresses)) for b, v in sorted(sources.items())
-                if full or built.get(b) != layer_version(scope_kind, v, private_addresses)]
+                if full or b in unvaulted or built.get(b) != layer_version(scope_kind, v, private_addresses)]
+        summary.vault_backfilled = len(unvaulted & set(sources))
         summary.batches_skipped = len(sources) - len(todo)
         if on_plan:
             on_plan(wh.query("SELECT count(*) FROM episodes WHERE list_contains(?, _batch_id)",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -167,3 +168,15 @@ def test_normalize_in_worker_processes_equals_one_process(tmp_path, small_corpus
     b = normalize.normalize_warehouse(many, run_id="n")
     assert a.episodes == b.episodes > 100 and a.quarantine_reasons == b.quarantine_reasons and a.quarantined > 0
     assert _fingerprint(one) == _fingerprint(many)
+
+
+def test_documentation_files_are_skipped_not_quarantined(wh, cases, tmp_path):
+    folder = tmp_path / "release"
+    folder.mkdir()
+    (folder / "README.md").write_text("# My dataset\n\nTrajectories of an agent.\n")
+    (folder / "LICENSE").write_text("MIT License\n")
+    (folder / "notes.txt").write_text("meeting notes, not a trajectory\n")
+    (folder / "eps.jsonl").write_bytes((cases / "two_episodes.jsonl").read_bytes())
+    s = ingest_paths(wh, [folder], IngestOptions(source="release"))
+    assert s.n_new == 2 and sorted(Path(p).name for p in s.skipped) == ["LICENSE", "README.md"]
+    assert s.quarantine_reasons == {"unknown_format": 1}  # an unknown file that is not documentation still is

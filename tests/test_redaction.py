@@ -151,6 +151,21 @@ def test_without_a_key_the_vault_is_not_written(redacted_wh):
         Vault(redacted_wh, None).reveal("<GITHUB_TOKEN:abcdef:ep>")
 
 
+def test_a_key_that_appears_later_writes_the_missing_vault(redacted_wh, tmp_path, monkeypatch):
+    first = redact_warehouse(redacted_wh, run_id="r1")
+    assert not first.vault_written and first.replacements > 0
+    before = redacted_wh.query("SELECT step_id, text, observation FROM redacted_steps ORDER BY step_id").to_pylist()
+    monkeypatch.setenv("TRAJWH_VAULT_KEY_FILE", str(new_key_file(tmp_path / "vault.key")))
+    second = redact_warehouse(redacted_wh, run_id="r2")
+    assert second.vault_written and second.vault_backfilled == 1 and second.batches_done == 1
+    # the same placeholders (the warehouse's salt), now with their values in the vault
+    assert redacted_wh.query("SELECT step_id, text, observation FROM redacted_steps ORDER BY step_id").to_pylist() == before
+    placeholder = redacted_wh.query("SELECT placeholder FROM redaction_events LIMIT 1").column(0)[0].as_py()
+    assert Vault(redacted_wh, load_key()).reveal(placeholder)
+    third = redact_warehouse(redacted_wh, run_id="r3")  # and then nothing is left to do
+    assert third.vault_backfilled == 0 and third.batches_done == 0
+
+
 def test_planted_secrets_of_the_synthetic_corpus_do_not_survive(wh, small_corpus, monkeypatch):
     monkeypatch.delenv("TRAJWH_VAULT_KEY", raising=False)
     monkeypatch.delenv("TRAJWH_VAULT_KEY_FILE", raising=False)
