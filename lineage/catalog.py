@@ -23,6 +23,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import socket
 import time
 from collections.abc import Iterator, Sequence
@@ -169,7 +170,7 @@ class Warehouse:
         finally:
             con.close()
 
-    def user_query(self, sql: str) -> pa.Table:
+    def user_query(self, sql: str, *, restricted: bool = False) -> pa.Table:
         """Run one user statement, read-only for real (``trajwh sql``; docs/sql.md):
 
         - exactly one statement, and it must be a query (SELECT / WITH / FROM / DESCRIBE / SHOW /
@@ -180,9 +181,9 @@ class Warehouse:
           the catalog file, not the host's files; no extension is installed or loaded.
         """
         statements = self._parse_user_sql(sql)
-        con = self._snapshot()
+        con = self._snapshot(user_names=True, restricted=restricted, text=statements[0])
         try:
-            layers = sorted(set(TABLE_LAYERS.values()) | {"_schemas"})
+            layers = sorted((set(TABLE_LAYERS.values()) | {"_schemas"}) - (set() if restricted else RESTRICTED_LAYERS))
             allowed = [f"{d}/" for d in layers] + [f"{self.root / d}/" for d in layers]
             con.execute("SET autoinstall_known_extensions = false")
             con.execute("SET autoload_known_extensions = false")
@@ -193,10 +194,17 @@ class Warehouse:
         finally:
             con.close()
 
-    def _snapshot(self) -> duckdb.DuckDBPyConnection:
+    def _snapshot(self, *, user_names: bool = False, restricted: bool = False,
+                  text: str = "") -> duckdb.DuckDBPyConnection:
         """An in-memory database holding a copy of the catalog's tables and views over the same
         (immutable, content-named) Parquet files: a long user query never holds the catalog file,
-        so writers are not kept waiting by readers."""
+        so writers are not kept waiting by readers.
+
+        ``user_names`` (``trajwh sql``): safe by default, as ARCHITECTURE.md asks. The plain names
+        ``episodes``, ``steps`` and ``tool_schemas`` mean the redacted tables; ``raw_records`` and
+        ``quarantine`` show where records came from but not their bytes (no ``payload``, and no
+        quarantine ``reason``, which can quote them); the secret-bearing tables themselves are in
+        a ``restricted`` schema only with ``restricted``."""
         con = self.connect(read_only=True)
         try:
             tables = {t: con.sql(f"SELECT * FROM {t}").to_arrow_table() for t in ("table_files", "meta", *CATALOG_TABLES)}
@@ -209,6 +217,8 @@ class Warehouse:
             mem.execute(f"CREATE TABLE {name} AS SELECT * FROM _t")
             mem.unregister("_t")
         _refresh_views(mem, PARQUET_TABLES)
+        if user_names:
+            _user_views(mem, restricted, text)
         return mem
 
     @staticmethod
@@ -490,6 +500,38 @@ def _refresh_views(con: duckdb.DuckDBPyConnection, tables: Any) -> None:
             paths = [f"_schemas/{table}.parquet"]
         listing = ", ".join(f"'{_sql_str(p)}'" for p in paths)
         con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet([{listing}], union_by_name = true)")
+
+
+#: what the plain names mean in `trajwh sql`: the redacted tables (views), and the raw zone's
+#: places without its bytes (copied into the snapshot: the raw files stay out of reach)
+_USER_VIEWS = {
+    "episodes": "SELECT * FROM redacted_episodes",
+    "steps": "SELECT * FROM redacted_steps",
+    "tool_schemas": "SELECT * FROM redacted_tool_schemas",
+}
+_USER_COPIES = {
+    "raw_records": "SELECT * EXCLUDE (payload) FROM restricted_raw_records",
+    "quarantine": "SELECT * EXCLUDE (payload, reason) FROM restricted_quarantine",
+}
+
+
+def _user_views(con: duckdb.DuckDBPyConnection, restricted: bool, text: str) -> None:
+    secret = [t for t in PARQUET_TABLES if TABLE_LAYERS[t] in RESTRICTED_LAYERS]
+    for table in secret:
+        con.execute(f"ALTER VIEW main.{table} RENAME TO restricted_{table}")
+    for name, sql in _USER_VIEWS.items():
+        con.execute(f"CREATE VIEW main.{name} AS {sql}")
+    listing = re.search(r"\bSHOW\b|\bduckdb_(tables|views|columns)\b|information_schema", text, re.I)
+    for name, sql in _USER_COPIES.items():  # copied only for a query that names them (1 s at 107,000 records)
+        if listing or re.search(rf"\b{name}\b", text, re.I):
+            con.execute(f"CREATE TABLE main.{name} AS {sql}")
+    if restricted:
+        con.execute("CREATE SCHEMA restricted")
+        for table in secret:
+            con.execute(f"CREATE VIEW restricted.{table} AS SELECT * FROM main.restricted_{table}")
+    else:  # nothing left names the secret-bearing files (and their folders are not readable either)
+        for table in secret:
+            con.execute(f"DROP VIEW main.restricted_{table}")
 
 
 def json_text(value: Any) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import stat
 import sys
 import time
@@ -228,19 +229,28 @@ def print_fragment_context(f: dict[str, Any]) -> None:
               show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the result to FILE.")
 @click.option("--max-rows", default=50, show_default=True, help="Rows shown in table format.")
+@click.option("--restricted", is_flag=True,
+              help="Also open the restricted zone: restricted.episodes, restricted.steps, restricted.raw_records "
+                   "(with payloads), ... They hold unredacted data: keep results inside the restricted zone.")
 @warehouse_option
 @handle_errors
-def sql(query: str, fmt: str, out: str | None, max_rows: int, warehouse: str | None) -> None:
-    """Run read-only SQL against the catalog (a view per table: see docs/sql.md)."""
+def sql(query: str, fmt: str, out: str | None, max_rows: int, restricted: bool, warehouse: str | None) -> None:
+    """Run read-only SQL against the catalog (a view per table: see docs/sql.md). Safe by default:
+    episodes and steps are the redacted tables; raw_records and quarantine show no bytes."""
     import duckdb
 
     from lineage.export import write_result
 
     wh = Warehouse(warehouse)
+    if restricted:
+        render.err_console.print("[yellow]restricted zone:[/] restricted.* holds unredacted data")
     try:
-        data = wh.user_query(query)
+        data = wh.user_query(query, restricted=restricted)
     except duckdb.Error as exc:
-        render.err_console.print(f"[bold red]query failed:[/] {exc}")
+        render.err_console.print(f"[bold red]query failed:[/] {escape(str(exc))}")
+        if not restricted and re.search(r"restricted|payload|normalized/|raw/", str(exc)):
+            render.err_console.print("the unredacted tables (restricted.episodes, restricted.steps, restricted.raw_records "
+                                     "with payloads, ...) open with --restricted (docs/sql.md)")
         sys.exit(2)
     if fmt == "table" and out is None:
         render.console.print(render.arrow_table(data, max_rows=max_rows))

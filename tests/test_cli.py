@@ -91,9 +91,26 @@ def test_sql_output_formats(built, tmp_path):
     out = tmp_path / "r.parquet"
     run(built, "sql", q, "--format", "parquet", "--out", str(out))
     assert pq.read_table(out).num_rows == 5
-    nested = run(built, "sql", "SELECT tool_calls, payload FROM steps JOIN raw_records ON record_id = _record_id "
-                 "WHERE tool_calls IS NOT NULL LIMIT 2", "--format", "csv")
+    nested = run(built, "sql", "SELECT tool_calls, payload FROM restricted.steps JOIN restricted.raw_records "
+                 "ON record_id = _record_id WHERE tool_calls IS NOT NULL LIMIT 2", "--format", "csv", "--restricted")
     assert len(nested.stdout.splitlines()) == 3
+
+
+def test_sql_is_safe_by_default(built):
+    """Plain names mean the redacted data; the restricted zone opens only with --restricted."""
+    same = "SELECT count(*) FROM steps s JOIN redacted_steps r USING (step_id) WHERE s.text IS DISTINCT FROM r.text"
+    assert run(built, "sql", same, "--format", "csv").stdout.split()[1] == "0"
+    differs = ("SELECT count(*) FROM restricted.steps s JOIN steps r USING (step_id) "
+               "WHERE s.text IS DISTINCT FROM r.text OR s.observation IS DISTINCT FROM r.observation")
+    assert int(run(built, "sql", differs, "--format", "csv", "--restricted").stdout.split()[1]) > 0  # secrets there
+    for q in ("SELECT payload FROM raw_records", "SELECT * FROM restricted.steps",
+              "SELECT * FROM read_parquet('normalized/steps/*.parquet')",
+              "SELECT * FROM read_parquet('raw/raw_records/*.parquet')", "SELECT reason FROM quarantine"):
+        r = run(built, "sql", q, ok=False)
+        assert r.returncode == 2, q
+    assert "--restricted" in run(built, "sql", "SELECT * FROM restricted.steps", ok=False).stderr
+    places = run(built, "sql", "SELECT count(*) FROM raw_records WHERE file_path IS NOT NULL", "--format", "csv")
+    assert int(places.stdout.split()[1]) > 150  # where records came from, without their bytes
 
 
 def test_sql_is_read_only_and_errors_are_clear(built):
