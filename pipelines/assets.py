@@ -29,6 +29,18 @@ class BuildConfig(dg.Config):
     full: bool = False  # rebuild every batch, not only those whose adapter or schema changed
 
 
+def table_metadata(warehouse: WarehouseResource, table: str) -> dict:
+    """What the table is now (not only what the run did): its rows, columns and catalog name,
+    under Dagster's standard keys, so the UI shows them on the asset."""
+    from schemas.arrow import PARQUET_TABLES, arrow_schema
+
+    rows = warehouse.get().query("SELECT coalesce(sum(rows), 0) FROM table_files WHERE table_name = ?",
+                                 [table]).column(0)[0].as_py()
+    columns = [dg.TableColumn(f.name, str(f.type)) for f in arrow_schema(PARQUET_TABLES[table])]
+    return {"dagster/row_count": int(rows), "dagster/column_schema": dg.TableSchema(columns=columns),
+            "dagster/table_name": f"catalog.{table}"}
+
+
 def landing_dir(warehouse: WarehouseResource) -> str:
     return str(warehouse.get().root / "landing")
 
@@ -47,7 +59,7 @@ def raw_records(context: dg.AssetExecutionContext, config: IngestConfig,
         s = ingest_paths(wh, paths, opts, run_id=context.run_id,
                          on_files=lambda files: advance.set_total(len(files)))
     return dg.MaterializeResult(metadata={
-        "batch_id": s.batch_id, "files": len(s.files), "new": s.n_new, "already_present": s.n_duplicate,
+        **table_metadata(warehouse, "raw_records"), "batch_id": s.batch_id, "files": len(s.files), "new": s.n_new, "already_present": s.n_duplicate,
         "quarantined": s.n_quarantined, "bytes": dg.MetadataValue.int(s.bytes_read)})
 
 
@@ -67,8 +79,8 @@ def normalized(context: dg.AssetExecutionContext, config: BuildConfig, warehouse
                                 on_plan=advance.set_total)
     common = {"batches_built": s.batches_done, "batches_unchanged": s.batches_skipped,
               "quarantined": s.quarantined}
-    yield dg.MaterializeResult(asset_key="episodes", metadata={**common, "episodes_built": s.episodes})
-    yield dg.MaterializeResult(asset_key="steps", metadata={**common, "steps_built": s.steps})
+    yield dg.MaterializeResult(asset_key="episodes", metadata={**table_metadata(warehouse, "episodes"), **common, "episodes_built": s.episodes})
+    yield dg.MaterializeResult(asset_key="steps", metadata={**table_metadata(warehouse, "steps"), **common, "steps_built": s.steps})
 
 
 class RedactConfig(dg.Config):
@@ -97,9 +109,9 @@ def redacted(context: dg.AssetExecutionContext, config: RedactConfig, warehouse:
                          "with a key writes it for the batches redacted without one")
     common = {"batches_built": s.batches_done, "batches_unchanged": s.batches_skipped, "vault_written": s.vault_written,
               "vault_backfilled_batches": s.vault_backfilled}
-    yield dg.MaterializeResult(asset_key="redacted_episodes", metadata={**common, "episodes": s.episodes})
-    yield dg.MaterializeResult(asset_key="redacted_steps", metadata={**common, "steps": s.steps})
-    yield dg.MaterializeResult(asset_key="redaction_events", metadata={
+    yield dg.MaterializeResult(asset_key="redacted_episodes", metadata={**table_metadata(warehouse, "redacted_episodes"), **common, "episodes": s.episodes})
+    yield dg.MaterializeResult(asset_key="redacted_steps", metadata={**table_metadata(warehouse, "redacted_steps"), **common, "steps": s.steps})
+    yield dg.MaterializeResult(asset_key="redaction_events", metadata={**table_metadata(warehouse, "redaction_events"),
         **common, "replacements": s.replacements, **{f"type:{k}": v for k, v in sorted(s.by_type.items())}})
 
 
@@ -136,16 +148,16 @@ def curated(context: dg.AssetExecutionContext, config: CurateAssetConfig, wareho
     s = curate_warehouse(warehouse.get(), run_id=context.run_id, cfg=curate_config(config, warehouse), full=config.full,
                          lock_timeout=warehouse.lock_timeout, progress=context.log.info)
     common = {"skipped_unchanged": s.skipped, "episodes": s.episodes}
-    yield dg.MaterializeResult(asset_key="near_dup_clusters", metadata={**common, "clusters": s.clusters,
+    yield dg.MaterializeResult(asset_key="near_dup_clusters", metadata={**table_metadata(warehouse, "near_dup_clusters"), **common, "clusters": s.clusters,
                                                                         "episodes_in_dup_clusters": s.duplicates})
-    yield dg.MaterializeResult(asset_key="task_groups", metadata={
+    yield dg.MaterializeResult(asset_key="task_groups", metadata={**table_metadata(warehouse, "task_groups"),
         **common, "groups": s.groups, "largest_group": s.largest_group, "episodes_with_weak_key_dropped": s.weak_key_episodes})
     if s.moved:  # a merge moved episodes that an earlier build had placed: said, never silent
         context.log.warning(f"episodes changed side since the last curation: {s.moved} (docs/dedup.md)")
-    yield dg.MaterializeResult(asset_key="splits", metadata={
+    yield dg.MaterializeResult(asset_key="splits", metadata={**table_metadata(warehouse, "splits"),
         **common, **{f"split:{k}": v for k, v in sorted(s.splits.items())},
         **{f"moved:{k}": v for k, v in s.moved.items()}, "batches_featurized": s.batches_featurized})
-    yield dg.MaterializeResult(asset_key="leak_flags", metadata={**common, "flags": s.leaks})
+    yield dg.MaterializeResult(asset_key="leak_flags", metadata={**table_metadata(warehouse, "leak_flags"), **common, "flags": s.leaks})
 
 
 class EligibilityConfig(dg.Config):
@@ -165,9 +177,9 @@ class EligibilityConfig(dg.Config):
 def licensed(context: dg.AssetExecutionContext, config: EligibilityConfig, warehouse: WarehouseResource):
     s = build_eligibility(warehouse.get(), run_id=context.run_id, full=config.full,
                           policy=settings_mod.license_policy(warehouse.settings()), lock_timeout=warehouse.lock_timeout)
-    yield dg.MaterializeResult(asset_key="license_facts", metadata={
+    yield dg.MaterializeResult(asset_key="license_facts", metadata={**table_metadata(warehouse, "license_facts"),
         "skipped_unchanged": s.skipped, **{f"source_license:{k}": v for k, v in s.licenses.items()}})
-    yield dg.MaterializeResult(asset_key="eligibility", metadata={
+    yield dg.MaterializeResult(asset_key="eligibility", metadata={**table_metadata(warehouse, "eligibility"),
         "skipped_unchanged": s.skipped, "episodes": s.episodes, "opted_out": s.opted_out,
         **{f"eligibility:{k}": v for k, v in s.eligibility.items()},
         **{f"reason:{k}": v for k, v in s.reasons.items()}})
@@ -195,9 +207,9 @@ def fragment_layer(context: dg.AssetExecutionContext, config: FragmentsConfig, w
                         lock_timeout=warehouse.lock_timeout)
     common = {"skipped_unchanged": s.skipped, "episodes": s.episodes,
               "episodes_rebuilt": s.episodes if s.rebuilt is None else s.rebuilt}
-    yield dg.MaterializeResult(asset_key="outcomes", metadata={**common, **{f"cause:{k}": v for k, v in sorted(s.causes.items())}})
-    yield dg.MaterializeResult(asset_key="task_stats", metadata={**common, "tasks": s.tasks})
-    yield dg.MaterializeResult(asset_key="fragments", metadata={
+    yield dg.MaterializeResult(asset_key="outcomes", metadata={**table_metadata(warehouse, "outcomes"), **common, **{f"cause:{k}": v for k, v in sorted(s.causes.items())}})
+    yield dg.MaterializeResult(asset_key="task_stats", metadata={**table_metadata(warehouse, "task_stats"), **common, "tasks": s.tasks})
+    yield dg.MaterializeResult(asset_key="fragments", metadata={**table_metadata(warehouse, "fragments"),
         **common, **{f"kind:{k}": v for k, v in sorted(s.fragments.items())},
         **{f"withheld:{k}": v for k, v in sorted(s.withheld.items())}})
 
@@ -228,7 +240,7 @@ def packs(context: dg.AssetExecutionContext, config: PacksConfig, warehouse: War
     s = build_packs(warehouse.get(), run_id=context.run_id, cfg=cfg, full=config.full,
                     lock_timeout=warehouse.lock_timeout)
     return dg.MaterializeResult(metadata={
-        "pack_set": s.pack_set, "tokenizer": cfg.tokenizer, "seq_len": s.seq_len, "policy": cfg.policy,
+        **table_metadata(warehouse, "packs"), "pack_set": s.pack_set, "tokenizer": cfg.tokenizer, "seq_len": s.seq_len, "policy": cfg.policy,
         "packer": cfg.packer, "dedup": cfg.dedup, "skipped_unchanged": s.skipped, "units": s.fragments,
         "efficiency": round(s.efficiency, 4),
         **{f"sequences:{k}": v for k, v in sorted(s.sequences.items())},

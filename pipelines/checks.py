@@ -1,4 +1,8 @@
-"""Asset checks: every normalized row has lineage; normalized counts reconcile with raw."""
+"""Asset checks. Those that must stop a bad build are blocking (a failure stops every asset
+downstream of the checked one): lineage complete, no secret left in the redacted layer, one
+outcome per episode, nothing across splits, fragments only from train, eligibility decided,
+packs round-trip. The reconciliation of normalized with raw reports but does not block (a
+quarantined record is not a bad build)."""
 
 # no `from __future__ import annotations`: Dagster reads these annotations at runtime
 
@@ -22,14 +26,14 @@ def _result(counts: dict) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(passed=passed(counts), metadata={k: int(v) for k, v in counts.items()})
 
 
-@dg.asset_check(asset="episodes", description="Every episode has lineage columns, a raw parent and an edge.")
+@dg.asset_check(asset="episodes", blocking=True, description="Every episode has lineage columns, a raw parent and an edge.")
 def episodes_have_lineage(warehouse: WarehouseResource) -> dg.AssetCheckResult:
     wh = warehouse.get()
     return _result(cached(wh, "lineage:episodes", ["episodes", *_LINEAGE_INPUTS], lambda: lineage_gaps(wh, "episodes"),
                           _NORMALIZED_EDGES))
 
 
-@dg.asset_check(asset="steps", description="Every step has lineage columns, a raw parent and an edge.")
+@dg.asset_check(asset="steps", blocking=True, description="Every step has lineage columns, a raw parent and an edge.")
 def steps_have_lineage(warehouse: WarehouseResource) -> dg.AssetCheckResult:
     wh = warehouse.get()
     return _result(cached(wh, "lineage:steps", ["steps", *_LINEAGE_INPUTS], lambda: lineage_gaps(wh, "steps"),
@@ -45,7 +49,7 @@ def normalized_reconciles_with_raw(warehouse: WarehouseResource) -> dg.AssetChec
                           lambda: reconcile_normalized(wh, companions)))
 
 
-@dg.asset_check(asset="redacted_steps", description="A re-scan of the redacted layer (every touched step plus a "
+@dg.asset_check(asset="redacted_steps", blocking=True, description="A re-scan of the redacted layer (every touched step plus a "
                 "random sample) finds no secret or personal data.")
 def redacted_layer_has_no_secrets(warehouse: WarehouseResource) -> dg.AssetCheckResult:
     wh = warehouse.get()
@@ -56,7 +60,7 @@ def redacted_layer_has_no_secrets(warehouse: WarehouseResource) -> dg.AssetCheck
         "examples": dg.MetadataValue.json(result["examples"])})
 
 
-@dg.asset_check(asset="redacted_steps", description="Every redacted step has lineage to its normalized step.")
+@dg.asset_check(asset="redacted_steps", blocking=True, description="Every redacted step has lineage to its normalized step.")
 def redacted_steps_have_lineage(warehouse: WarehouseResource) -> dg.AssetCheckResult:
     wh = warehouse.get()
     return _result(cached(wh, "lineage:redacted_steps", ["redacted_steps", *_LINEAGE_INPUTS],
@@ -78,7 +82,7 @@ def no_group_crosses_splits(warehouse: WarehouseResource) -> dg.AssetCheckResult
         "cached": int(a.get("cached", False))})
 
 
-@dg.asset_check(asset="outcomes", description="Exactly one outcome per redacted episode; infrastructure "
+@dg.asset_check(asset="outcomes", blocking=True, description="Exactly one outcome per redacted episode; infrastructure "
                 "failures never feed a fragment.")
 def one_outcome_per_episode(warehouse: WarehouseResource) -> dg.AssetCheckResult:
     wh = warehouse.get()

@@ -167,7 +167,10 @@ def build(full: bool, scope: str, config_path: str | None, cutoff: str | None, f
 
 
 def _shown(v: Any) -> str:
-    """A metadata value in one line (a Markdown document, the data card, by its size only)."""
+    """A metadata value in one line (a Markdown document, the data card, by its size only; a
+    table schema by its number of columns)."""
+    if hasattr(v.value, "columns"):
+        return f"({len(v.value.columns)} columns)"
     text = str(v.value)
     return f"({text.count(chr(10)) + 1} lines of Markdown)" if "\n" in text else text
 
@@ -177,7 +180,8 @@ def print_build(result: Any, seconds: float) -> None:
     for mat in result.get_asset_materialization_events():
         md = mat.materialization.metadata
         c.print(f"  [green]✓[/] {mat.asset_key.to_user_string()}: " + escape(
-                ", ".join(f"{k}={_shown(v)}" for k, v in md.items())), emoji=False)
+                ", ".join(f"{k.replace('dagster/row_count', 'rows')}={_shown(v)}" for k, v in md.items()
+                          if k == "dagster/row_count" or not k.startswith("dagster/"))), emoji=False)
     failed = []
     for ev in result.get_asset_check_evaluations():
         mark = "[green]✓[/]" if ev.passed else "[red]✗[/]"

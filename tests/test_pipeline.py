@@ -7,6 +7,7 @@ import dagster as dg
 from ingest.adapters.native import NativeAdapter
 from ingest.raw_store import IngestOptions, ingest_paths
 from lineage.checks import lineage_gaps, passed
+from pipelines.checks import ALL_CHECKS
 from pipelines.definitions import build, defs, landing_sensor
 from pipelines.resources import WarehouseResource
 
@@ -37,6 +38,11 @@ def test_graph_ingests_builds_and_passes_checks(wh, small_corpus):
                                  "redacted_steps_have_lineage": True, "no_group_crosses_splits": True,
                                  "one_outcome_per_episode": True, "fragments_only_from_train": True,
                                  "packs_round_trip": True, "every_episode_decided": True}
+    mats = {m.asset_key.to_user_string(): m.materialization.metadata for m in result.get_asset_materialization_events()}
+    for table in ("episodes", "redacted_steps", "splits", "fragments", "eligibility", "packs"):  # the table as it is
+        md = mats[table]
+        assert md["dagster/row_count"].value == wh.query(f"SELECT count(*) FROM {table}").column(0)[0].as_py()
+        assert md["dagster/table_name"].value == f"catalog.{table}" and md["dagster/column_schema"].value.columns
     counts = wh.query("SELECT (SELECT count(*) FROM episodes) AS e, (SELECT count(*) FROM steps) AS s, "
                       "(SELECT sum(n_steps) FROM episodes) AS n").to_pylist()[0]
     assert counts["e"] == 150 and counts["s"] == counts["n"] > 150 * 5
@@ -74,6 +80,31 @@ def test_lineage_check_fails_when_a_raw_parent_is_missing(wh, cases):
         s.commit(removed=wh.files("raw_records"))
     gaps = lineage_gaps(wh, "steps")
     assert gaps["missing_raw_parent_violations"] == 12 and not passed(gaps)
+
+
+def test_dagster_finds_the_definitions_from_the_repository_root():
+    """[tool.dagster] in pyproject.toml: `dagster dev` / `dagster definitions validate` need no -m."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).with_name("dagster")
+    if not exe.exists():
+        exe = shutil.which("dagster")
+    r = subprocess.run([str(exe), "definitions", "validate"], cwd=Path(__file__).resolve().parents[1],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "Validation successful for code location trajectory_warehouse" in r.stdout + r.stderr
+
+
+def test_every_asset_that_must_stop_a_bad_build_has_a_blocking_check():
+    blocking = {(c.asset_key.to_user_string(), c.name) for d in ALL_CHECKS for c in d.check_specs if c.blocking}
+    for asset, check in [("episodes", "episodes_have_lineage"), ("steps", "steps_have_lineage"),
+                         ("redacted_steps", "redacted_layer_has_no_secrets"),
+                         ("redacted_steps", "redacted_steps_have_lineage"), ("splits", "no_group_crosses_splits"),
+                         ("fragments", "fragments_only_from_train"), ("outcomes", "one_outcome_per_episode"),
+                         ("eligibility", "every_episode_decided"), ("packs", "packs_round_trip")]:
+        assert (asset, check) in blocking
 
 
 def test_landing_fingerprint_is_the_same_in_another_process(tmp_path, cases):
