@@ -24,9 +24,10 @@ from pipelines.cli import handle_errors, main, print_build, warehouse_option
 def ui(port: int, warehouse: str | None) -> None:
     """Start the Dagster web UI on 127.0.0.1."""
     wh = Warehouse(warehouse)
-    home = wh.root / "_dagster"
-    home.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "TRAJWH_WAREHOUSE": str(wh.root), "DAGSTER_HOME": str(home)}
+    from pipelines.definitions import DAGSTER_DIR, warehouse_instance
+
+    warehouse_instance(wh.root)  # its dagster.yaml (telemetry off), as the CLI builds write it
+    env = {**os.environ, "TRAJWH_WAREHOUSE": str(wh.root), "DAGSTER_HOME": str(wh.root / DAGSTER_DIR)}
     exe = Path(sys.executable).with_name("dagster")
     cmd = [str(exe) if exe.exists() else "dagster", "dev", "-m", "pipelines.definitions",
            "-h", "127.0.0.1", "-p", str(port)]
@@ -72,7 +73,9 @@ def demo(episodes: int, seed: int, corpus: str, warehouse: str | None) -> None:
     t0 = time.monotonic()
     with render.count_progress("generating corpus", episodes) as advance:
         generate_corpus(SynthConfig(episodes=episodes, seed=seed), corpus, progress=advance)
-    result = run_build(str(wh.root), include_ingest=True,
+    from pipelines.definitions import warehouse_instance
+
+    result = run_build(str(wh.root), include_ingest=True, instance=warehouse_instance(wh.root),
                        ingest_config={"paths": [str(Path(corpus).resolve())], "source": "synthetic",
                                       "license": "CC-BY-4.0"})
     print_build(result, time.monotonic() - t0)

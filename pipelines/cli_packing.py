@@ -69,7 +69,9 @@ def pack(tokenizer: str | None, seq_len: int | None, policy: str | None, dedup: 
         render.err_console.print("[bold red]no fragments yet:[/] run [bold]trajwh build[/] first")
         sys.exit(1)
     t0 = time.monotonic()
-    result = run_build(str(wh.root), only=["packs"], full=full,
+    from pipelines.definitions import warehouse_instance
+
+    result = run_build(str(wh.root), only=["packs"], full=full, instance=warehouse_instance(wh.root),
                        pack={k: v for k, v in overrides.items() if v is not None})
     print_build(result, time.monotonic() - t0)
     ps = pack_set_id(cfg, tok)

@@ -69,6 +69,27 @@ defs = dg.Definitions(
 )
 
 
+DAGSTER_DIR = "_dagster"
+_DAGSTER_YAML = """# written by trajwh: this warehouse's own Dagster instance (runs, materializations, check results)
+telemetry:
+  enabled: false
+"""
+
+
+def warehouse_instance(warehouse: str | os.PathLike) -> dg.DagsterInstance:
+    """The warehouse's persistent Dagster instance (``<warehouse>/_dagster``: sqlite storage,
+    telemetry off). `trajwh build`, `demo` and `pack` record their runs there and `trajwh ui`
+    serves it, so a build from the command line shows in the UI with its materializations,
+    check results and metadata. Costs about 1 s per build over an ephemeral instance (measured on
+    the demo warehouse's no-op build: 3.45-4.38 s against 2.60-3.46 s)."""
+    home = Path(warehouse).resolve() / DAGSTER_DIR
+    home.mkdir(parents=True, exist_ok=True)
+    config = home / "dagster.yaml"
+    if not config.exists():
+        config.write_text(_DAGSTER_YAML)
+    return dg.DagsterInstance.from_config(str(home))
+
+
 def build(warehouse: str, *, full: bool = False, include_ingest: bool = False,
           ingest_config: dict | None = None, instance: dg.DagsterInstance | None = None,
           log_level: str = "WARNING", scope: str = "episode", curate: dict | None = None,

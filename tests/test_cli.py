@@ -80,6 +80,21 @@ def test_build_status_and_trace(built):
     assert bad.returncode == 2 and "no step, episode or raw record" in bad.stderr
 
 
+def test_cli_builds_show_in_the_warehouses_dagster_instance(built):
+    """`trajwh build` records its run in <warehouse>/_dagster, the instance `trajwh ui` serves."""
+    import dagster as dg
+
+    home = Path(built["TRAJWH_WAREHOUSE"]) / "_dagster"
+    assert "enabled: false" in (home / "dagster.yaml").read_text()  # telemetry off
+    instance = dg.DagsterInstance.from_config(str(home))
+    runs = instance.get_runs()
+    assert runs and runs[0].status == dg.DagsterRunStatus.SUCCESS
+    event = instance.get_latest_materialization_event(dg.AssetKey("fragments"))
+    assert event is not None and event.asset_materialization.metadata["dagster/row_count"].value > 0
+    checks = instance.all_logs(runs[0].run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
+    assert len(checks) >= 9
+
+
 def test_sql_output_formats(built, tmp_path):
     q = "SELECT task_id, count(*) AS n FROM episodes GROUP BY 1 ORDER BY n DESC, task_id LIMIT 5"
     table = run(built, "sql", q)
