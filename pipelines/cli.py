@@ -138,13 +138,16 @@ def ingest(paths: tuple[str, ...], source: str, license_: str | None, format_: s
 @click.option("--fractions", default=None, metavar="TRAIN,VALID,TEST", help="Requested split shares, e.g. 0.8,0.1,0.1.")
 @click.option("--whole-repository", is_flag=True, default=None,
               help="Put every repository in one group (the most conservative split).")
+@click.option("--select", "select", default=None, metavar="SELECTION",
+              help="Only these assets, in Dagster's syntax: splits, group:curated, +fragments, packs+ "
+                   "(their inputs must be built).")
 @click.option("--ephemeral", is_flag=True,
               help="Do not record the run in the warehouse's Dagster instance (<warehouse>/_dagster, what "
                    "`trajwh ui` shows); about 1 s faster.")
 @warehouse_option
 @handle_errors
 def build(full: bool, scope: str, config_path: str | None, cutoff: str | None, fractions: str | None,
-          whole_repository: bool | None, ephemeral: bool, warehouse: str | None) -> None:
+          whole_repository: bool | None, select: str | None, ephemeral: bool, warehouse: str | None) -> None:
     """(Re)materialize the derived layers through the Dagster graph, in-process, with the
     settings of trajwh.toml (docs/config.md) and the overrides given here."""
     from pipelines.definitions import build as run_build
@@ -163,10 +166,15 @@ def build(full: bool, scope: str, config_path: str | None, cutoff: str | None, f
                               whole_repository=whole_repository)
     render.console.print(f"settings: {settings.source or 'defaults'} (digest {settings.digest()})")
     t0 = time.monotonic()
-    from pipelines.definitions import warehouse_instance
+    from pipelines.definitions import resolve_selection, warehouse_instance
 
+    only = None
+    if select:
+        only, added = resolve_selection(select)
+        render.console.print(f"selected: {', '.join(only)}" + (f" ({', '.join(added)} built with them: one step)"
+                                                               if added else ""))
     instance = None if ephemeral else warehouse_instance(wh.root)
-    result = run_build(str(wh.root), full=full, scope=scope, config=config_path, instance=instance,
+    result = run_build(str(wh.root), full=full, scope=scope, config=config_path, instance=instance, only=only,
                        curate={"cutoff": cutoff, "fractions": fractions, "whole_repository": whole_repository})
     print_build(result, time.monotonic() - t0)
     print_split_summary(wh)

@@ -7,6 +7,7 @@
 
 import hashlib
 import os
+import warnings
 from pathlib import Path
 
 import dagster as dg
@@ -88,6 +89,37 @@ def warehouse_instance(warehouse: str | os.PathLike) -> dg.DagsterInstance:
     if not config.exists():
         config.write_text(_DAGSTER_YAML)
     return dg.DagsterInstance.from_config(str(home))
+
+
+def resolve_selection(text: str) -> tuple[list[str], list[str]]:
+    """A Dagster asset selection (``splits``, ``group:curated``, ``key:packs+``, ``+fragments``) as
+    the asset names to build, each multi-asset step taken whole (its outputs are built together),
+    and the names added that way. Bad or empty selections are errors that list what is valid."""
+    from schemas.errors import ConfigError
+
+    graph = defs.get_repository_def().asset_graph
+    names = sorted(k.to_user_string() for k in graph.get_all_asset_keys())
+    groups = sorted({spec.group_name for a in ASSETS for spec in a.specs if spec.group_name})
+    valid = (f"asset names ({', '.join(names)}), group:NAME ({', '.join(groups)}), key:NAME, and Dagster's "
+             "+ (upstream) / + suffix (downstream) and 'and' / 'or'")
+    text = text.strip()
+    if text in names:
+        text = f"key:{text}"
+    try:
+        with warnings.catch_warnings():  # dagster warns about its own group selection internals
+            warnings.simplefilter("ignore")
+            chosen = {k.to_user_string() for k in dg.AssetSelection.from_string(text).resolve(graph)}
+    except Exception as exc:  # dagster's parse errors have several types
+        raise ConfigError(f"--select {text!r} is not an asset selection: {str(exc).splitlines()[0]}",
+                          valid=valid) from None
+    if not chosen:
+        raise ConfigError(f"--select {text!r} selects no asset", valid=valid)
+    whole = set(chosen)
+    for a in ASSETS:
+        keys = {k.to_user_string() for k in a.keys}
+        if keys & chosen:
+            whole |= keys
+    return sorted(whole), sorted(whole - chosen)
 
 
 def build(warehouse: str, *, full: bool = False, include_ingest: bool = False,

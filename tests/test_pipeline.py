@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dagster as dg
+import pytest
 
 from ingest.adapters.native import NativeAdapter
 from ingest.raw_store import IngestOptions, ingest_paths
@@ -105,6 +106,26 @@ def test_every_asset_that_must_stop_a_bad_build_has_a_blocking_check():
                          ("fragments", "fragments_only_from_train"), ("outcomes", "one_outcome_per_episode"),
                          ("eligibility", "every_episode_decided"), ("packs", "packs_round_trip")]:
         assert (asset, check) in blocking
+
+
+def test_an_asset_selection_builds_whole_steps_or_says_what_is_valid(wh, cases):
+    from pipelines.definitions import resolve_selection
+    from schemas.errors import ConfigError
+
+    assert resolve_selection("splits") == (["leak_flags", "near_dup_clusters", "splits", "task_groups"],
+                                           ["leak_flags", "near_dup_clusters", "task_groups"])
+    assert "fragments" in resolve_selection("group:curated")[0]  # outcomes are built with the fragments
+    assert resolve_selection("+eligibility")[0] == [  # one level up, and the steps' other outputs
+        "eligibility", "license_facts", "redacted_episodes", "redacted_steps", "redaction_events"]
+    for bad, msg in (("nope:x", "is not an asset selection"), ("group:nope", "selects no asset")):
+        with pytest.raises(ConfigError, match=msg) as err:
+            resolve_selection(bad)
+        assert "group:NAME (cards, curated" in str(err.value) and "splits" in str(err.value)
+    ingest_paths(wh, [cases / "two_episodes.jsonl"], IngestOptions(source="cases"))
+    assert build(str(wh.root)).success
+    result = build(str(wh.root), only=resolve_selection("splits")[0])
+    assert {m.asset_key.to_user_string() for m in result.get_asset_materialization_events()} == {
+        "leak_flags", "near_dup_clusters", "splits", "task_groups"}
 
 
 def test_landing_fingerprint_is_the_same_in_another_process(tmp_path, cases):
