@@ -14,6 +14,7 @@ nor do episodes that the license policy or an opt-out does not allow for trainin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
@@ -209,7 +210,9 @@ def _totals(wh: Warehouse, summary: FragmentSummary, sel: SelectConfig) -> None:
 
 
 def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = None, full: bool = False,
-                    lock_timeout: float = 60.0, select: SelectConfig | None = None) -> FragmentSummary:
+                    lock_timeout: float = 60.0, select: SelectConfig | None = None,
+                    progress: Callable[[int], None] | None = None,
+                    on_plan: Callable[[int], None] | None = None) -> FragmentSummary:
     """Outcomes, task statistics and fragments. Incremental: an episode is redone only when its
     inputs changed (its batch's redacted rows, its cluster weight, split or leak flags), a task's
     statistics only when one of its episodes was; the other rows are kept as they are (with the
@@ -242,8 +245,12 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
             tasks = sorted({current[k][1] for k in keys} | {previous[k][1] for k in keys if k in previous})
             stat_rows = _kept(wh, writer, keys, tasks)
             summary.rebuilt = len(keys)
+        if on_plan:  # the episodes this run redoes
+            on_plan(len(current) if keys is None else len(keys))
         for e, steps in _episodes_with_steps(wh, keys):
             summary.episodes += 1
+            if progress:
+                progress(1)
             o = classify_outcome(e, steps)
             writer.add("outcomes", {"trajectory_key": e["trajectory_key"], "outcome": o.outcome, "cause": o.cause,
                                     "policy_failure": o.policy_failure, "quarantined": o.quarantined,

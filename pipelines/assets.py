@@ -145,8 +145,13 @@ def curate_config(config: CurateAssetConfig, warehouse: WarehouseResource) -> Cu
     can_subset=False,
 )
 def curated(context: dg.AssetExecutionContext, config: CurateAssetConfig, warehouse: WarehouseResource):
-    s = curate_warehouse(warehouse.get(), run_id=context.run_id, cfg=curate_config(config, warehouse), full=config.full,
-                         lock_timeout=warehouse.lock_timeout, progress=context.log.info)
+    with count_progress("curating") as advance:
+        def say(message: str) -> None:  # the phase, on the terminal and in the run's log
+            context.log.info(message)
+            advance.describe(f"curating: {message}")
+
+        s = curate_warehouse(warehouse.get(), run_id=context.run_id, cfg=curate_config(config, warehouse),
+                             full=config.full, lock_timeout=warehouse.lock_timeout, progress=say)
     common = {"skipped_unchanged": s.skipped, "episodes": s.episodes}
     yield dg.MaterializeResult(asset_key="near_dup_clusters", metadata={**table_metadata(warehouse, "near_dup_clusters"), **common, "clusters": s.clusters,
                                                                         "episodes_in_dup_clusters": s.duplicates})
@@ -202,9 +207,10 @@ class FragmentsConfig(dg.Config):
 )
 def fragment_layer(context: dg.AssetExecutionContext, config: FragmentsConfig, warehouse: WarehouseResource):
     settings = warehouse.settings()  # read trajwh.toml once for both configs
-    s = build_fragments(warehouse.get(), run_id=context.run_id, full=config.full,
-                        cfg=settings_mod.stats_config(settings), select=settings_mod.select_config(settings),
-                        lock_timeout=warehouse.lock_timeout)
+    with count_progress("outcomes and fragments") as advance:
+        s = build_fragments(warehouse.get(), run_id=context.run_id, full=config.full,
+                            cfg=settings_mod.stats_config(settings), select=settings_mod.select_config(settings),
+                            lock_timeout=warehouse.lock_timeout, progress=advance, on_plan=advance.set_total)
     common = {"skipped_unchanged": s.skipped, "episodes": s.episodes,
               "episodes_rebuilt": s.episodes if s.rebuilt is None else s.rebuilt}
     yield dg.MaterializeResult(asset_key="outcomes", metadata={**table_metadata(warehouse, "outcomes"), **common, **{f"cause:{k}": v for k, v in sorted(s.causes.items())}})

@@ -101,4 +101,5 @@ def count_progress(description: str, total: int | None = None) -> Iterator[Any]:
             progress.advance(task, n)
 
         advance.set_total = lambda t: progress.update(task, total=t)  # type: ignore[attr-defined]
+        advance.describe = lambda text: progress.update(task, description=text)  # type: ignore[attr-defined]
         yield advance

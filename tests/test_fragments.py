@@ -215,3 +215,17 @@ def test_classify_outcome_reads_the_harness_words():
     assert classify_outcome(base, env).cause == "environment_failure"
     assert classify_outcome({"resolved": None, "exit_status": "submitted", "verifier_status": "unavailable"}, []).cause \
         == "verifier_unavailable"
+
+
+def test_fragment_building_reports_its_progress(tmp_path, cases):
+    """A long build is not silent: the plan's size, then one tick per episode redone."""
+    wh = Warehouse(tmp_path / "wh")
+    ingest_paths(wh, [cases / "curation"], IngestOptions(source="cases"))
+    normalize_warehouse(wh, run_id="n")
+    redact_warehouse(wh, run_id="r")
+    phases: list[str] = []
+    curate_warehouse(wh, run_id="c", progress=phases.append)
+    assert any("clustering" in p for p in phases)
+    planned, ticks = [], []
+    s = build_fragments(wh, run_id="f", progress=ticks.append, on_plan=planned.append)
+    assert planned == [s.episodes] == [len(ticks)] and s.episodes == 8
