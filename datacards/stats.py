@@ -308,8 +308,12 @@ def _splits(q: _Q) -> dict[str, Any]:
                       "clusters_across_splits": a["clusters_across_splits"],
                       "leak_flagged_in_eval": a["leak_flagged_in_eval"], "held_out": a["held_out"],
                       "result": "passed" if a["violations"] == 0 else "failed"},
-            "time_flagged_episodes": q.one("""SELECT count(DISTINCT trajectory_key) FROM leak_flags
-                                              WHERE trajectory_key IN (SELECT trajectory_key FROM card_episodes)""")}
+            # two meanings, two numbers: the agent saw the future in a step, or the task's fix was merged
+            # after the cutoff (the same definitions as the demo's summary)
+            "episodes_that_saw_the_future": q.one("""SELECT count(DISTINCT trajectory_key) FROM leak_flags
+                WHERE step_index IS NOT NULL AND trajectory_key IN (SELECT trajectory_key FROM card_episodes)"""),
+            "episodes_fixed_after_cutoff": q.one("""SELECT count(DISTINCT trajectory_key) FROM leak_flags
+                WHERE kind = 'fix_after_cutoff' AND trajectory_key IN (SELECT trajectory_key FROM card_episodes)""")}
 
 
 def _fragments(q: _Q) -> dict[str, Any]:

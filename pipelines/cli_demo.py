@@ -92,13 +92,17 @@ def demo(episodes: int, seed: int, corpus: str, warehouse: str | None) -> None:
                               (SELECT string_agg(split || ' ' || n, ', ' ORDER BY split) FROM
                                   (SELECT split, count(*) AS n FROM splits GROUP BY 1)) AS splits,
                               (SELECT count(DISTINCT trajectory_key) FROM leak_flags WHERE step_index IS NOT NULL) AS leaky,
+                              (SELECT count(DISTINCT trajectory_key) FROM leak_flags WHERE kind = 'fix_after_cutoff')
+                                  AS fixed_after,
                               (SELECT string_agg(kind || ' ' || n, ', ' ORDER BY kind) FROM
                                   (SELECT kind, count(*) AS n FROM fragments GROUP BY 1)) AS fragments,
                               (SELECT string_agg(eligibility || ' ' || n, ', ' ORDER BY eligibility) FROM
                                   (SELECT eligibility, count(*) AS n FROM eligibility GROUP BY 1)) AS eligibility""").to_pylist()[0]
-    c.print(f"redactions    {more['replacements']:>10,}\nnear-dup clusters {more['dup_clusters']:>6,}\n"
+    c.print(f"redactions    {more['replacements']:>10,}\nnear-dup clusters {more['dup_clusters']:>6,} (of 2 or more "
+            f"episodes)\n"
             f"task groups   {more['groups']:>10,}\nsplits        {more['splits']}\n"
-            f"time leaks    {more['leaky']:>10,} episodes flagged\neligibility   {more['eligibility']} "
+            f"time leaks    {more['leaky']:>10,} episodes saw the future in a step; {more['fixed_after']:,} "
+            f"fixed after the cutoff\neligibility   {more['eligibility']} "
             f"(trajwh licenses)\nfragments     {more['fragments']}")
     from pipelines.cli_packing import print_pack_sets
 

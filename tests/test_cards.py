@@ -148,7 +148,10 @@ def test_the_remaining_numbers_too(carded):
     assert s["outcomes"]["tasks"]["tasks"] == _one(wh, "SELECT count(DISTINCT task_id) FROM task_stats")
     assert {x["scope_kind"]: x["replacements"] for x in s["redaction"]["placeholder_scopes"]} == _pairs(
         wh, "SELECT scope_kind, count(*) FROM redaction_events GROUP BY 1")
-    assert s["splits"]["time_flagged_episodes"] == _one(wh, "SELECT count(DISTINCT trajectory_key) FROM leak_flags")
+    assert s["splits"]["episodes_that_saw_the_future"] == _one(
+        wh, "SELECT count(DISTINCT trajectory_key) FROM leak_flags WHERE step_index IS NOT NULL")
+    assert s["splits"]["episodes_fixed_after_cutoff"] == _one(
+        wh, "SELECT count(DISTINCT trajectory_key) FROM leak_flags WHERE kind = 'fix_after_cutoff'")
     assert {x["split"]: x["eligible_for_eval"] for x in s["splits"]["sizes"]} == _pairs(
         wh, "SELECT split, count(*) FILTER (WHERE eligible_for_eval) FROM splits GROUP BY 1")
     for k in s["fragments"]["kinds"]:
