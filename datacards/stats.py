@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from fragments.outcomes import INFRASTRUCTURE, NOT_THE_HARNESS, POLICY_FAILURES
+from licenses.report import opt_outs_applied, reason_counts
 from lineage.catalog import Warehouse, now_utc
 from schemas.tables import SCHEMA_VERSION
 
@@ -140,16 +141,9 @@ def _licenses(q: _Q, policy: dict[str, Any]) -> dict[str, Any]:
                           FROM license_facts WHERE {scoped} GROUP BY ALL ORDER BY kind, episodes DESC, license""")
     eligibility = q.rows(f"""SELECT eligibility, count(*) AS episodes FROM eligibility WHERE {scoped}
                              GROUP BY 1 ORDER BY 2 DESC, 1""")
-    reasons = q.rows(f"""SELECT regexp_replace(reason, ', oo-[0-9a-f]+\\)$', ')') AS reason, count(*) AS episodes
-                         FROM (SELECT unnest(reasons) AS reason FROM eligibility WHERE {scoped})
-                         GROUP BY 1 ORDER BY 2 DESC, 1""")
+    reasons = reason_counts(q.rows, scoped)
     digests = q.rows(f"SELECT DISTINCT policy_digest FROM eligibility WHERE {scoped} ORDER BY 1")
-    opt_outs = q.rows(f"""WITH hit AS (SELECT unnest(opt_out_ids) AS opt_out_id, trajectory_key FROM eligibility
-                                      WHERE {scoped})
-                          SELECT o.kind, count(DISTINCT o.opt_out_id) AS opt_outs,
-                                 count(DISTINCT h.trajectory_key) AS episodes_excluded
-                          FROM opt_outs o LEFT JOIN hit h USING (opt_out_id) WHERE o.status = 'active'
-                          GROUP BY 1 ORDER BY 1""")
+    opt_outs = opt_outs_applied(q.rows, scoped)
     return {"present": True, "licenses": licenses, "eligibility": eligibility, "reasons": reasons,
             "policy_digests": [r["policy_digest"] for r in digests], "filter": policy, "opt_outs": opt_outs,
             "spdx": sorted({r["license"] for r in licenses if r["kind"] == "source" and r["license"] not in

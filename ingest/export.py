@@ -20,7 +20,7 @@ from typing import Any
 import duckdb
 import orjson
 
-from licenses.eligibility import not_releasable
+from licenses.eligibility import releasable_only
 from lineage.catalog import Warehouse
 from schemas.errors import ConfigError
 from schemas.native import NATIVE_FORMAT, NATIVE_FORMAT_VERSION
@@ -66,7 +66,6 @@ def iter_episodes(wh: Warehouse, layer: str, where: str | None = None,
         raise ConfigError(f"layer {layer!r} is not built in {wh.root}",
                           valid="a built layer: run `trajwh build` first (--layer normalized exports unredacted data)")
     filt = f"WHERE {where}" if where else ""
-    check_filter(wh, ep_table, where)
     keys = wh.query(f"SELECT trajectory_key FROM {ep_table} {filt} ORDER BY trajectory_key").column(0).to_pylist()
     keys = [k for k in keys if k not in exclude]
     for start in range(0, len(keys), 500):
@@ -176,15 +175,7 @@ def export_episodes(wh: Warehouse, fmt: str, out: str | Path, *, layer: str = "r
     check_filter(wh, LAYERS.get(layer, ("redacted_episodes",))[0], where)
     if layer == "redacted":
         next(iter_episodes(wh, layer, "false"), None)  # a layer that is not built fails first, and says so
-        blocked = not_releasable(wh, where, policy_digest)
-        if blocked and not eligible_only:
-            first = list(blocked.items())[:3]
-            raise ConfigError(
-                f"{len(blocked)} selected episode(s) may not be released: " + "; ".join(
-                    f"{k[:16]}: {', '.join(r)}" for k, r in first) + (" ..." if len(blocked) > 3 else ""),
-                valid="--eligible-only to leave them out; or a license for them ([licenses.release] in trajwh.toml, "
-                      "`trajwh ingest --license`), then `trajwh build` (`trajwh licenses` lists the reasons)")
-        exclude = set(blocked)
+        exclude = releasable_only(wh, where, policy_digest, eligible_only)
     convert = CONVERTERS[fmt]
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,6 @@ Before deciding, any (opt-out, batch) pair not scanned yet is scanned (``license
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from licenses.optout import active_opt_outs, opt_out_episodes, scan_pending
 from licenses.policy import POLICY_VERSION, LicensePolicy
@@ -77,8 +76,9 @@ def build_eligibility(wh: Warehouse, *, run_id: str, policy: LicensePolicy | Non
         if not full and is_current(wh, "eligibility", version):
             summary.skipped = True
         else:
-            opted = opt_out_episodes(wh, active_opt_outs(wh))
-            kinds = {o["opt_out_id"]: o["kind"] for o in active_opt_outs(wh)}
+            opt_outs = active_opt_outs(wh)
+            opted = opt_out_episodes(wh, opt_outs)
+            kinds = {o["opt_out_id"]: o["kind"] for o in opt_outs}
             lineage = {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": version}
             writer = TableSetWriter(session, _MODELS, flush_rows=50_000)
             for batch in wh.stream(_EPISODES_SQL, batch_rows=10_000, memory_limit="256MB"):
@@ -115,14 +115,6 @@ def _totals(wh: Warehouse, summary: EligibilitySummary) -> None:
     summary.opted_out = wh.query("SELECT count(*) FROM eligibility WHERE len(opt_out_ids) > 0").column(0)[0].as_py()
 
 
-def eligibility_of(wh: Warehouse, keys: list[str] | None = None) -> dict[str, dict[str, Any]]:
-    """Trajectory key -> its eligibility row (all episodes, or ``keys``), as the last build decided."""
-    where, params = ("WHERE list_contains(?, trajectory_key)", [keys]) if keys is not None else ("", None)
-    rows = wh.query(f"SELECT trajectory_key, eligibility, train, release, reasons, opt_out_ids FROM eligibility {where}",
-                    params).to_pylist()
-    return {r["trajectory_key"]: r for r in rows}
-
-
 def not_releasable(wh: Warehouse, where: str | None = None, policy_digest: str | None = None) -> dict[str, list[str]]:
     """Redacted episodes (those ``where`` selects) that may not leave the warehouse, with why:
     the last build's release decision, plus opt-outs added since (matched now). Refuses when
@@ -145,14 +137,8 @@ def not_releasable(wh: Warehouse, where: str | None = None, policy_digest: str |
         LEFT JOIN eligibility g USING (trajectory_key) WHERE g.release IS DISTINCT FROM 'allow'""").to_pylist()
     out = {r["trajectory_key"]: [x for x in (r["reasons"] or []) if x.startswith("release:")]
            or ["release: not decided yet (ingested after the last build)"] for r in rows}
-    opt_outs = active_opt_outs(wh)
-    if opt_outs:
-        kinds = {o["opt_out_id"]: o["kind"] for o in opt_outs}
-        selected = set(wh.query(f"SELECT trajectory_key FROM redacted_episodes {filt}").column(0).to_pylist())
-        for key, oids in opt_out_episodes(wh, opt_outs).items():
-            if key in selected:
-                extra = [f"release: block opted out ({kinds[o]}, {o})" for o in oids]
-                out[key] = sorted(set(out.get(key, [])) | set(extra))
+    selected = set(wh.query(f"SELECT trajectory_key FROM redacted_episodes {filt}").column(0).to_pylist())
+    _add_live_opt_outs(wh, out, selected, "release")
     return dict(sorted(out.items()))
 
 
@@ -165,9 +151,32 @@ def not_trainable_in_packs(wh: Warehouse, pack_set: str, split: str) -> dict[str
     for r in wh.query("SELECT trajectory_key, reasons FROM eligibility WHERE train <> 'allow' AND "
                       "list_contains(?, trajectory_key)", [sorted(keys)]).to_pylist():
         out[r["trajectory_key"]] = [x for x in r["reasons"] if x.startswith("train:")]
+    _add_live_opt_outs(wh, out, keys, "train")
+    return dict(sorted(out.items()))
+
+
+def _add_live_opt_outs(wh: Warehouse, out: dict[str, list[str]], keys: set[str], use: str) -> None:
+    """The opt-outs active now (perhaps added since the last build) among ``keys``, as reasons."""
     opt_outs = active_opt_outs(wh)
+    if not opt_outs:
+        return
     kinds = {o["opt_out_id"]: o["kind"] for o in opt_outs}
     for key, oids in opt_out_episodes(wh, opt_outs).items():
         if key in keys:
-            out[key] = sorted(set(out.get(key, [])) | {f"train: block opted out ({kinds[o]}, {o})" for o in oids})
-    return dict(sorted(out.items()))
+            out[key] = sorted(set(out.get(key, [])) | {f"{use}: block opted out ({kinds[o]}, {o})" for o in oids})
+
+
+def releasable_only(wh: Warehouse, where: str | None, policy_digest: str | None, eligible_only: bool) -> set[str]:
+    """What an export leaves out: nothing, or it refuses with the reasons when a selected episode
+    may not be released (``eligible_only``: those episodes are left out instead)."""
+    from schemas.errors import ConfigError
+
+    blocked = not_releasable(wh, where, policy_digest)
+    if blocked and not eligible_only:
+        first = list(blocked.items())[:3]
+        raise ConfigError(
+            f"{len(blocked)} selected episode(s) may not be released: " + "; ".join(
+                f"{k[:16]}: {', '.join(r)}" for k, r in first) + (" ..." if len(blocked) > 3 else ""),
+            valid="--eligible-only to leave them out; or a license for them ([licenses.release] in trajwh.toml, "
+                  "`trajwh ingest --license`), then `trajwh build` (`trajwh licenses` lists the reasons)")
+    return set(blocked)

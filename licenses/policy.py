@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from licenses.spdx import DECISION_RANK, decide, parse
+from licenses.spdx import DECISION_RANK, decide, parse, require_valid
 from schemas.config import LicenseSettings, LicenseUse
 from schemas.errors import ConfigError
 from schemas.repository import normalize_repository
@@ -82,11 +82,11 @@ class LicensePolicy:
                 if len(row) < 2:
                     raise ConfigError("a line is not 'repository,license'", where=f"{path}:{n}",
                                       valid="e.g. github.com/psf/requests,Apache-2.0")
-                repos[_repo(row[0])] = (_checked(row[1], f"{path}:{n}"), f"mapping {path.name}:{n}")
+                repos[_repo(row[0])] = (require_valid(row[1], f"{path}:{n}"), f"mapping {path.name}:{n}")
         for repo, lic in s.repositories.items():  # the config file's own entries win over the file's
-            repos[_repo(repo)] = (_checked(lic, f"{where} [licenses.repositories] {repo!r}"),
+            repos[_repo(repo)] = (require_valid(lic, f"{where} [licenses.repositories] {repo!r}"),
                                   "trajwh.toml [licenses.repositories]")
-        terms = [(pat, _checked(lic, f"{where} [licenses.policy_terms] {pat!r}")) for pat, lic in s.policy_terms.items()]
+        terms = [(pat, require_valid(lic, f"{where} [licenses.policy_terms] {pat!r}")) for pat, lic in s.policy_terms.items()]
         digest = hashlib.sha256((s.model_dump_json() + file_digest + POLICY_VERSION).encode()).hexdigest()[:16]
         return cls(train=s.train, release=s.release, repositories=repos, policy_terms=terms, digest=digest)
 
@@ -148,14 +148,6 @@ class LicensePolicy:
 
 def _repo(text: str) -> str:
     return normalize_repository(text.strip()) or text.strip()
-
-
-def _checked(text: str, where: str) -> str:
-    p = parse(text)
-    if not p.valid:
-        raise ConfigError(f"license {text!r} is not a valid SPDX expression: {p.error}", where=where,
-                          valid="an SPDX id or expression (e.g. MIT, 'MIT OR Apache-2.0') or LicenseRef-NAME")
-    return p.normalized  # type: ignore[return-value]
 
 
 def _fact(kind: str, given: str, origin: str) -> Fact:

@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from lineage.catalog import Warehouse, now_utc
 from lineage.storage import write_bytes_atomic
-from packing.render import role_of, step_content
+from packing.render import arguments_json, role_of, step_content
 from schemas.errors import ConfigError
 
 HF_EXPORT_VERSION = "1.0.0"
@@ -57,23 +57,13 @@ SCHEMAS = {
 }
 
 
-def _arguments(call: dict[str, Any]) -> str:
-    """The arguments as a JSON string: verbatim when the model emitted JSON, else as a JSON string value."""
-    args = (call.get("arguments") or "").strip()
-    try:
-        json.loads(args or "{}")
-        return args or "{}"
-    except ValueError:
-        return json.dumps(args, ensure_ascii=False)
-
-
 def to_messages(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Steps (in order) as TRL-style chat messages."""
     out = []
     for k, s in enumerate(steps):
         role = role_of(s)
         calls = [{"id": c.get("id") or f"call_{k}_{j}", "type": "function",
-                  "function": {"name": c.get("name"), "arguments": _arguments(c)}}
+                  "function": {"name": c.get("name"), "arguments": arguments_json(c)}}
                  for j, c in enumerate(s.get("tool_calls") or [])] if role == "assistant" else []
         out.append({"role": role, "content": step_content(s), "tool_calls": calls or None,
                     "tool_call_id": s.get("tool_call_id") if role == "tool" else None})
@@ -142,7 +132,7 @@ def export_hf(wh: Warehouse, out: str | Path, *, unit: str = "episodes", splits:
               progress: Callable[[int], None] | None = None) -> HfExportSummary:
     """Write the splits' episodes (or trainable fragments) as HF-shaped Parquet shards in ``out``."""
     from ingest.export import check_filter
-    from licenses.eligibility import not_releasable
+    from licenses.eligibility import releasable_only
     from packing.layer import tools_by_digest
 
     if unit not in UNITS:
@@ -156,11 +146,7 @@ def export_hf(wh: Warehouse, out: str | Path, *, unit: str = "episodes", splits:
     if missing:
         raise ConfigError(f"{', '.join(missing)} not built in {wh.root}", valid="run `trajwh build` first")
     check_filter(wh, "redacted_episodes", where)
-    blocked = not_releasable(wh, where, policy_digest)
-    if blocked and not eligible_only:
-        first = "; ".join(f"{k[:16]}: {', '.join(r)}" for k, r in list(blocked.items())[:3])
-        raise ConfigError(f"{len(blocked)} selected episode(s) may not be released: {first}",
-                          valid="--eligible-only to leave them out (`trajwh licenses` lists the reasons)")
+    blocked = releasable_only(wh, where, policy_digest, eligible_only)
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"{out} exists and is not empty", valid="an empty or new folder, or --overwrite")

@@ -97,17 +97,21 @@ def role_of(step: dict[str, Any]) -> str:
     return "system" if step.get("role") == "system" else "user"
 
 
-def tool_call_text(call: dict[str, Any]) -> str:
-    """A tool call as the template writes it (Qwen2.5's ``{"name": ..., "arguments": ...}``), with
-    the arguments exactly as the model emitted them: JSON arguments verbatim, anything else (a
-    harness whose model emits raw text) as a JSON string."""
+def arguments_json(call: dict[str, Any]) -> str:
+    """A call's arguments as JSON text, exactly as the model emitted them: JSON arguments verbatim,
+    anything else (a harness whose model emits raw text) as a JSON string."""
     args = (call.get("arguments") or "").strip()
     try:
         orjson.loads(args or "{}")
-        value = args or "{}"
+        return args or "{}"
     except orjson.JSONDecodeError:
-        value = json.dumps(args, ensure_ascii=False)
-    return '{"name": ' + json.dumps(call.get("name"), ensure_ascii=False) + ', "arguments": ' + value + "}"
+        return json.dumps(args, ensure_ascii=False)
+
+
+def tool_call_text(call: dict[str, Any]) -> str:
+    """A tool call as the template writes it (Qwen2.5's ``{"name": ..., "arguments": ...}``), with
+    the arguments as the model emitted them (``arguments_json``)."""
+    return '{"name": ' + json.dumps(call.get("name"), ensure_ascii=False) + ', "arguments": ' + arguments_json(call) + "}"
 
 
 def model_content(step: dict[str, Any]) -> list[tuple[str, str | None]]:
