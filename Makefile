@@ -3,14 +3,17 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+# the dev environment's exact versions (resolved for Python 3.11 on Linux); `make lock` refreshes it
+LOCK := requirements-dev.lock
 
-.PHONY: venv demo test bench bench-scale stress lint format schema clean
+.PHONY: venv demo test bench bench-scale stress lint format schema lock clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -r $(LOCK)
+	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -41,6 +44,13 @@ format: venv
 
 schema: venv
 	$(VENV)/bin/trajwh schema --out docs/native-format.schema.json
+
+# re-resolve the lock file after a change to pyproject.toml's dependencies (keeps the pins it can;
+# `make lock UPGRADE=1` moves every pin to the newest release the ranges allow)
+lock: venv
+	$(PY) -m pip install -q 'uv>=0.4'
+	$(VENV)/bin/uv pip compile pyproject.toml --extra dev --python-version 3.11 --python-platform linux \
+	    $(if $(UPGRADE),--upgrade) --quiet -o $(LOCK)
 
 clean:
 	rm -rf warehouse demo-corpus .pytest_cache

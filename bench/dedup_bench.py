@@ -25,9 +25,9 @@ sys.path.insert(0, str(ROOT))
 
 
 def _synthetic_features(n: int):
-    from dedup.features import EpisodeFeatures, normalize_object
-    from ingest.actions import annotate_step
-    from synth.generator import SynthConfig, _Generator
+    from trajwh.dedup.features import EpisodeFeatures, normalize_object
+    from trajwh.ingest.actions import annotate_step
+    from trajwh.synth.generator import SynthConfig, _Generator
 
     gen = _Generator(SynthConfig(episodes=n, seed=9))
     out = []
@@ -55,9 +55,8 @@ def _synthetic_features(n: int):
 
 def minhash_vs_datasketch(n_docs: int = 3000) -> dict:
     from datasketch import MinHash
-
-    from dedup.features import action_shingles, text_shingles
-    from dedup.minhash import MinHashParams, signatures
+    from trajwh.dedup.features import action_shingles, text_shingles
+    from trajwh.dedup.minhash import MinHashParams, signatures
 
     feats = _synthetic_features(n_docs)
     docs = [action_shingles(f.actions) + text_shingles(f.text) for f in feats]
@@ -78,9 +77,9 @@ def minhash_vs_datasketch(n_docs: int = 3000) -> dict:
 
 
 def _scale_child(n: int) -> None:
-    from dedup.groups import assign_groups
-    from dedup.layer import CurateConfig, near_duplicates
-    from dedup.splits import assign_splits
+    from trajwh.dedup.groups import assign_groups
+    from trajwh.dedup.layer import CurateConfig, near_duplicates
+    from trajwh.dedup.splits import assign_splits
 
     t0 = time.perf_counter()
     feats = _synthetic_features(n)

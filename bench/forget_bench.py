@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lineage.catalog import Warehouse  # noqa: E402
+from trajwh.lineage.catalog import Warehouse  # noqa: E402
 
 
 def main() -> None:
@@ -29,8 +29,8 @@ def main() -> None:
     ap.add_argument("warehouse")
     ap.add_argument("--selector", default=None, help="what to forget (default: batch:<the last ingest batch>)")
     args = ap.parse_args()
-    from lineage.forget import forget
-    from pipelines.definitions import build
+    from trajwh.lineage.forget import forget
+    from trajwh.pipelines.definitions import build
 
     src = Warehouse(args.warehouse)
     selector = args.selector or "batch:" + src.query(

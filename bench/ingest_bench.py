@@ -26,10 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def _child(mode: str, corpus: str, warehouse: str) -> None:
     sys.path.insert(0, str(ROOT))
     import duckdb  # imports are not part of the timed work
-
-    from ingest.normalize import normalize_warehouse
-    from ingest.raw_store import IngestOptions, ingest_paths
-    from lineage.catalog import Warehouse
+    from trajwh.ingest.normalize import normalize_warehouse
+    from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+    from trajwh.lineage.catalog import Warehouse
 
     t0 = time.perf_counter()
     out: dict = {}
@@ -57,7 +56,7 @@ def _measure(mode: str, corpus: Path, warehouse: Path) -> dict:
 
 def run(sizes: list[int], progress=print) -> dict:
     sys.path.insert(0, str(ROOT))
-    from synth.generator import SynthConfig, generate_corpus
+    from trajwh.synth.generator import SynthConfig, generate_corpus
 
     results = {"sizes": []}
     with tempfile.TemporaryDirectory(prefix="trajwh-bench-") as tmp:

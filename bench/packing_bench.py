@@ -26,16 +26,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lineage.catalog import Warehouse  # noqa: E402
+from trajwh.lineage.catalog import Warehouse  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peak import peak_rss_mb  # noqa: E402
 
 
 def build_demo(root: Path, episodes: int) -> Warehouse:
-    from ingest.raw_store import IngestOptions, ingest_paths
-    from pipelines.definitions import build
-    from synth.generator import SynthConfig, generate_corpus
+    from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+    from trajwh.pipelines.definitions import build
+    from trajwh.synth.generator import SynthConfig, generate_corpus
 
     corpus = root / "corpus"
     generate_corpus(SynthConfig(episodes=episodes, seed=0), corpus)
@@ -46,7 +46,7 @@ def build_demo(root: Path, episodes: int) -> Warehouse:
 
 
 def _units(wh: Warehouse) -> list:
-    from packing.layer import units_with_steps
+    from trajwh.packing.layer import units_with_steps
 
     return list(units_with_steps(wh))
 
@@ -58,9 +58,9 @@ def _cycled(units: list, n: int):
 
 
 def efficiency(units: list, seq_len: int = 8192) -> dict:
-    from packing.pack import PACKERS, Segment
-    from packing.render import render
-    from packing.tokenizers import get_tokenizer
+    from trajwh.packing.pack import PACKERS, Segment
+    from trajwh.packing.render import render
+    from trajwh.packing.tokenizers import get_tokenizer
 
     tok = get_tokenizer()
     by_split: dict[str, list] = {}
@@ -84,9 +84,9 @@ def efficiency(units: list, seq_len: int = 8192) -> dict:
 
 
 def throughput(units: list, n: int) -> dict:
-    from packing.layer import PackConfig, PackSummary, pack_stream
-    from packing.render import render
-    from packing.tokenizers import get_tokenizer
+    from trajwh.packing.layer import PackConfig, PackSummary, pack_stream
+    from trajwh.packing.render import render
+    from trajwh.packing.tokenizers import get_tokenizer
 
     tok = get_tokenizer()
     work = list(_cycled(units, n))
@@ -106,11 +106,16 @@ def throughput(units: list, n: int) -> dict:
 
 def _child_big(warehouse: str, n: int, out: str) -> None:
     import pyarrow.parquet as pq
-
-    from packing.layer import PackConfig, PackSummary, pack_stream, pack_table, units_with_steps
-    from packing.tokenizers import get_tokenizer
-    from schemas.arrow import arrow_schema
-    from schemas.tables import PackRow
+    from trajwh.packing.layer import (
+        PackConfig,
+        PackSummary,
+        pack_stream,
+        pack_table,
+        units_with_steps,
+    )
+    from trajwh.packing.tokenizers import get_tokenizer
+    from trajwh.schemas.arrow import arrow_schema
+    from trajwh.schemas.tables import PackRow
 
     wh = Warehouse(warehouse)
     tok = get_tokenizer()

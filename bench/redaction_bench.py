@@ -18,10 +18,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from redaction.engine import Detector, Redactor  # noqa: E402
-from redaction.evaluation import load_cases, score  # noqa: E402
-from redaction.pii import presidio_analyzer  # noqa: E402
-from synth.secrets_eval import SECRET_TYPES, make_eval_set  # noqa: E402
+from trajwh.redaction.engine import Detector, Redactor  # noqa: E402
+from trajwh.redaction.evaluation import load_cases, score  # noqa: E402
+from trajwh.redaction.pii import presidio_analyzer  # noqa: E402
+from trajwh.synth.secrets_eval import SECRET_TYPES, make_eval_set  # noqa: E402
 
 CHUNK = 4000
 
@@ -79,7 +79,7 @@ def _detect_secrets(cases):
 
 def trajectory_throughput(episodes: int = 300) -> dict:
     """Both engines over realistic step text (the synthetic corpus: code, logs, test output)."""
-    from synth.generator import SynthConfig, _Generator
+    from trajwh.synth.generator import SynthConfig, _Generator
 
     gen = _Generator(SynthConfig(episodes=episodes, seed=3))
     texts = [s.get("observation") or s.get("text") or "" for n in range(episodes) for s in gen.episode(n)[0]["steps"]]

@@ -153,7 +153,7 @@ def split_corpus(corpus: Path, n: int, base: Path, inc: Path) -> tuple[int, int]
 
 def realized(wh: Path) -> dict:
     sys.path.insert(0, str(ROOT))
-    from lineage.catalog import Warehouse
+    from trajwh.lineage.catalog import Warehouse
 
     w = Warehouse(wh)
     one = lambda sql: w.query(sql).to_pylist()[0]  # noqa: E731

@@ -22,27 +22,27 @@ from peak import peak_rss_mb  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lineage.catalog import Warehouse  # noqa: E402
+from trajwh.lineage.catalog import Warehouse  # noqa: E402
 
 
 def run_stage(wh: Warehouse, stage: str) -> dict:
     if stage == "normalize":
-        from ingest.normalize import normalize_warehouse
+        from trajwh.ingest.normalize import normalize_warehouse
 
         s = normalize_warehouse(wh, run_id="mem", full=True)
         return {"episodes": s.episodes, "steps": s.steps}
     if stage == "redact":
-        from redaction.layer import redact_warehouse
+        from trajwh.redaction.layer import redact_warehouse
 
         s = redact_warehouse(wh, run_id="mem", full=True)
         return {"episodes": s.episodes, "steps": s.steps}
     if stage == "curate":
-        from dedup.layer import curate_warehouse
+        from trajwh.dedup.layer import curate_warehouse
 
         s = curate_warehouse(wh, run_id="mem", full=True)
         return {"episodes": s.episodes, "groups": s.groups}
     if stage == "fragments":
-        from fragments.layer import build_fragments
+        from trajwh.fragments.layer import build_fragments
 
         s = build_fragments(wh, run_id="mem", full=True)
         return {"episodes": s.episodes, "fragments": sum(s.fragments.values())}

@@ -34,10 +34,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from lineage.catalog import Warehouse  # noqa: E402
-from synth.generator import SynthConfig, generate_corpus  # noqa: E402
+from trajwh.lineage.catalog import Warehouse  # noqa: E402
+from trajwh.synth.generator import SynthConfig, generate_corpus  # noqa: E402
 
-TRAJWH = [sys.executable, "-m", "pipelines.cli"] if not shutil.which("trajwh") else [shutil.which("trajwh")]
+TRAJWH = [sys.executable, "-m", "trajwh.pipelines.cli"] if not shutil.which("trajwh") else [shutil.which("trajwh")]
 CORPUS = ROOT.parent / "shared" / "corpus"
 EP = {"format": "trajwh.native", "episode_id": "e", "task": {"task_id": "t", "text": "fix"}, "policy": {"name": "p"},
       "harness": {"name": "h"}, "attempt": 1, "steps": [{"index": 0, "role": "user", "author": "harness", "text": "go"}]}
@@ -238,7 +238,7 @@ def kills(tmp: Path, n: int) -> dict:
         p.send_signal(signal.SIGKILL)
         p.wait()
     subprocess.run(ingest_cmd, env=env, check=True, capture_output=True)
-    from redaction.vault import Vault
+    from trajwh.redaction.vault import Vault
 
     Vault(Warehouse(env["TRAJWH_WAREHOUSE"]), None).salt()
     ref = tmp / "reference"

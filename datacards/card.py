@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from datacards.render import write_card
-from datacards.stats import CARD_SCHEMA_VERSION, collect_card, policy_of
-from lineage.catalog import Warehouse
-from lineage.rebuild import inputs_fingerprint
-from schemas import ids
+from trajwh.datacards.render import write_card
+from trajwh.datacards.stats import CARD_SCHEMA_VERSION, collect_card, policy_of
+from trajwh.lineage.catalog import Warehouse
+from trajwh.lineage.rebuild import inputs_fingerprint
+from trajwh.schemas import ids
 
 #: the tables the card reads (their files' digests, with the catalog rows below, decide a rebuild)
 CARD_INPUTS = ["raw_records", "quarantine", "redacted_episodes", "redaction_events", "near_dup_clusters", "splits",

@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from lineage.storage import write_bytes_atomic
+from trajwh.lineage.storage import write_bytes_atomic
 
 SECTION_TITLES = {
     "provenance": "Provenance", "licenses": "Licenses and opt-outs", "funnel": "From raw candidates to training data",
@@ -189,7 +188,7 @@ def render_html(card: dict[str, Any], plots: dict[str, str]) -> str:
 
 def write_card(card: dict[str, Any], out: Path) -> dict[str, Path]:
     """The three files in ``out`` (each written atomically)."""
-    from datacards.plots import card_plots
+    from trajwh.datacards.plots import card_plots
 
     out.mkdir(parents=True, exist_ok=True)
     files = {"json": out / "card.json", "markdown": out / "README.md", "html": out / "card.html"}

@@ -16,11 +16,10 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-
-from fragments.outcomes import INFRASTRUCTURE, NOT_THE_HARNESS, POLICY_FAILURES
-from licenses.report import opt_outs_applied, reason_counts
-from lineage.catalog import Warehouse, now_utc
-from schemas.tables import SCHEMA_VERSION
+from trajwh.fragments.outcomes import INFRASTRUCTURE, NOT_THE_HARNESS, POLICY_FAILURES
+from trajwh.licenses.report import opt_outs_applied, reason_counts
+from trajwh.lineage.catalog import Warehouse, now_utc
+from trajwh.schemas.tables import SCHEMA_VERSION
 
 CARD_SCHEMA_VERSION = "1.0.0"
 SPLITS = ("train", "valid", "test", "held_out")
@@ -67,7 +66,7 @@ def collect_card(wh: Warehouse, split: str | None = None, license_policy: dict[s
     the same warehouse). ``license_policy``: the ``[licenses]`` settings in force (else read from
     the warehouse's trajwh.toml), shown as the license filter applied."""
     if split is not None and split not in SPLITS:
-        from schemas.errors import ConfigError
+        from trajwh.schemas.errors import ConfigError
 
         raise ConfigError(f"unknown split {split!r}", valid=", ".join(SPLITS))
     wh.require()
@@ -127,7 +126,7 @@ def _provenance(q: _Q) -> dict[str, Any]:
 
 def policy_of(source: Warehouse | Any) -> dict[str, Any]:
     """The license filter in force: of ``Settings``, or of the warehouse's trajwh.toml."""
-    from schemas.config import load_settings
+    from trajwh.schemas.config import load_settings
 
     lic = (load_settings(None, source.root) if isinstance(source, Warehouse) else source).licenses
     return {use: getattr(lic, use).model_dump(mode="json") for use in ("train", "release")}
@@ -287,7 +286,7 @@ def _audit(q: _Q) -> dict[str, Any]:
 def _splits(q: _Q) -> dict[str, Any]:
     if not q.has("splits"):
         return {"present": False, "note": "the curated layer is not built"}
-    from dedup.audit import audit_cached
+    from trajwh.dedup.audit import audit_cached
 
     sizes = q.rows("""SELECT s.split, count(*) AS episodes, count(DISTINCT s.group_id) AS groups,
                              count(*) FILTER (WHERE s.eligible_for_eval) AS eligible_for_eval

@@ -16,8 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-
-from lineage.catalog import Warehouse
+from trajwh.lineage.catalog import Warehouse
 
 _STATE = "coalesce(e.base_commit_at, e.issue_created_at)"
 #: a group or cluster crosses when it has members in train and in an evaluation split
@@ -135,7 +134,7 @@ def audit(wh: Warehouse) -> dict[str, Any]:
 
 def audit_cached(wh: Warehouse) -> dict[str, Any]:
     """``audit``, reused while the curated tables and the episodes it reads are unchanged."""
-    from lineage.checks import cached
+    from trajwh.lineage.checks import cached
 
     return cached(wh, "split_audit", ["splits", "task_groups", "near_dup_clusters", "leak_flags", "redacted_episodes"],
                   lambda: audit(wh))

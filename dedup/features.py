@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from lineage.catalog import Warehouse
-from lineage.rebuild import joined_by_key
+from trajwh.lineage.catalog import Warehouse
+from trajwh.lineage.rebuild import joined_by_key
 
 _ROOTS = re.compile(r"^(?:/testbed/|/workspace/[^/]+/|/repo/|/app/|/src/(?=[^/]+/)|/[A-Za-z0-9_.-]+__[A-Za-z0-9_.-]+/|\./)")
 MAX_TEXT = 20_000

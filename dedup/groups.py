@@ -21,10 +21,10 @@ import textwrap
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from dedup.components import components_sql
-from dedup.features import EpisodeFeatures
-from schemas import ids
-from schemas.repository import normalize_repository
+from trajwh.dedup.components import components_sql
+from trajwh.dedup.features import EpisodeFeatures
+from trajwh.schemas import ids
+from trajwh.schemas.repository import normalize_repository
 
 DEFAULT_KEYS = ("repository_task", "base_commit", "task", "failing_test", "touched_file", "patch_symbol", "near_dup")
 

@@ -21,15 +21,14 @@ from typing import Any
 import numpy as np
 import orjson
 import pyarrow as pa
-
-from dedup.components import components_uf
-from dedup.features import EpisodeFeatures, action_shingles, stream_features, text_shingles
-from dedup.groups import GroupConfig, assign_groups, patch_symbols
-from dedup.leaks import RULE_VERSION, LeakFlag, episode_leaks
-from dedup.minhash import MinHashParams, lsh_pairs, signatures
-from dedup.splits import SPLIT_VERSION, SplitConfig, assign_splits
-from lineage.catalog import Warehouse, now_utc
-from lineage.rebuild import (
+from trajwh.dedup.components import components_uf
+from trajwh.dedup.features import EpisodeFeatures, action_shingles, stream_features, text_shingles
+from trajwh.dedup.groups import GroupConfig, assign_groups, patch_symbols
+from trajwh.dedup.leaks import RULE_VERSION, LeakFlag, episode_leaks
+from trajwh.dedup.minhash import MinHashParams, lsh_pairs, signatures
+from trajwh.dedup.splits import SPLIT_VERSION, SplitConfig, assign_splits
+from trajwh.lineage.catalog import Warehouse, now_utc
+from trajwh.lineage.rebuild import (
     batch_fingerprints,
     inputs_fingerprint,
     is_current,
@@ -37,9 +36,15 @@ from lineage.rebuild import (
     replace_tables,
     run_row,
 )
-from schemas import ids
-from schemas.arrow import arrow_schema
-from schemas.tables import EpisodeFeatureRow, LeakFlagRow, NearDupClusterRow, SplitRow, TaskGroupRow
+from trajwh.schemas import ids
+from trajwh.schemas.arrow import arrow_schema
+from trajwh.schemas.tables import (
+    EpisodeFeatureRow,
+    LeakFlagRow,
+    NearDupClusterRow,
+    SplitRow,
+    TaskGroupRow,
+)
 
 TRANSFORM = "curate"
 CURATE_VERSION = "2.1.0"  # 2.0: capped weak merges, held-out rules; 2.1: group id from its first task

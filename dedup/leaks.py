@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from lineage.catalog import Warehouse
+from trajwh.lineage.catalog import Warehouse
 
 RULE_VERSION = "1.1.0"  # 1.1: a local .patch/.diff file is not a fetched fix
 
@@ -67,6 +67,6 @@ def episode_leaks(key: str, steps: list[dict]) -> list[LeakFlag]:
 
 def find_leaks(wh: Warehouse) -> list[LeakFlag]:
     """Leak flags of every redacted episode (the curate stage computes them batch by batch)."""
-    from dedup.features import stream_features
+    from trajwh.dedup.features import stream_features
 
     return [flag for f, steps in stream_features(wh) for flag in episode_leaks(f.key, steps)]

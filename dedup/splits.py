@@ -34,7 +34,7 @@ import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from dedup.features import EpisodeFeatures
+from trajwh.dedup.features import EpisodeFeatures
 
 SPLIT_VERSION = "2.0.0"  # 2.0: mixed groups, leak flags, weak links and repository state hold episodes out
 EVAL_SPLITS = ("valid", "test")
@@ -51,7 +51,7 @@ class SplitConfig:
     hold_out_leaks: bool = True  # leak-flagged episodes never enter an evaluation split
 
     def validate(self) -> None:
-        from schemas.errors import ConfigError
+        from trajwh.schemas.errors import ConfigError
 
         total = self.train + self.valid + self.test
         if min(self.train, self.valid, self.test) < 0 or abs(total - 1) > 1e-9:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from fragments.select import Fragment
+from trajwh.fragments.select import Fragment
 
 
 @dataclass

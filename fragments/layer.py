@@ -18,13 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
-
-from fragments.context import choose_context
-from fragments.outcomes import OUTCOME_RULES_VERSION, classify_outcome
-from fragments.select import RULES_VERSION, Fragment, SelectConfig, select_fragments
-from fragments.task_stats import StatsConfig, task_statistics
-from lineage.catalog import Warehouse, now_utc
-from lineage.rebuild import (
+from trajwh.fragments.context import choose_context
+from trajwh.fragments.outcomes import OUTCOME_RULES_VERSION, classify_outcome
+from trajwh.fragments.select import RULES_VERSION, Fragment, SelectConfig, select_fragments
+from trajwh.fragments.task_stats import StatsConfig, task_statistics
+from trajwh.lineage.catalog import Warehouse, now_utc
+from trajwh.lineage.rebuild import (
     TableSetWriter,
     batch_fingerprints,
     inputs_fingerprint,
@@ -33,8 +32,8 @@ from lineage.rebuild import (
     mark_running,
     run_row,
 )
-from schemas import ids
-from schemas.tables import FragmentRow, OutcomeRow, TaskStatsRow
+from trajwh.schemas import ids
+from trajwh.schemas.tables import FragmentRow, OutcomeRow, TaskStatsRow
 
 TRANSFORM = "fragments"
 TABLES = ("outcomes", "task_stats", "fragments")

@@ -21,8 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-
-from fragments.outcomes import NOT_THE_HARNESS
+from trajwh.fragments.outcomes import NOT_THE_HARNESS
 
 _REBUILD = re.compile(r"rebuild|image.?build|build.?(?:failed|error)", re.I)
 

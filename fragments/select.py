@@ -43,7 +43,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas import ids
+from trajwh.schemas import ids
 
 RULES_VERSION = "2.0.0"  # 2.0: recovery spans start after the anomaly; evidence, rewards, context, controls
 BASE_CONFIDENCE = {"verifier": 0.95, "agent_visible_tests": 0.75, "llm_judge": 0.6, "agent_self_report": 0.3}

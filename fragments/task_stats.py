@@ -30,7 +30,7 @@ from datetime import datetime
 from math import comb
 from typing import Any
 
-from fragments.outcomes import INFRASTRUCTURE
+from trajwh.fragments.outcomes import INFRASTRUCTURE
 
 KS = (1, 3, 5)
 NOT_AN_ATTEMPT = INFRASTRUCTURE | {"unknown"}

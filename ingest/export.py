@@ -19,11 +19,10 @@ from typing import Any
 
 import duckdb
 import orjson
-
-from licenses.eligibility import releasable_only
-from lineage.catalog import Warehouse
-from schemas.errors import ConfigError
-from schemas.native import NATIVE_FORMAT, NATIVE_FORMAT_VERSION
+from trajwh.licenses.eligibility import releasable_only
+from trajwh.lineage.catalog import Warehouse
+from trajwh.schemas.errors import ConfigError
+from trajwh.schemas.native import NATIVE_FORMAT, NATIVE_FORMAT_VERSION
 
 FORMATS = ("native", "atif")
 LAYERS = {"normalized": ("episodes", "steps"), "redacted": ("redacted_episodes", "redacted_steps")}
@@ -163,8 +162,9 @@ CONVERTERS: dict[str, Callable[[dict, list[dict]], dict]] = {"native": to_native
 
 def export_episodes(wh: Warehouse, fmt: str, out: str | Path, *, layer: str = "redacted", where: str | None = None,
                     progress: Callable[[int], None] | None = None, eligible_only: bool = False,
-                    policy_digest: str | None = None) -> int:
-    """Write every episode of ``layer`` as JSONL in ``fmt`` to ``out`` (``.gz`` compresses).
+                    policy_digest: str | None = None, members: set[str] | None = None) -> int:
+    """Write every episode of ``layer`` as JSONL in ``fmt`` to ``out`` (``.gz`` compresses);
+    ``members`` collects the trajectory keys written (the exports registry records them).
 
     The redacted layer is what leaves the warehouse: an episode the license policy or an opt-out
     does not allow for release is refused, with the reasons (``licenses.eligibility.not_releasable``),
@@ -186,6 +186,8 @@ def export_episodes(wh: Warehouse, fmt: str, out: str | Path, *, layer: str = "r
         for e, steps in iter_episodes(wh, layer, where, exclude):
             f.write(orjson.dumps(convert(e, steps), option=_OPTS) + b"\n")
             n += 1
+            if members is not None:
+                members.add(e["trajectory_key"])
             if progress:
                 progress(1)
     tmp.replace(out)

@@ -21,23 +21,22 @@ from typing import Any
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from ingest.actions import annotate_step
-from ingest.adapters.base import ParsedEpisode, RecordContext
-from ingest.adapters.registry import adapters, get_adapter
-from ingest.raw_store import quarantine_row
-from ingest.sessions import find_parts, find_superseded
-from ingest.test_output import parse_test_output
-from ingest.truncation import truncation
-from lineage.catalog import Warehouse, WriteSession, now_utc
-from lineage.parallel import PARALLEL_MIN_ITEMS, ordered_chunks, workers_wanted
-from lineage.rebuild import mark_running, run_row
-from lineage.storage import WrittenFile
-from schemas import ids
-from schemas.arrow import arrow_schema
-from schemas.errors import ConfigError, InputFormatError
-from schemas.repository import normalize_repository
-from schemas.tables import (
+from trajwh.ingest.actions import annotate_step
+from trajwh.ingest.adapters.base import ParsedEpisode, RecordContext
+from trajwh.ingest.adapters.registry import adapters, get_adapter
+from trajwh.ingest.raw_store import quarantine_row
+from trajwh.ingest.sessions import find_parts, find_superseded
+from trajwh.ingest.test_output import parse_test_output
+from trajwh.ingest.truncation import truncation
+from trajwh.lineage.catalog import Warehouse, WriteSession, now_utc
+from trajwh.lineage.parallel import PARALLEL_MIN_ITEMS, ordered_chunks, workers_wanted
+from trajwh.lineage.rebuild import mark_running, run_row
+from trajwh.lineage.storage import WrittenFile
+from trajwh.schemas import ids
+from trajwh.schemas.arrow import arrow_schema
+from trajwh.schemas.errors import ConfigError, InputFormatError
+from trajwh.schemas.repository import normalize_repository
+from trajwh.schemas.tables import (
     SCHEMA_VERSION,
     EpisodeRow,
     LineageEdgeRow,
@@ -45,7 +44,7 @@ from schemas.tables import (
     StepRow,
     ToolSchemaRow,
 )
-from schemas.values import bad_value
+from trajwh.schemas.values import bad_value
 
 NORMALIZE_VERSION = "1.0.0"
 FLUSH_STEPS = 20_000

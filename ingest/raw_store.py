@@ -14,20 +14,23 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import socket
 import stat
+import sys
+import tempfile
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-
-from ingest.adapters.base import Adapter
-from ingest.adapters.registry import detect, framing_for, get_adapter, known_formats
-from ingest.reader import (
+from trajwh.ingest.adapters.base import Adapter
+from trajwh.ingest.adapters.registry import detect, framing_for, get_adapter, known_formats
+from trajwh.ingest.reader import (
     FileRecord,
     TruncatedInput,
     display_path,
@@ -37,14 +40,14 @@ from ingest.reader import (
     read_document,
     read_head,
 )
-from licenses.optout import mark_opt_outs
-from licenses.spdx import require_valid
-from lineage.catalog import Warehouse, WriteSession, json_text, now_utc
-from lineage.storage import WrittenFile
-from schemas import ids
-from schemas.arrow import arrow_schema
-from schemas.errors import ConfigError
-from schemas.tables import QuarantineRow, RawRecord
+from trajwh.licenses.optout import mark_opt_outs
+from trajwh.licenses.spdx import require_valid
+from trajwh.lineage.catalog import Warehouse, WriteSession, json_text, now_utc
+from trajwh.lineage.storage import WrittenFile
+from trajwh.schemas import ids
+from trajwh.schemas.arrow import arrow_schema
+from trajwh.schemas.errors import ConfigError
+from trajwh.schemas.tables import QuarantineRow, RawRecord
 
 INGEST_VERSION = "1.0.0"
 #: files a dataset folder carries beside its trajectories: skipped with a note when no adapter reads them
@@ -64,6 +67,7 @@ class IngestOptions:
     quarantine_keep_bytes: int = 1 << 20
     lock_timeout: float = 60.0
     allow_forgotten: bool = False  # take records a deletion request removed (refused and counted otherwise)
+    stdin: Any = None  # the binary stream a path "-" reads (standard input when None)
 
     def validate(self) -> None:
         if not _SOURCE.match(self.source):
@@ -145,7 +149,7 @@ class _BatchWriter:
         self.started = now_utc()
         self.seen_records = _known(session.wh, "raw_records", "record_id")
         self.seen_quarantine = _known(session.wh, "quarantine", "quarantine_id")
-        from lineage.forget import forgotten_digests
+        from trajwh.lineage.forget import forgotten_digests
 
         self.forgotten = set() if opts.allow_forgotten else forgotten_digests(session.wh)
 
@@ -263,25 +267,27 @@ def _own_file(wh: Warehouse, path: Path) -> bool:
 
 
 def _ingest_one(path: Path, writer: _BatchWriter, opts: IngestOptions, summary: IngestSummary,
-                progress: ProgressFn | None) -> FileSummary:
-    """One file; a file that cannot be read is a per-file error, the rest of the call lands."""
+                progress: ProgressFn | None, shown: str | None = None) -> FileSummary:
+    """One file; a file that cannot be read is a per-file error, the rest of the call lands.
+    ``shown``: the name recorded for it (``<stdin>`` for standard input), else its path."""
     try:
         mode = os.stat(path).st_mode
     except OSError as exc:
-        return _file_error(path, f"cannot read: {exc.strerror or exc}", writer, opts, summary)
+        return _file_error(path, f"cannot read: {exc.strerror or exc}", writer, opts, summary, shown=shown)
     if not stat.S_ISREG(mode):
         kind = ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
                 else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
-        return _file_error(path, f"skipped: {kind}, not a file", writer, opts, summary, code="not_a_file")
+        return _file_error(path, f"skipped: {kind}, not a file", writer, opts, summary, code="not_a_file",
+                           shown=shown)
     try:
-        return _ingest_file(path, writer, opts, summary, progress)
+        return _ingest_file(path, writer, opts, summary, progress, shown)
     except OSError as exc:  # deleted, unreadable or failing mid-read: what was read before stands
-        return _file_error(path, f"cannot read: {exc.strerror or exc}", writer, opts, summary)
+        return _file_error(path, f"cannot read: {exc.strerror or exc}", writer, opts, summary, shown=shown)
 
 
 def _file_error(path: Path, reason: str, writer: _BatchWriter, opts: IngestOptions, summary: IngestSummary,
-                code: str = "file_error") -> FileSummary:
-    shown = display_path(path)
+                code: str = "file_error", shown: str | None = None) -> FileSummary:
+    shown = shown or display_path(path)
     writer.add_quarantine(quarantine_row(
         batch_id=writer.batch_id, run_id=writer.run_id, stage="ingest", source=opts.source, file_path=shown,
         line_no=None, offset=None, fmt=None, reason_code=code, reason=reason, payload=b""))
@@ -290,12 +296,12 @@ def _file_error(path: Path, reason: str, writer: _BatchWriter, opts: IngestOptio
 
 
 def _ingest_file(path: Path, writer: _BatchWriter, opts: IngestOptions, summary: IngestSummary,
-                 progress: ProgressFn | None) -> FileSummary:
+                 progress: ProgressFn | None, shown: str | None = None) -> FileSummary:
     size = path.stat().st_size
     head = read_head(path)
     adapter = get_adapter(opts.format) if opts.format else detect(str(path), head)
     stream, compression, raw = open_input(path, progress)
-    fs = FileSummary(display_path(path), size, adapter.name if adapter else None, compression)
+    fs = FileSummary(shown or display_path(path), size, adapter.name if adapter else None, compression)
     common = dict(batch_id=writer.batch_id, run_id=writer.run_id, source=opts.source,
                   file_path=fs.path, keep=opts.quarantine_keep_bytes)
 
@@ -358,9 +364,40 @@ def _ingest_file(path: Path, writer: _BatchWriter, opts: IngestOptions, summary:
 def ingest_paths(wh: Warehouse, paths: Iterable[str | os.PathLike[str]], opts: IngestOptions | None = None,
                  *, run_id: str | None = None, progress: ProgressFn | None = None,
                  on_files: Callable[[list[Path]], None] | None = None) -> IngestSummary:
-    """Ingest files or folders into a new batch of ``raw_records`` (+ ``quarantine``)."""
+    """Ingest files or folders into a new batch of ``raw_records`` (+ ``quarantine``). A path
+    ``-`` reads standard input (``opts.stdin``), recorded as the file ``<stdin>``."""
     opts = opts or IngestOptions()
     opts.validate()
+    with _standard_input(list(paths), opts) as (paths, names):
+        return _ingest_paths(wh, paths, names, opts, run_id, progress, on_files)
+
+
+STDIN_NAME = "<stdin>"
+
+
+@contextmanager
+def _standard_input(paths: list[str | os.PathLike[str]], opts: IngestOptions) -> Iterator[
+        tuple[list[str | os.PathLike[str]], dict[Path, str]]]:
+    """``-`` among the paths: standard input copied (streamed, any size) to a private temporary
+    file, so it is framed, detected, hashed and traced like any file; removed afterwards."""
+    if not any(os.fspath(p) == "-" for p in paths):
+        yield paths, {}
+        return
+    if sum(os.fspath(p) == "-" for p in paths) > 1:
+        raise ConfigError("standard input ('-') is given more than once", valid="'-' at most once")
+    tmp = Path(tempfile.mkdtemp(prefix="trajwh-stdin-"))  # owner-only
+    try:
+        spooled = tmp / "stdin"
+        with open(spooled, "wb") as f:
+            shutil.copyfileobj(opts.stdin if opts.stdin is not None else sys.stdin.buffer, f, 1 << 20)
+        yield [spooled if os.fspath(p) == "-" else p for p in paths], {spooled.resolve(): STDIN_NAME}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _ingest_paths(wh: Warehouse, paths: list[str | os.PathLike[str]], names: dict[Path, str], opts: IngestOptions,
+                  run_id: str | None, progress: ProgressFn | None,
+                  on_files: Callable[[list[Path]], None] | None) -> IngestSummary:
     problems: list[tuple[Path, str]] = []
     files = [f for f in find_input_files(paths, problems) if not _own_file(wh, f)]
     if on_files:
@@ -374,7 +411,7 @@ def ingest_paths(wh: Warehouse, paths: Iterable[str | os.PathLike[str]], opts: I
         for path, reason in problems:
             summary.files.append(_file_error(path, reason, writer, opts, summary))
         for path in files:
-            fs = _ingest_one(path, writer, opts, summary, progress)
+            fs = _ingest_one(path, writer, opts, summary, progress, names.get(path))
             summary.files.append(fs)
             summary.bytes_read += fs.size
         writer.finish()
@@ -384,7 +421,7 @@ def ingest_paths(wh: Warehouse, paths: Iterable[str | os.PathLike[str]], opts: I
             summary.recorded = False
             session.commit(rows={"runs": [_run_row(summary, opts, started)]})
             return summary
-        batch = _batch_row(summary, opts, files, formats, started)
+        batch = _batch_row(summary, opts, [names.get(f, f) for f in files], formats, started)
         session.commit(
             writer.files,
             rows={"batches": [batch], "ingested_files": [_file_row(batch_id, f) for f in summary.files],
@@ -396,7 +433,7 @@ def ingest_paths(wh: Warehouse, paths: Iterable[str | os.PathLike[str]], opts: I
     return summary
 
 
-def _batch_row(s: IngestSummary, opts: IngestOptions, files: list[Path], formats: list[str],
+def _batch_row(s: IngestSummary, opts: IngestOptions, files: list[Path | str], formats: list[str],
                started: datetime) -> dict[str, Any]:
     return {
         "batch_id": s.batch_id, "source": opts.source, "license": opts.license, "status": "committed",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from schemas.errors import ConfigError
+from trajwh.schemas.errors import ConfigError
 
 GZIP_MAGIC = b"\x1f\x8b"
 HEAD_BYTES = 65536

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
-from ingest.adapters.registry import adapters, get_adapter
-from lineage.catalog import Warehouse
+from trajwh.ingest.adapters.registry import adapters, get_adapter
+from trajwh.lineage.catalog import Warehouse
 
 
 def growth_prefix(payload: bytes) -> bytes:

@@ -15,13 +15,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from licenses.optout import active_opt_outs, opt_out_episodes, scan_pending
-from licenses.policy import POLICY_VERSION, LicensePolicy
-from lineage.catalog import Warehouse, now_utc
-from lineage.rebuild import TableSetWriter, inputs_fingerprint, is_current, mark_running, run_row
-from schemas import ids
-from schemas.config import LicenseSettings
-from schemas.tables import EligibilityRow, LicenseFactRow
+from trajwh.licenses.optout import active_opt_outs, opt_out_episodes, scan_pending
+from trajwh.licenses.policy import POLICY_VERSION, LicensePolicy
+from trajwh.lineage.catalog import Warehouse, now_utc
+from trajwh.lineage.rebuild import (
+    TableSetWriter,
+    inputs_fingerprint,
+    is_current,
+    mark_running,
+    run_row,
+)
+from trajwh.schemas import ids
+from trajwh.schemas.config import LicenseSettings
+from trajwh.schemas.tables import EligibilityRow, LicenseFactRow
 
 TRANSFORM = "eligibility"
 TABLES = ("license_facts", "eligibility")
@@ -120,7 +126,7 @@ def not_releasable(wh: Warehouse, where: str | None = None, policy_digest: str |
     the last build's release decision, plus opt-outs added since (matched now). Refuses when
     nothing was decided yet, or when ``policy_digest`` (the policy in force) is not the one the
     decisions were made by: a release must never rest on a stale decision."""
-    from schemas.errors import ConfigError
+    from trajwh.schemas.errors import ConfigError
 
     if not wh.query("SELECT count(*) FROM table_files WHERE table_name = 'eligibility'").column(0)[0].as_py():
         raise ConfigError(f"what may be released is not decided in {wh.root}",
@@ -169,7 +175,7 @@ def _add_live_opt_outs(wh: Warehouse, out: dict[str, list[str]], keys: set[str],
 def releasable_only(wh: Warehouse, where: str | None, policy_digest: str | None, eligible_only: bool) -> set[str]:
     """What an export leaves out: nothing, or it refuses with the reasons when a selected episode
     may not be released (``eligible_only``: those episodes are left out instead)."""
-    from schemas.errors import ConfigError
+    from trajwh.schemas.errors import ConfigError
 
     blocked = not_releasable(wh, where, policy_digest)
     if blocked and not eligible_only:

@@ -26,11 +26,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-
-from lineage.catalog import Warehouse, WriteSession, now_utc
-from schemas import ids
-from schemas.errors import ConfigError
-from schemas.repository import normalize_repository
+from trajwh.lineage.catalog import Warehouse, WriteSession, now_utc
+from trajwh.schemas import ids
+from trajwh.schemas.errors import ConfigError
+from trajwh.schemas.repository import normalize_repository
 
 OPT_OUT_KINDS: dict[str, str] = {
     "repository": "a repository URL or owner/name (normalized like the task groups)",
@@ -84,7 +83,7 @@ class OptOutSelector:
                 raise ConfigError(f"{text!r} is not an e-mail address", valid="email:name@example.org")
             return cls(kind, email_digest(value))
         if kind == "content":
-            from lineage.impact import check_content_pattern
+            from trajwh.lineage.impact import check_content_pattern
 
             check_content_pattern(value)
         if kind == "repository":

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from licenses.spdx import DECISION_RANK, decide, parse, require_valid
-from schemas.config import LicenseSettings, LicenseUse
-from schemas.errors import ConfigError
-from schemas.repository import normalize_repository
+from trajwh.licenses.spdx import DECISION_RANK, decide, parse, require_valid
+from trajwh.schemas.config import LicenseSettings, LicenseUse
+from trajwh.schemas.errors import ConfigError
+from trajwh.schemas.repository import normalize_repository
 
 POLICY_VERSION = "1.0.0"
 ELIGIBILITY = ("release", "train", "release_only", "blocked")

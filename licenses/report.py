@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from licenses.eligibility import reason_class
-from lineage.catalog import Warehouse
+from trajwh.licenses.eligibility import reason_class
+from trajwh.lineage.catalog import Warehouse
 
 Rows = Callable[[str], list[dict[str, Any]]]
 

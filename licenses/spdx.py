@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import cache, lru_cache
 from typing import Any
 
-from schemas.errors import ConfigError
+from trajwh.schemas.errors import ConfigError
 
 DECISION_RANK = {"block": 0, "review": 1, "allow": 2}
 _REF = re.compile(r"^(DocumentRef-[A-Za-z0-9.\-]+:)?LicenseRef-[A-Za-z0-9.\-]+$")

@@ -36,9 +36,14 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from lineage.storage import TMP_PREFIX, WrittenFile, ensure_dir, write_bytes_atomic, write_parquet
-from schemas.arrow import (
+from trajwh.lineage.storage import (
+    TMP_PREFIX,
+    WrittenFile,
+    ensure_dir,
+    write_bytes_atomic,
+    write_parquet,
+)
+from trajwh.schemas.arrow import (
     CATALOG_TABLES,
     PARQUET_TABLES,
     RESTRICTED_LAYERS,
@@ -46,8 +51,8 @@ from schemas.arrow import (
     arrow_schema,
     empty_table,
 )
-from schemas.errors import CatalogError, ConfigError, WarehouseBusyError
-from schemas.tables import SCHEMA_VERSION
+from trajwh.schemas.errors import CatalogError, ConfigError, WarehouseBusyError
+from trajwh.schemas.tables import SCHEMA_VERSION
 
 DEFAULT_WAREHOUSE = "./warehouse"
 ENV_WAREHOUSE = "TRAJWH_WAREHOUSE"
@@ -170,8 +175,13 @@ class Warehouse:
         finally:
             con.close()
 
-    def user_query(self, sql: str, *, restricted: bool = False) -> pa.Table:
-        """Run one user statement, read-only for real (``trajwh sql``; docs/sql.md):
+    def user_query(self, sql: str, *, restricted: bool = False, out: str | os.PathLike[str] | None = None,
+                   fmt: str = "parquet") -> Any:
+        """Run one user statement, read-only for real (``trajwh sql``; docs/sql.md). Returns an Arrow
+        table, or with ``out`` writes the result to that file with DuckDB's own ``COPY`` (``fmt``:
+        csv, json lines or parquet; see ``copy_result``) and returns the number of rows written.
+
+        The statement:
 
         - exactly one statement, and it must be a query (SELECT / WITH / FROM / DESCRIBE / SHOW /
           SUMMARIZE): no COPY, EXPORT, ATTACH, SET, PRAGMA, CALL, LOAD or INSTALL, no second
@@ -188,9 +198,21 @@ class Warehouse:
             con.execute("SET autoinstall_known_extensions = false")
             con.execute("SET autoload_known_extensions = false")
             con.execute("SET allowed_directories = ?", [allowed])
+            if out is not None:  # the one file the result may be written to: a new name beside it, then renamed
+                out = os.path.abspath(out)
+                partial = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.partial-{os.getpid()}")
+                con.execute("SET allowed_paths = ?", [[partial]])
             con.execute("SET enable_external_access = false")
             con.execute("SET lock_configuration = true")
-            return con.sql(statements[0]).to_arrow_table()
+            if out is None:
+                return con.sql(statements[0]).to_arrow_table()
+            try:
+                rows = copy_result(con, con.sql(statements[0]), partial, fmt)
+                os.replace(partial, out)
+                return rows
+            finally:
+                if os.path.exists(partial):
+                    os.unlink(partial)
         finally:
             con.close()
 
@@ -207,7 +229,10 @@ class Warehouse:
         a ``restricted`` schema only with ``restricted``."""
         con = self.connect(read_only=True)
         try:
-            tables = {t: con.sql(f"SELECT * FROM {t}").to_arrow_table() for t in ("table_files", "meta", *CATALOG_TABLES)}
+            have = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+            # a table added by a later version is empty until a writer creates it in the file
+            tables = {t: con.sql(f"SELECT * FROM {t}").to_arrow_table() if t in have else empty_table(t)
+                      for t in ("table_files", "meta", *CATALOG_TABLES)}
         finally:
             con.close()
         mem = duckdb.connect(":memory:")
@@ -304,6 +329,33 @@ def _init_schema(con: duckdb.DuckDBPyConnection, *, fresh: bool) -> None:
     elif set(PARQUET_TABLES) - views:  # a table added by a later version: its (empty) view
         _refresh_views(con, set(PARQUET_TABLES) - views)
     con.execute("COMMIT")
+
+
+COPY_FORMATS = ("csv", "json", "parquet")
+
+
+def copy_result(con: duckdb.DuckDBPyConnection, rel: duckdb.DuckDBPyRelation, out: str, fmt: str) -> int:
+    """Write a query's result to ``out`` with DuckDB's ``COPY`` (streamed, never an Arrow or
+    Python copy of the result) and return the rows written. ``csv``: a header line; lists and
+    structs as JSON text, bytes as base64, times in ISO 8601 (with a space), null as an empty cell. ``json``:
+    one object per line, bytes as base64. ``parquet``: zstd, types kept. The user's text is
+    never pasted into SQL here: the result is a view of the parsed relation."""
+    if fmt not in COPY_FORMATS:
+        raise ConfigError(f"unknown output format {fmt!r}", valid=", ".join(COPY_FORMATS))
+    cols = []
+    for name, dtype in zip(rel.columns, rel.dtypes, strict=True):
+        ident, kind = '"' + name.replace('"', '""') + '"', str(dtype)
+        if fmt != "parquet" and kind == "BLOB":
+            cols.append(f"base64({ident}) AS {ident}")
+        elif fmt == "csv" and (kind.endswith("]") or kind.startswith(("STRUCT(", "MAP(", "UNION("))):
+            cols.append(f"to_json({ident}) AS {ident}")
+        else:
+            cols.append(ident)
+    options = {"csv": "FORMAT csv, HEADER true", "json": "FORMAT json",
+               "parquet": "FORMAT parquet, COMPRESSION zstd"}[fmt]
+    rel.create_view("_trajwh_result")
+    select = f"SELECT {', '.join(cols)} FROM _trajwh_result" if cols else "SELECT * FROM _trajwh_result"
+    return int(con.execute(f"COPY ({select}) TO '{_sql_str(out)}' ({options})").fetchone()[0])
 
 
 def _sql_str(value: str) -> str:
@@ -477,7 +529,7 @@ class WriteSession:
 #: row per job, so a run row's key is the run id and the job)
 _ROW_KEYS = {"runs": ("run_id", "job"), "batches": ("batch_id",), "deletions": ("request_id",),
              "opt_outs": ("opt_out_id",), "opt_out_scans": ("opt_out_id", "batch_id"),
-             "opt_out_matches": ("opt_out_id", "record_id")}
+             "opt_out_matches": ("opt_out_id", "record_id"), "exports": ("path",)}
 
 
 def _replace_rows(con: duckdb.DuckDBPyConnection, table: str, rows: list[dict[str, Any]]) -> None:

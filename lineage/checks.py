@@ -10,9 +10,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from lineage.catalog import Warehouse
-from lineage.rebuild import inputs_fingerprint
-from lineage.storage import ensure_dir
+from trajwh.lineage.catalog import Warehouse
+from trajwh.lineage.rebuild import inputs_fingerprint
+from trajwh.lineage.storage import ensure_dir
 
 _LINEAGE_COLS = ("_record_id", "_batch_id", "_run_id", "_transform", "_transform_version")
 

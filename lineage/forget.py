@@ -14,10 +14,14 @@ A request runs in recorded stages, each idempotent, so a crash part-way is finis
 3. ``rebuilt``: the derived layers are built again (curation re-elects representatives and
    re-assigns groups and splits, task statistics and fragments of the touched tasks are redone,
    packs re-packed); episodes whose split changed are recorded.
-4. ``compacted``: check caches and spill files deleted, the catalog checkpointed.
-5. ``verified`` (or ``verify_failed``): no row with a forgotten id is left in any table, vault or
-   pack, and no probe string occurs in any byte the warehouse holds except where the surviving raw
-   data holds it too.
+4. ``exports_refreshed``: every export the tool recorded that holds a forgotten episode (or may:
+   a data card or query result written elsewhere) is written again, same parameters and path,
+   from the rebuilt layers; one no longer where it was written is listed as missing, one that
+   cannot be made again as stale (lineage/exports.py).
+5. ``compacted``: check caches and spill files deleted, the catalog checkpointed.
+6. ``verified`` (or ``verify_failed``): no row with a forgotten id is left in any table, vault or
+   pack, and no probe string occurs in any byte the warehouse holds, nor in any recorded export
+   that still exists, except where the surviving raw data holds it too.
 """
 
 from __future__ import annotations
@@ -35,15 +39,14 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from trajwh.lineage.catalog import Warehouse, now_utc
+from trajwh.lineage.impact import Impact, Selector, impact
+from trajwh.schemas import ids
+from trajwh.schemas.arrow import PARQUET_TABLES, arrow_schema
+from trajwh.schemas.errors import ConfigError
+from trajwh.schemas.tables import VaultRow
 
-from lineage.catalog import Warehouse, now_utc
-from lineage.impact import Impact, Selector, impact
-from schemas import ids
-from schemas.arrow import PARQUET_TABLES, arrow_schema
-from schemas.errors import ConfigError
-from schemas.tables import VaultRow
-
-STAGES = ("planned", "sources_removed", "rebuilt", "compacted", "verified")
+STAGES = ("planned", "sources_removed", "rebuilt", "exports_refreshed", "compacted", "verified")
 #: tables whose rows belong to one episode (column ``trajectory_key``)
 _BY_EPISODE = ("episodes", "steps", "redacted_episodes", "redacted_steps", "redaction_events", "episode_features",
                "near_dup_clusters", "task_groups", "splits", "leak_flags", "outcomes", "fragments", "license_facts",
@@ -69,6 +72,7 @@ class ForgetResult:
     verify: dict[str, Any] = field(default_factory=dict)
     resumed: bool = False
     sources: dict[str, Any] = field(default_factory=dict)  # files and bytes the rewrite replaced
+    exports: list[dict[str, Any]] = field(default_factory=list)  # recorded exports written again, missing or stale
 
 
 # --- probes ----------------------------------------------------------------------------------
@@ -110,7 +114,7 @@ def fingerprint(probe: str, salt: bytes) -> str:
 
 
 def _salt(wh: Warehouse) -> bytes:
-    from redaction.vault import Vault
+    from trajwh.redaction.vault import Vault
 
     return Vault(wh, None).salt()
 
@@ -261,7 +265,7 @@ def _remove_sources(wh: Warehouse, req: dict[str, Any], progress: Callable[[str]
 
 
 def _forget_vault(wh: Warehouse, keys: pa.Array, removed: dict[str, int]) -> None:
-    from redaction.vault import Vault
+    from trajwh.redaction.vault import Vault
 
     vault = Vault(wh, None)
     if not vault.root.exists() or not len(keys):
@@ -282,9 +286,9 @@ def _forget_vault(wh: Warehouse, keys: pa.Array, removed: dict[str, int]) -> Non
 
 
 def _rebuild(wh: Warehouse, before: dict[str, str], keys: set[str]) -> list[dict[str, Any]]:
-    from pipelines.definitions import build
+    from trajwh.pipelines.definitions import build
 
-    result = build(str(wh.root))
+    result = build(str(wh.root), job="forget")
     if not result.success:
         raise ConfigError("the rebuild after the deletion failed; the request stays open",
                           valid="fix the build, then run `trajwh forget --resume`")
@@ -297,7 +301,7 @@ def _compact(wh: Warehouse) -> None:
     """Caches and spill files go; the packs check's ledgers (ids and token digests of the units
     a passing check verified) stay, pruned to the units the packs still hold, so the next check
     does not render the whole set again."""
-    from packing.verify import LEDGER_DIR, prune_ledgers
+    from trajwh.packing.verify import LEDGER_DIR, prune_ledgers
 
     prune_ledgers(wh)
     cache = wh.root / "_cache"
@@ -401,6 +405,20 @@ def _scan_parquet(path: str, matcher: _Matcher) -> set[str]:
     return hits
 
 
+def _scan_bytes(path: str, matcher: _Matcher) -> set[str]:
+    """A file's bytes as text; a gzip file (a `.jsonl.gz` export) decompressed."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:2] == b"\x1f\x8b":
+        import gzip
+
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError):
+            pass
+    return matcher.find(data.decode("latin-1"))
+
+
 def _scan(wh: Warehouse, matcher: _Matcher) -> dict[str, set[str]]:
     """Fingerprints of the probes found, by file, over every file under the warehouse: Parquet
     decoded, anything else (the catalog and its WAL, vault salt, caches, logs) as bytes; the
@@ -410,12 +428,22 @@ def _scan(wh: Warehouse, matcher: _Matcher) -> dict[str, set[str]]:
         for name in names:
             path = os.path.join(dirpath, name)
             try:
-                hits = _scan_parquet(path, matcher) if name.endswith(".parquet") else \
-                    matcher.find(open(path, "rb").read().decode("latin-1"))
+                hits = _scan_parquet(path, matcher) if name.endswith(".parquet") else _scan_bytes(path, matcher)
             except (OSError, pa.ArrowInvalid):
-                hits = matcher.find(open(path, "rb").read().decode("latin-1"))
+                hits = _scan_bytes(path, matcher)
             if hits:
                 found[os.path.relpath(path, wh.root)] = hits
+    from trajwh.lineage.exports import paths as export_paths
+
+    for top in export_paths(wh):  # what the tool wrote elsewhere (a file or a folder)
+        for path in ([top] if os.path.isfile(top) else
+                     [os.path.join(d, n) for d, _, names in os.walk(top) for n in names]):
+            try:
+                hits = _scan_parquet(path, matcher) if path.endswith(".parquet") else _scan_bytes(path, matcher)
+            except (OSError, pa.ArrowInvalid):
+                hits = _scan_bytes(path, matcher)
+            if hits:
+                found[path] = hits
     con = wh.connect(read_only=True)
     try:
         for table in ("table_files", "meta", "batches", "ingested_files", "runs"):
@@ -514,6 +542,14 @@ def resume(wh: Warehouse, req: dict[str, Any], *, probes: list[str] | None = Non
         _maybe_crash("rebuilt")
         status = req["status"]
     if status == "rebuilt":
+        from trajwh.lineage.exports import refresh
+
+        refreshed = refresh(wh, req["trajectory_keys"], progress)
+        kept = orjson.loads(req["moved"] or "{}")
+        req = _save(wh, req, status="exports_refreshed", moved=orjson.dumps({**kept, "exports": refreshed}).decode())
+        _maybe_crash("exports_refreshed")
+        status = req["status"]
+    if status == "exports_refreshed":
         _compact(wh)
         req = _save(wh, req, status="compacted")
         _maybe_crash("compacted")
@@ -524,7 +560,7 @@ def resume(wh: Warehouse, req: dict[str, Any], *, probes: list[str] | None = Non
     doc = orjson.loads(req["moved"] or "{}")
     counts = {k: v for k, v in orjson.loads(req["counts"]).items() if not k.startswith("_")}
     return ForgetResult(req["request_id"], req["selector"], req["status"], counts, doc.get("moved", []), result,
-                        resumed, doc.get("sources", {}))
+                        resumed, doc.get("sources", {}), doc.get("exports", []))
 
 
 def _save(wh: Warehouse, req: dict[str, Any], **changes: Any) -> dict[str, Any]:

@@ -6,7 +6,8 @@ Read only. A selector names raw records (``source:``, ``license:``, ``batch:``, 
 made from them (lineage edges), episodes back to their records; from those two sets every derived
 row is found by its keys: steps, tool schemas, the redacted layer and its events, vault entries,
 lineage edges, curated rows (and the near-duplicate clusters whose representative would go, the
-task groups left empty, the tasks whose statistics would be recomputed), fragments and packs.
+task groups left empty, the tasks whose statistics would be recomputed), fragments and packs, and
+the exports the tool wrote that hold one of the episodes (lineage/exports.py) and the data card.
 
 Ids are returned in full (JSON) so a reviewer can check the plan a forget would carry out.
 """
@@ -19,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-
-from lineage.catalog import Warehouse
-from schemas.errors import ConfigError
-from schemas.repository import normalize_repository
+from trajwh.lineage.catalog import Warehouse
+from trajwh.schemas.errors import ConfigError
+from trajwh.schemas.repository import normalize_repository
 
 #: selector kind -> what it names
 SELECTOR_KINDS: dict[str, str] = {
@@ -139,7 +139,7 @@ def _selected_episodes(con: Any, sel: Selector) -> list[str]:
 
 
 def _opted_out(wh: Warehouse, opt_out_id: str) -> list[str]:
-    from licenses.optout import opt_out_episodes
+    from trajwh.licenses.optout import opt_out_episodes
 
     rows = wh.query("SELECT * FROM opt_outs WHERE opt_out_id = ? AND status = 'active'", [opt_out_id]).to_pylist()
     if not rows:
@@ -240,7 +240,14 @@ def _layers(wh: Warehouse, con: Any, sel: Selector, out: Impact) -> None:
     packs = con.execute(f"""SELECT DISTINCT p.pack_id, p.pack_set FROM packs p, unnest(p.segments) AS t(s)
                             WHERE t.s.trajectory_key IN {in_k}""").fetchall()
     _layer(out, "packs", len(packs), sorted(p[0] for p in packs), pack_sets=sorted({p[1] for p in packs}))
-    out.notes.append("exports and data cards: this version does not record what it exported, so none are listed")
+    from trajwh.lineage.exports import affected
+
+    held = affected(wh, out.episodes)
+    _layer(out, "exports", len(held), [e["path"] for e in held],
+           kinds={k: sum(e["kind"] == k for e in held) for k in sorted({e["kind"] for e in held})},
+           missing=[e["path"] for e in held if not e["exists"]])
+    _layer(out, "card", 1 if (wh.root / "card" / "card.json").exists() and out.episodes else 0,
+           note="<warehouse>/card is written again by the rebuild")
 
 
 def _vault(wh: Warehouse, con: Any, out: Impact) -> None:

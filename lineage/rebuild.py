@@ -14,10 +14,9 @@ from typing import Any
 
 import pyarrow as pa
 from pydantic import BaseModel
-
-from lineage.catalog import Warehouse, WriteSession, json_text, now_utc
-from schemas import ids
-from schemas.arrow import arrow_schema
+from trajwh.lineage.catalog import Warehouse, WriteSession, json_text, now_utc
+from trajwh.schemas import ids
+from trajwh.schemas.arrow import arrow_schema
 
 
 def inputs_fingerprint(wh: Warehouse, tables: list[str], where: str = "") -> str:

@@ -7,8 +7,8 @@ import os
 import socket
 from typing import Any
 
-from lineage.catalog import Warehouse
-from schemas.arrow import CATALOG_TABLES, PARQUET_TABLES, TABLE_LAYERS
+from trajwh.lineage.catalog import Warehouse
+from trajwh.schemas.arrow import CATALOG_TABLES, PARQUET_TABLES, TABLE_LAYERS
 
 
 def run_state(run: dict[str, Any]) -> str:
@@ -33,7 +33,7 @@ def run_state(run: dict[str, Any]) -> str:
 
 
 def warehouse_status(wh: Warehouse) -> dict[str, Any]:
-    from licenses.report import license_report
+    from trajwh.licenses.report import license_report
 
     tables = []
     files = {r["table_name"]: r for r in wh.query(

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from lineage.catalog import Warehouse
-from schemas.errors import ConfigError
+from trajwh.lineage.catalog import Warehouse
+from trajwh.schemas.errors import ConfigError
 
 _MIN_PREFIX = 8
 

@@ -29,8 +29,8 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from packing.render import Rendered, role_of, step_content
-from schemas.errors import ConfigError
+from trajwh.packing.render import Rendered, role_of, step_content
+from trajwh.schemas.errors import ConfigError
 
 _SENT = "\u27e6trajwh:{}\u27e7"
 _SENT_RE = re.compile("\"?\u27e6trajwh:([0-9]+)(?:\\.([0-9]+))?\u27e7\"?")

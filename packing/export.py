@@ -39,9 +39,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from lineage.catalog import Warehouse, now_utc
-from schemas.errors import ConfigError
+from trajwh.lineage.catalog import Warehouse, now_utc
+from trajwh.schemas.errors import ConfigError
 
 FORMATS = ("parquet", "megatron")
 MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
@@ -82,9 +81,9 @@ def resolve_pack_set(wh: Warehouse, pack_set: str | None) -> str:
         return pack_set
     if len(sets) == 1:
         return sets[0]
-    from packing.layer import pack_set_id
-    from pipelines.settings import pack_config
-    from schemas.config import load_settings
+    from trajwh.packing.layer import pack_set_id
+    from trajwh.pipelines.settings import pack_config
+    from trajwh.schemas.config import load_settings
 
     cfg = pack_config(load_settings(None, wh.root))
     configured = pack_set_id(cfg)
@@ -151,7 +150,7 @@ def export_packs(wh: Warehouse, *, split: str, fmt: str, out: str | Path, pack_s
     if not info["n"]:
         splits = wh.query("SELECT DISTINCT split FROM packs WHERE pack_set = ? ORDER BY 1", [pack_set]).column(0)
         raise ConfigError(f"pack set {pack_set} has no {split!r} packs", valid=", ".join(splits.to_pylist()))
-    from licenses.eligibility import not_trainable_in_packs
+    from trajwh.licenses.eligibility import not_trainable_in_packs
 
     barred = not_trainable_in_packs(wh, pack_set, split)
     if barred:  # an opt-out added since the packs were built: they must be built again first

@@ -32,11 +32,10 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from lineage.catalog import Warehouse, now_utc
-from lineage.storage import write_bytes_atomic
-from packing.render import arguments_json, role_of, step_content
-from schemas.errors import ConfigError
+from trajwh.lineage.catalog import Warehouse, now_utc
+from trajwh.lineage.storage import write_bytes_atomic
+from trajwh.packing.render import arguments_json, role_of, step_content
+from trajwh.schemas.errors import ConfigError
 
 HF_EXPORT_VERSION = "1.0.0"
 UNITS = ("episodes", "fragments")
@@ -77,6 +76,7 @@ class HfExportSummary:
     rows: dict[str, int] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
     left_out: int = 0  # episodes not allowed for release, left out (eligible_only)
+    keys: set[str] = field(default_factory=set)  # the episodes written (the exports registry records them)
 
 
 _EPISODES_SQL = """
@@ -131,9 +131,9 @@ def export_hf(wh: Warehouse, out: str | Path, *, unit: str = "episodes", splits:
               rows_per_shard: int = 5_000, overwrite: bool = False,
               progress: Callable[[int], None] | None = None) -> HfExportSummary:
     """Write the splits' episodes (or trainable fragments) as HF-shaped Parquet shards in ``out``."""
-    from ingest.export import check_filter
-    from licenses.eligibility import releasable_only
-    from packing.layer import tools_by_digest
+    from trajwh.ingest.export import check_filter
+    from trajwh.licenses.eligibility import releasable_only
+    from trajwh.packing.layer import tools_by_digest
 
     if unit not in UNITS:
         raise ConfigError(f"unknown export unit {unit!r}", valid=", ".join(UNITS))
@@ -169,6 +169,7 @@ def export_hf(wh: Warehouse, out: str | Path, *, unit: str = "episodes", splits:
         buf: list[dict] = []
         for r in _rows(wh, unit, split, where or "", set(blocked), tools):
             buf.append(r)
+            summary.keys.add(r["trajectory_key"])
             if progress:
                 progress(1)
             if len(buf) >= rows_per_shard:

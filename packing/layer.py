@@ -20,13 +20,12 @@ from typing import Any
 import numpy as np
 import orjson
 import pyarrow as pa
-
-from lineage.catalog import Warehouse, now_utc
-from lineage.rebuild import inputs_fingerprint, joined_by_key, mark_running, run_row
-from packing.pack import PACKERS, POLICIES, Segment
-from packing.render import render, truncate_context
-from packing.tokenizers import DEFAULT_TOKENIZER, get_tokenizer
-from packing.windows import (
+from trajwh.lineage.catalog import Warehouse, now_utc
+from trajwh.lineage.rebuild import inputs_fingerprint, joined_by_key, mark_running, run_row
+from trajwh.packing.pack import PACKERS, POLICIES, Segment
+from trajwh.packing.render import render, truncate_context
+from trajwh.packing.tokenizers import DEFAULT_TOKENIZER, get_tokenizer
+from trajwh.packing.windows import (
     RENDER_STEPS_SQL,
     WINDOWED_SQL,
     Plan,
@@ -36,10 +35,10 @@ from packing.windows import (
     stored_state,
     stored_tokens,
 )
-from schemas import ids
-from schemas.arrow import arrow_schema
-from schemas.errors import ConfigError
-from schemas.tables import PackRow
+from trajwh.schemas import ids
+from trajwh.schemas.arrow import arrow_schema
+from trajwh.schemas.errors import ConfigError
+from trajwh.schemas.tables import PackRow
 
 TRANSFORM = "packs"
 PACKS_VERSION = "1.3.0"  # 1.3: evaluation episodes only when eligible for training; 1.1: tool definitions rendered; 1.2: stable windows (incremental builds)

@@ -95,7 +95,7 @@ class PackResult:
 def fit(segments: Iterable[Segment], seq_len: int, policy: str = "drop") -> tuple[list[Segment], list[str], list[str]]:
     """The segments that fit, after the over-length policy; (segments, dropped ids, split ids)."""
     if policy not in POLICIES:
-        from schemas.errors import ConfigError
+        from trajwh.schemas.errors import ConfigError
 
         raise ConfigError(f"unknown over-length policy {policy!r}", valid=", ".join(POLICIES))
     out, dropped, split = [], [], []

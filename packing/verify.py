@@ -23,13 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from lineage.catalog import Warehouse
-from lineage.rebuild import joined_by_key
-from lineage.storage import ensure_dir, write_bytes_atomic
-from packing.layer import _STEPS_SQL, _UNITS, tools_by_digest
-from packing.render import render, trained_text
-from packing.tokenizers import tokenizer_of
+from trajwh.lineage.catalog import Warehouse
+from trajwh.lineage.rebuild import joined_by_key
+from trajwh.lineage.storage import ensure_dir, write_bytes_atomic
+from trajwh.packing.layer import _STEPS_SQL, _UNITS, tools_by_digest
+from trajwh.packing.render import render, trained_text
+from trajwh.packing.tokenizers import tokenizer_of
 
 # one row per segment (its table entry, not its tokens), in trajectory-key order
 _SEGMENTS_SQL = """
@@ -131,12 +130,12 @@ def verify_packs(wh: Warehouse, pack_set: str | None = None, *, scan_secrets: bo
     packing.windows) is not rendered again: an incremental build re-renders only what changed,
     and its check does too. Splits, structure and positions are still checked for every segment.
     After a passing check the ledger holds every segment of the set."""
-    from redaction.engine import Detector
+    from trajwh.redaction.engine import Detector
 
     where = "p.pack_set = ?" if pack_set else "true"
     params = [pack_set] if pack_set else []
     if pack_set and not wh.query("SELECT count(*) FROM packs WHERE pack_set = ?", params).column(0)[0].as_py():
-        from schemas.errors import ConfigError
+        from trajwh.schemas.errors import ConfigError
 
         sets = wh.query("SELECT DISTINCT pack_set FROM packs ORDER BY 1").column(0).to_pylist()
         raise ConfigError(f"no pack set {pack_set!r} in {wh.root}", valid=", ".join(sets) or "none: run trajwh pack")

@@ -31,9 +31,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-
-from lineage.catalog import Warehouse
-from schemas import ids
+from trajwh.lineage.catalog import Warehouse
+from trajwh.schemas import ids
 
 #: units in packing order with their window (``bits``: ranges per split and batch, as a power of two)
 WINDOWED_SQL = """

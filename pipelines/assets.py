@@ -3,17 +3,16 @@
 # no `from __future__ import annotations`: Dagster reads these annotations at runtime
 
 import dagster as dg
-
-from dedup.layer import CurateConfig, curate_warehouse
-from fragments.layer import build_fragments
-from ingest.normalize import normalize_warehouse
-from ingest.raw_store import IngestOptions, ingest_paths
-from licenses.eligibility import build_eligibility
-from packing.layer import build_packs
-from pipelines import settings as settings_mod
-from pipelines.render import count_progress
-from pipelines.resources import WarehouseResource
-from redaction.layer import redact_warehouse
+from trajwh.dedup.layer import CurateConfig, curate_warehouse
+from trajwh.fragments.layer import build_fragments
+from trajwh.ingest.normalize import normalize_warehouse
+from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+from trajwh.licenses.eligibility import build_eligibility
+from trajwh.packing.layer import build_packs
+from trajwh.pipelines import settings as settings_mod
+from trajwh.pipelines.render import count_progress
+from trajwh.pipelines.resources import WarehouseResource
+from trajwh.redaction.layer import redact_warehouse
 
 
 class IngestConfig(dg.Config):
@@ -32,7 +31,7 @@ class BuildConfig(dg.Config):
 def table_metadata(warehouse: WarehouseResource, table: str) -> dict:
     """What the table is now (not only what the run did): its rows, columns and catalog name,
     under Dagster's standard keys, so the UI shows them on the asset."""
-    from schemas.arrow import PARQUET_TABLES, arrow_schema
+    from trajwh.schemas.arrow import PARQUET_TABLES, arrow_schema
 
     rows = warehouse.get().query("SELECT coalesce(sum(rows), 0) FROM table_files WHERE table_name = ?",
                                  [table]).column(0)[0].as_py()
@@ -262,8 +261,8 @@ def packs(context: dg.AssetExecutionContext, config: PacksConfig, warehouse: War
           description="The data card, computed from the warehouse: README.md (Hugging Face style, YAML header), "
                       "card.json and card.html (plots inline) in <warehouse>/card.")
 def data_card(warehouse: WarehouseResource) -> dg.MaterializeResult:
-    from datacards.card import build_card
-    from datacards.stats import policy_of
+    from trajwh.datacards.card import build_card
+    from trajwh.datacards.stats import policy_of
 
     r = build_card(warehouse.get(), license_policy=policy_of(warehouse.settings()))
     return dg.MaterializeResult(metadata={

@@ -7,14 +7,13 @@ quarantined record is not a bad build)."""
 # no `from __future__ import annotations`: Dagster reads these annotations at runtime
 
 import dagster as dg
-
-from dedup.audit import audit_cached
-from ingest.adapters.registry import adapters
-from lineage.checks import cached, lineage_gaps, passed, reconcile_normalized
-from packing.layer import PACK_INPUTS
-from pipelines.resources import WarehouseResource
-from redaction.audit import rescan_sample
-from redaction.engine import POLICY_VERSION
+from trajwh.dedup.audit import audit_cached
+from trajwh.ingest.adapters.registry import adapters
+from trajwh.lineage.checks import cached, lineage_gaps, passed, reconcile_normalized
+from trajwh.packing.layer import PACK_INPUTS
+from trajwh.pipelines.resources import WarehouseResource
+from trajwh.redaction.audit import rescan_sample
+from trajwh.redaction.engine import POLICY_VERSION
 
 # every check reads only the tables named with it; a result is reused while their files are unchanged
 _LINEAGE_INPUTS = ["raw_records", "lineage_edges"]
@@ -137,9 +136,9 @@ PACK_SECRET_SAMPLE = 20
                             "whose tokens an earlier passing check verified for the same inputs are not rendered "
                             "again (their splits and structure are).")
 def packs_round_trip(warehouse: WarehouseResource) -> dg.AssetCheckResult:
-    from packing.layer import pack_set_id
-    from packing.verify import verify_packs
-    from pipelines.assets import PacksConfig, pack_config
+    from trajwh.packing.layer import pack_set_id
+    from trajwh.packing.verify import verify_packs
+    from trajwh.pipelines.assets import PacksConfig, pack_config
 
     wh = warehouse.get()
     cfg = pack_config(PacksConfig(), warehouse)

@@ -20,10 +20,9 @@ from typing import Any
 import click
 import orjson
 from rich.markup import escape
-
-from lineage.catalog import Warehouse
-from pipelines import render
-from schemas.errors import ConfigError, TrajwhError, WarehouseBusyError
+from trajwh.lineage.catalog import Warehouse
+from trajwh.pipelines import render
+from trajwh.schemas.errors import ConfigError, TrajwhError, WarehouseBusyError
 
 WAREHOUSE_HELP = "Warehouse folder (default: $TRAJWH_WAREHOUSE, else ./warehouse)."
 
@@ -80,16 +79,17 @@ def _file_size(path: Path) -> int:
 @handle_errors
 def ingest(paths: tuple[str, ...], source: str, license_: str | None, format_: str | None,
            max_record_mb: float, wait: float, flush_mb: float, allow_forgotten: bool, warehouse: str | None) -> None:
-    """Ingest trajectory files or folders (JSONL or JSON, gzip read transparently) into raw."""
-    from ingest.raw_store import IngestOptions, ingest_paths
-    from ingest.reader import find_input_files
+    """Ingest trajectory files or folders (JSONL or JSON, gzip read transparently) into raw.
+    A path '-' reads standard input (recorded as the file <stdin>)."""
+    from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+    from trajwh.ingest.reader import find_input_files
 
     wh = Warehouse(warehouse)
     opts = IngestOptions(source=source, license=license_, format=format_,
                          max_record_bytes=int(max_record_mb * (1 << 20)), lock_timeout=wait,
                          flush_bytes=max(1, int(flush_mb * (1 << 20))), allow_forgotten=allow_forgotten)
     opts.validate()
-    total = sum(_file_size(p) for p in find_input_files(paths))
+    total = sum(_file_size(p) for p in find_input_files([p for p in paths if p != "-"]))
     t0 = time.monotonic()
     with render.byte_progress("ingesting", total) as advance:
         s = ingest_paths(wh, paths, opts, progress=advance)
@@ -150,10 +150,10 @@ def build(full: bool, scope: str, config_path: str | None, cutoff: str | None, f
           whole_repository: bool | None, select: str | None, ephemeral: bool, warehouse: str | None) -> None:
     """(Re)materialize the derived layers through the Dagster graph, in-process, with the
     settings of trajwh.toml (docs/config.md) and the overrides given here."""
-    from pipelines.definitions import build as run_build
-    from pipelines.settings import with_overrides
-    from redaction.vault import load_key
-    from schemas.config import load_settings
+    from trajwh.pipelines.definitions import build as run_build
+    from trajwh.pipelines.settings import with_overrides
+    from trajwh.redaction.vault import load_key
+    from trajwh.schemas.config import load_settings
 
     wh = Warehouse(warehouse)
     wh.require()
@@ -166,7 +166,7 @@ def build(full: bool, scope: str, config_path: str | None, cutoff: str | None, f
                               whole_repository=whole_repository)
     render.console.print(f"settings: {settings.source or 'defaults'} (digest {settings.digest()})")
     t0 = time.monotonic()
-    from pipelines.definitions import resolve_selection, warehouse_instance
+    from trajwh.pipelines.definitions import resolve_selection, warehouse_instance
 
     only = None
     if select:
@@ -210,7 +210,7 @@ def print_build(result: Any, seconds: float) -> None:
 
 def print_split_summary(wh: Warehouse) -> None:
     """Requested vs realized split shares, with the reasons and loud warnings (the audit's)."""
-    from dedup.audit import audit_cached
+    from trajwh.dedup.audit import audit_cached
 
     if not wh.query("SELECT count(*) FROM table_files WHERE table_name = 'splits'").column(0)[0].as_py():
         return
@@ -245,39 +245,54 @@ def print_fragment_context(f: dict[str, Any]) -> None:
 @click.argument("query")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]), default="table",
               show_default=True)
-@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the result to FILE.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Write the result to FILE (DuckDB's COPY: streamed, any size; csv when --format is table).")
 @click.option("--max-rows", default=50, show_default=True, help="Rows shown in table format.")
+@click.option("--max-width", default=40, show_default=True,
+              help="Characters shown per cell in table format (longer values end with ...; 0: no limit, folded).")
 @click.option("--restricted", is_flag=True,
               help="Also open the restricted zone: restricted.episodes, restricted.steps, restricted.raw_records "
                    "(with payloads), ... They hold unredacted data: keep results inside the restricted zone.")
 @warehouse_option
 @handle_errors
-def sql(query: str, fmt: str, out: str | None, max_rows: int, restricted: bool, warehouse: str | None) -> None:
+def sql(query: str, fmt: str, out: str | None, max_rows: int, max_width: int, restricted: bool,
+        warehouse: str | None) -> None:
     """Run read-only SQL against the catalog (a view per table: see docs/sql.md). Safe by default:
     episodes and steps are the redacted tables; raw_records and quarantine show no bytes."""
-    import duckdb
+    import shutil
+    import tempfile
 
-    from lineage.export import write_result
+    import duckdb
 
     wh = Warehouse(warehouse)
     if restricted:
         render.err_console.print("[yellow]restricted zone:[/] restricted.* holds unredacted data")
+    if fmt == "parquet" and out is None:
+        raise ConfigError("--format parquet needs --out FILE", valid="--out result.parquet")
+    fmt = "csv" if fmt == "table" and out is not None else fmt
     try:
-        data = wh.user_query(query, restricted=restricted)
+        if fmt == "table":
+            data = wh.user_query(query, restricted=restricted)
+            render.console.print(render.arrow_table(data, max_rows=max_rows, max_width=max_width))
+        elif out is not None:  # recorded: a deletion request writes it again (lineage/exports.py)
+            from trajwh.lineage.exports import run_export
+
+            rows = run_export(wh, "sql", {"query": query, "restricted": restricted, "out": out, "fmt": fmt})
+            render.err_console.print(f"wrote {rows} rows to {out}")
+        else:  # csv or json lines on standard output: the same COPY, through a private file
+            with tempfile.TemporaryDirectory(prefix="trajwh-sql-") as tmp:
+                part = os.path.join(tmp, f"result.{fmt}")
+                wh.user_query(query, restricted=restricted, out=part, fmt=fmt)
+                sys.stdout.flush()
+                with open(part, "rb") as f:
+                    shutil.copyfileobj(f, sys.stdout.buffer)
+                sys.stdout.flush()
     except duckdb.Error as exc:
         render.err_console.print(f"[bold red]query failed:[/] {escape(str(exc))}")
         if not restricted and re.search(r"restricted|payload|normalized/|raw/", str(exc)):
             render.err_console.print("the unredacted tables (restricted.episodes, restricted.steps, restricted.raw_records "
                                      "with payloads, ...) open with --restricted (docs/sql.md)")
         sys.exit(2)
-    if fmt == "table" and out is None:
-        render.console.print(render.arrow_table(data, max_rows=max_rows))
-        return
-    if fmt == "table":
-        fmt = "csv"
-    write_result(data, fmt, out)
-    if out:
-        render.err_console.print(f"wrote {data.num_rows} rows to {out}")
 
 
 # --- status and trace --------------------------------------------------------------------------
@@ -291,7 +306,7 @@ def sql(query: str, fmt: str, out: str | None, max_rows: int, restricted: bool, 
 @handle_errors
 def status(as_json: bool, formats: bool, warehouse: str | None) -> None:
     """Rows per layer and table, recent batches and runs, quarantine counts by reason."""
-    from lineage.status import format_status, warehouse_status
+    from trajwh.lineage.status import format_status, warehouse_status
 
     wh = Warehouse(warehouse)
     if formats:
@@ -311,7 +326,7 @@ def status(as_json: bool, formats: bool, warehouse: str | None) -> None:
     c.print(render.dict_table(st["batches"], "last batches"))
     c.print(render.dict_table(st["runs"], "last runs"))
     c.print(render.dict_table(st["quarantine"], "quarantine by reason"))
-    from pipelines.cli_licenses import print_license_report
+    from trajwh.pipelines.cli_licenses import print_license_report
 
     print_license_report(st["licenses"])
 
@@ -323,13 +338,13 @@ def status(as_json: bool, formats: bool, warehouse: str | None) -> None:
 def trace(ident: str, warehouse: str | None) -> None:
     """Walk back from a fragment id, step id, trajectory key or record id to the raw record it came
     from; PACK_ID:OFFSET traces one packed token to its segment, step, characters and raw record."""
-    from lineage.trace import trace as do_trace
-    from packing.trace import parse_token_ref
+    from trajwh.lineage.trace import trace as do_trace
+    from trajwh.packing.trace import parse_token_ref
 
     c = render.console
     ref = parse_token_ref(ident)
     if ref:
-        from packing.trace import trace_token
+        from trajwh.packing.trace import trace_token
 
         tt = trace_token(Warehouse(warehouse), *ref)
         s = tt.segment
@@ -404,20 +419,16 @@ def export(fmt: str, layer: str, where: str | None, out: str, unit: str, splits:
            eligible_only: bool, config_path: str | None, warehouse: str | None) -> None:
     """Write episodes as native JSONL or ATIF (one episode per line), or as Hugging Face-shaped Parquet
     (--format hf). Only episodes allowed for release leave the warehouse (docs/licenses.md)."""
-    from ingest.export import export_episodes
-    from pipelines.settings import license_policy
-    from schemas.config import load_settings
+    from trajwh.lineage.exports import run_export
 
     wh = Warehouse(warehouse)
-    digest = license_policy(load_settings(config_path, wh.root)).digest
     if fmt == "hf":
-        from packing.hf_export import export_hf
-
         if layer != "redacted":
             raise ConfigError("--format hf exports the redacted layer only", valid="--layer redacted (the default)")
         with render.count_progress(f"exporting {unit}") as advance:
-            s = export_hf(wh, out, unit=unit, splits=splits or ("train", "valid", "test"), where=where,
-                          eligible_only=eligible_only, policy_digest=digest, overwrite=overwrite, progress=advance)
+            s = run_export(wh, "hf", {"out": out, "unit": unit, "splits": list(splits or ("train", "valid", "test")),
+                                      "where": where, "eligible_only": eligible_only, "config_path": config_path,
+                                      "overwrite": overwrite}, progress=advance)
         render.console.print(f"wrote {', '.join(f'{k} {v}' for k, v in s.rows.items()) or 'nothing'} ({unit}) to {out}/data"
                              + (f"; {s.left_out} episodes not allowed for release left out" if s.left_out else "")
                              + f"\nload: datasets.load_dataset(\"parquet\", data_dir=\"{out}/data\")")
@@ -426,13 +437,20 @@ def export(fmt: str, layer: str, where: str | None, out: str, unit: str, splits:
         render.err_console.print("[yellow]warning:[/] the normalized layer is not redacted; keep this export "
                                  "inside the restricted zone")
     with render.count_progress("exporting") as advance:
-        n = export_episodes(wh, fmt, out, layer=layer, where=where, progress=advance, eligible_only=eligible_only,
-                            policy_digest=digest)
+        n = run_export(wh, "episodes", {"fmt": fmt, "out": out, "layer": layer, "where": where,
+                                        "eligible_only": eligible_only, "config_path": config_path}, progress=advance)
     render.console.print(f"wrote {n} episodes as {fmt} to {out}")
 
 
 # the other command groups register themselves on `main`
-from pipelines import cli_curation, cli_demo, cli_forget, cli_licenses, cli_packing, cli_redaction  # noqa: E402, F401
+from trajwh.pipelines import (  # noqa: E402, F401
+    cli_curation,
+    cli_demo,
+    cli_forget,
+    cli_licenses,
+    cli_packing,
+    cli_redaction,
+)
 
 if __name__ == "__main__":
     main()

@@ -7,10 +7,9 @@ import sys
 
 import click
 from rich.markup import escape
-
-from lineage.catalog import Warehouse
-from pipelines import render
-from pipelines.cli import handle_errors, main, warehouse_option
+from trajwh.lineage.catalog import Warehouse
+from trajwh.pipelines import render
+from trajwh.pipelines.cli import handle_errors, main, warehouse_option
 
 # --- audit -------------------------------------------------------------------------------------
 
@@ -22,7 +21,7 @@ from pipelines.cli import handle_errors, main, warehouse_option
 def audit(as_json: bool, warehouse: str | None) -> None:
     """Split audit: what must be 0 (groups / clusters across splits, train states after an evaluation
     fix, leak-flagged evaluation episodes), held-out episodes, requested vs realized shares."""
-    from dedup.audit import audit as run_audit
+    from trajwh.dedup.audit import audit as run_audit
 
     wh = Warehouse(warehouse)
     wh.require()
@@ -67,8 +66,8 @@ def stats(by: str, interaction: tuple[str, str, str, str] | None, compare: tuple
     """Effective rate (with cost per effective trajectory), the policy x harness success matrix,
     and (optionally) the interaction and a paired harness comparison. Unknown outcomes never
     count as failures; a harness crash counts against its harness (docs/fragments.md)."""
-    from fragments.rates import compare_harnesses, effective_rates, policy_harness_matrix
-    from fragments.rates import interaction as interaction_term
+    from trajwh.fragments.rates import compare_harnesses, effective_rates, policy_harness_matrix
+    from trajwh.fragments.rates import interaction as interaction_term
 
     wh = Warehouse(warehouse)
     wh.require()
@@ -103,7 +102,7 @@ def _rounded(d: dict) -> dict:
 def _known_names(rows: list[dict], interaction: tuple | None, compare: tuple | None, policy: str | None) -> None:
     """Policy and harness names given to --interaction / --compare / --policy must exist: an
     unknown name is exit 2 with the valid ones, never an empty result that looks like an answer."""
-    from schemas.errors import ConfigError
+    from trajwh.schemas.errors import ConfigError
 
     policies = sorted({r["policy_name"] for r in rows if r["policy_name"]})
     harnesses = sorted({r["harness_name"] for r in rows if r["harness_name"]})

@@ -9,10 +9,9 @@ import time
 from pathlib import Path
 
 import click
-
-from lineage.catalog import Warehouse
-from pipelines import render
-from pipelines.cli import handle_errors, main, print_build, warehouse_option
+from trajwh.lineage.catalog import Warehouse
+from trajwh.pipelines import render
+from trajwh.pipelines.cli import handle_errors, main, print_build, warehouse_option
 
 # --- ui, synth, demo, schema -------------------------------------------------------------------
 
@@ -24,12 +23,12 @@ from pipelines.cli import handle_errors, main, print_build, warehouse_option
 def ui(port: int, warehouse: str | None) -> None:
     """Start the Dagster web UI on 127.0.0.1."""
     wh = Warehouse(warehouse)
-    from pipelines.definitions import DAGSTER_DIR, warehouse_instance
+    from trajwh.pipelines.definitions import DAGSTER_DIR, warehouse_instance
 
     warehouse_instance(wh.root)  # its dagster.yaml (telemetry off), as the CLI builds write it
     env = {**os.environ, "TRAJWH_WAREHOUSE": str(wh.root), "DAGSTER_HOME": str(wh.root / DAGSTER_DIR)}
     exe = Path(sys.executable).with_name("dagster")
-    cmd = [str(exe) if exe.exists() else "dagster", "dev", "-m", "pipelines.definitions",
+    cmd = [str(exe) if exe.exists() else "dagster", "dev", "-m", "trajwh.pipelines.definitions",
            "-h", "127.0.0.1", "-p", str(port)]
     render.err_console.print(f"Dagster UI for {wh.root} on http://127.0.0.1:{port} (Ctrl-C stops it)")
     os.execvpe(cmd[0], cmd, env)
@@ -43,7 +42,7 @@ def ui(port: int, warehouse: str | None) -> None:
 @handle_errors
 def synth(episodes: int, tasks: int | None, out: str, seed: int) -> None:
     """Generate a deterministic synthetic corpus in the native format."""
-    from synth.generator import SynthConfig, generate_corpus
+    from trajwh.synth.generator import SynthConfig, generate_corpus
 
     t0 = time.monotonic()
     with render.count_progress("generating", episodes) as advance:
@@ -65,17 +64,17 @@ def synth(episodes: int, tasks: int | None, out: str, seed: int) -> None:
 @handle_errors
 def demo(episodes: int, seed: int, corpus: str, warehouse: str | None) -> None:
     """Generate a corpus, ingest and build it through the Dagster graph, print a summary."""
-    from lineage.status import warehouse_status
-    from pipelines.definitions import build as run_build
-    from synth.generator import SynthConfig, generate_corpus
+    from trajwh.lineage.status import warehouse_status
+    from trajwh.pipelines.definitions import build as run_build
+    from trajwh.synth.generator import SynthConfig, generate_corpus
 
     wh = Warehouse(warehouse)
     t0 = time.monotonic()
     with render.count_progress("generating corpus", episodes) as advance:
         generate_corpus(SynthConfig(episodes=episodes, seed=seed), corpus, progress=advance)
-    from pipelines.definitions import warehouse_instance
+    from trajwh.pipelines.definitions import warehouse_instance
 
-    result = run_build(str(wh.root), include_ingest=True, instance=warehouse_instance(wh.root),
+    result = run_build(str(wh.root), include_ingest=True, instance=warehouse_instance(wh.root), job="demo",
                        ingest_config={"paths": [str(Path(corpus).resolve())], "source": "synthetic",
                                       "license": "CC-BY-4.0"})
     print_build(result, time.monotonic() - t0)
@@ -104,7 +103,7 @@ def demo(episodes: int, seed: int, corpus: str, warehouse: str | None) -> None:
             f"time leaks    {more['leaky']:>10,} episodes saw the future in a step; {more['fixed_after']:,} "
             f"fixed after the cutoff\neligibility   {more['eligibility']} "
             f"(trajwh licenses)\nfragments     {more['fragments']}")
-    from pipelines.cli_packing import print_pack_sets
+    from trajwh.pipelines.cli_packing import print_pack_sets
 
     print_pack_sets(wh)
     c.print(f"warehouse     {wh.root}\ncatalog       {wh.catalog_path}")
@@ -121,7 +120,7 @@ def demo(episodes: int, seed: int, corpus: str, warehouse: str | None) -> None:
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write to FILE instead of stdout.")
 def schema(out: str | None) -> None:
     """Print the JSON Schema of the native trajectory format."""
-    from schemas.native import NativeEpisode
+    from trajwh.schemas.native import NativeEpisode
 
     text = json.dumps(NativeEpisode.model_json_schema(), indent=2) + "\n"
     if out:

@@ -6,10 +6,9 @@ import json
 
 import click
 from rich.markup import escape
-
-from lineage.catalog import Warehouse
-from pipelines import render
-from pipelines.cli import handle_errors, main, warehouse_option
+from trajwh.lineage.catalog import Warehouse
+from trajwh.pipelines import render
+from trajwh.pipelines.cli import handle_errors, main, warehouse_option
 
 
 @main.command()
@@ -21,7 +20,7 @@ def impact(selector: str, as_json: bool, warehouse: str | None) -> None:
     """Counts and ids, per layer, of everything made from SELECTOR (read only). SELECTOR is KIND:VALUE:
     source:NAME, license:SPDX, batch:ID, file:PATH, record:ID, content:REGEX (raw bytes),
     episode:KEY, task:ID or repository:URL."""
-    from lineage.impact import impact as run_impact
+    from trajwh.lineage.impact import impact as run_impact
 
     result = run_impact(Warehouse(warehouse), selector)
     if as_json:
@@ -54,10 +53,10 @@ def forget(selector: str | None, reason: str | None, dry_run: bool, resume: bool
     made from it, leave a tombstone and verify that no byte of it is left (docs/forget.md)."""
     import sys
 
-    from lineage.forget import forget as run_forget
-    from lineage.forget import pending_requests
-    from lineage.forget import resume as run_resume
-    from schemas.errors import ConfigError
+    from trajwh.lineage.forget import forget as run_forget
+    from trajwh.lineage.forget import pending_requests
+    from trajwh.lineage.forget import resume as run_resume
+    from trajwh.schemas.errors import ConfigError
 
     wh = Warehouse(warehouse)
     c = render.console
@@ -99,6 +98,10 @@ def _print_result(r) -> None:
         c.print(f"  [red]leak[/]: {escape(f)}")
     for t, n in v.get("rows_left", {}).items():
         c.print(f"  [red]left[/]: {t}: {n}")
+    for e in r.exports:  # what the tool had written out of the warehouse
+        color = {"regenerated": "green", "missing": "yellow"}.get(e["status"], "red")
+        c.print(f"  export [{color}]{e['status']}[/]: {escape(e['kind'])} {escape(e['path'])}"
+                + (f" ({escape(e['note'])})" if e.get("note") else ""))
     if r.moved:
         c.print(f"{len(r.moved)} episodes changed split because their group or cluster lost episodes:")
         c.print(render.dict_table(r.moved[:20], "moved (first 20)"))
@@ -114,7 +117,7 @@ def verify_forget(request_id: str, as_json: bool, warehouse: str | None) -> None
     of the warehouse (Parquet decoded, the catalog, its WAL, vault, caches). Exit 1 on a finding."""
     import sys
 
-    from lineage.forget import verify_forget as run_verify
+    from trajwh.lineage.forget import verify_forget as run_verify
 
     result = run_verify(Warehouse(warehouse), request_id)
     if as_json:

@@ -9,10 +9,9 @@ from typing import Any
 
 import click
 from rich.markup import escape
-
-from lineage.catalog import Warehouse
-from pipelines import render
-from pipelines.cli import handle_errors, main, warehouse_option
+from trajwh.lineage.catalog import Warehouse
+from trajwh.pipelines import render
+from trajwh.pipelines.cli import handle_errors, main, warehouse_option
 
 
 def print_license_report(rep: dict[str, Any]) -> None:
@@ -32,7 +31,7 @@ def print_license_report(rep: dict[str, Any]) -> None:
 @handle_errors
 def licenses(as_json: bool, warehouse: str | None) -> None:
     """Episodes by license, eligibility (train, release, blocked) and reason, and opt-outs applied."""
-    from licenses.report import license_report
+    from trajwh.licenses.report import license_report
 
     wh = Warehouse(warehouse)
     wh.require()
@@ -57,7 +56,7 @@ def opt_out_add(selector: str, reason: str, warehouse: str | None) -> None:
     """Add SELECTOR: repository:URL, email:ADDRESS (author:ADDRESS; stored hashed), source:NAME,
     task:ID or content:REGEX. Every build from now on keeps the matching episodes out of training
     and release; new batches are matched on arrival."""
-    from licenses.optout import add_opt_out
+    from trajwh.licenses.optout import add_opt_out
 
     wh = Warehouse(warehouse)
     wh.require()
@@ -74,7 +73,7 @@ def opt_out_add(selector: str, reason: str, warehouse: str | None) -> None:
 @handle_errors
 def opt_out_list(as_json: bool, show_all: bool, warehouse: str | None) -> None:
     """The registry: id, kind, what it matches (an e-mail by its digest), reason, episodes matched."""
-    from licenses.optout import OptOutSelector, opt_out_episodes
+    from trajwh.licenses.optout import OptOutSelector, opt_out_episodes
 
     wh = Warehouse(warehouse)
     wh.require()
@@ -100,7 +99,7 @@ def opt_out_list(as_json: bool, show_all: bool, warehouse: str | None) -> None:
 @handle_errors
 def opt_out_remove(opt_out_id: str, warehouse: str | None) -> None:
     """Withdraw an opt-out (kept in the registry as removed); the next build uses the data again."""
-    from licenses.optout import remove_opt_out
+    from trajwh.licenses.optout import remove_opt_out
 
     row = remove_opt_out(Warehouse(warehouse), opt_out_id)
     render.console.print(f"opt-out {row['opt_out_id']} removed; the next `trajwh build` decides its episodes again")
@@ -113,8 +112,8 @@ def opt_out_remove(opt_out_id: str, warehouse: str | None) -> None:
 @handle_errors
 def opt_out_forget(opt_out_id: str, reason: str, warehouse: str | None) -> None:
     """Turn an opt-out into a deletion request: `trajwh forget opt-out:ID` (every layer, proved)."""
-    from lineage.forget import forget
-    from pipelines.cli_forget import _print_result
+    from trajwh.lineage.forget import forget
+    from trajwh.pipelines.cli_forget import _print_result
 
     result = forget(Warehouse(warehouse), f"opt-out:{opt_out_id}", reason, progress=render.console.log)
     _print_result(result)
@@ -131,8 +130,13 @@ def opt_out_forget(opt_out_id: str, reason: str, warehouse: str | None) -> None:
 def card(out: str | None, split: str | None, warehouse: str | None) -> None:
     """Write the data card from the warehouse: Markdown with a YAML header (Hugging Face style),
     JSON, and one self-contained HTML page with plots."""
-    from datacards.card import build_card
+    from trajwh.datacards.card import build_card
+    from trajwh.lineage.exports import run_export
 
-    r = build_card(Warehouse(warehouse), out, split=split, force=True)
+    wh = Warehouse(warehouse)
+    if out is None:  # the warehouse's own card folder: rewritten by every build and forget
+        r = build_card(wh, out, split=split, force=True)
+    else:  # a card written elsewhere is recorded: a deletion request writes it again
+        r = run_export(wh, "card", {"out": out, "split": split})
     for kind, path in r.files.items():
         render.console.print(f"{kind:<9} {path}")

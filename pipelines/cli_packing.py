@@ -8,10 +8,9 @@ from typing import Any
 
 import click
 from rich.markup import escape
-
-from lineage.catalog import Warehouse
-from pipelines import render
-from pipelines.cli import handle_errors, main, print_build, warehouse_option
+from trajwh.lineage.catalog import Warehouse
+from trajwh.pipelines import render
+from trajwh.pipelines.cli import handle_errors, main, print_build, warehouse_option
 
 _PACK_OPTIONS = [
     click.option("--tokenizer", default=None, help="qwen2.5, cl100k, or a Hugging Face tokenizer folder "
@@ -54,11 +53,11 @@ def pack(tokenizer: str | None, seq_len: int | None, policy: str | None, dedup: 
          full: bool, warehouse: str | None) -> None:
     """Render, tokenize and pack the trainable fragments per split (the `packs` asset, through Dagster).
     Another tokenizer or configuration makes a new pack set beside the others."""
-    from packing.layer import pack_set_id
-    from packing.tokenizers import get_tokenizer
-    from pipelines.definitions import build as run_build
-    from pipelines.settings import pack_config
-    from schemas.config import load_settings
+    from trajwh.packing.layer import pack_set_id
+    from trajwh.packing.tokenizers import get_tokenizer
+    from trajwh.pipelines.definitions import build as run_build
+    from trajwh.pipelines.settings import pack_config
+    from trajwh.schemas.config import load_settings
 
     wh = Warehouse(warehouse)
     wh.require()
@@ -69,9 +68,9 @@ def pack(tokenizer: str | None, seq_len: int | None, policy: str | None, dedup: 
         render.err_console.print("[bold red]no fragments yet:[/] run [bold]trajwh build[/] first")
         sys.exit(1)
     t0 = time.monotonic()
-    from pipelines.definitions import warehouse_instance
+    from trajwh.pipelines.definitions import warehouse_instance
 
-    result = run_build(str(wh.root), only=["packs"], full=full, instance=warehouse_instance(wh.root),
+    result = run_build(str(wh.root), only=["packs"], full=full, instance=warehouse_instance(wh.root), job="pack",
                        pack={k: v for k, v in overrides.items() if v is not None})
     print_build(result, time.monotonic() - t0)
     ps = pack_set_id(cfg, tok)
@@ -87,7 +86,7 @@ def pack(tokenizer: str | None, seq_len: int | None, policy: str | None, dedup: 
 def verify_packs_cmd(pack_set: str | None, no_secrets: bool, warehouse: str | None) -> None:
     """Check packs against the layers they came from: round trip to the rendered fragment, trained
     tokens = the span's model text, no split mixing, positions, no secret in the decoded text."""
-    from packing.verify import verify_packs, violations
+    from trajwh.packing.verify import verify_packs, violations
 
     wh = Warehouse(warehouse)
     wh.require()
@@ -123,11 +122,12 @@ def export_packs_cmd(split: str, fmt: str, out: str, pack_set: str | None, overw
     """Write one split of a pack set for a trainer: Parquet shards (input_ids, labels, position_ids,
     cu_seqlens, fragment_ids) or a Megatron indexed dataset (.bin/.idx + loss-mask and boundary
     sidecars), with manifest.json (tokenizer and template ids, counts, efficiency, fragment ids)."""
-    from packing.export import export_packs
+    from trajwh.lineage.exports import run_export
 
     wh = Warehouse(warehouse)
     with render.count_progress(f"exporting {split}") as advance:
-        s = export_packs(wh, split=split, fmt=fmt, out=out, pack_set=pack_set, overwrite=overwrite, progress=advance)
+        s = run_export(wh, "packs", {"split": split, "fmt": fmt, "out": out, "pack_set": pack_set,
+                                     "overwrite": overwrite}, progress=advance)
     render.console.print(f"wrote {s.sequences:,} sequences ({s.tokens:,} tokens, {s.trainable:,} trained, efficiency "
                          f"{s.efficiency:.3f}) of pack set {s.pack_set} as {fmt} to {out}:")
     for f in s.files:

@@ -6,11 +6,10 @@ import sys
 from pathlib import Path
 
 import click
-
-from lineage.catalog import Warehouse
-from pipelines import render
-from pipelines.cli import handle_errors, main, warehouse_option
-from schemas.errors import ConfigError
+from trajwh.lineage.catalog import Warehouse
+from trajwh.pipelines import render
+from trajwh.pipelines.cli import handle_errors, main, warehouse_option
+from trajwh.schemas.errors import ConfigError
 
 # --- redaction -----------------------------------------------------------------------------------
 
@@ -28,15 +27,14 @@ def redact_text(src: str, dst: str, salt: str | None, warehouse: str | None) -> 
     import secrets as _secrets
 
     import orjson
-
-    from redaction.engine import Redactor
-    from schemas.errors import InputFormatError
+    from trajwh.redaction.engine import Redactor
+    from trajwh.schemas.errors import InputFormatError
 
     wh = Warehouse(warehouse)
     if salt:
         key = salt.encode()
     elif warehouse and wh.exists():
-        from redaction.vault import Vault
+        from trajwh.redaction.vault import Vault
 
         key = Vault(wh, None).salt()
     else:
@@ -74,7 +72,7 @@ def vault() -> None:
 @handle_errors
 def vault_init_key(out: str) -> None:
     """Create a new vault key file; point $TRAJWH_VAULT_KEY_FILE at it before building."""
-    from redaction.vault import new_key_file
+    from trajwh.redaction.vault import new_key_file
 
     path = new_key_file(out)
     render.console.print(f"wrote a new vault key to {path}\nexport TRAJWH_VAULT_KEY_FILE={path}")
@@ -87,7 +85,7 @@ def vault_init_key(out: str) -> None:
 @handle_errors
 def vault_reveal(placeholder: str, scope: str | None, warehouse: str | None) -> None:
     """Print the original value behind a placeholder (needs the vault key)."""
-    from redaction.vault import Vault, load_key
+    from trajwh.redaction.vault import Vault, load_key
 
     wh = Warehouse(warehouse)
     wh.require()
@@ -106,7 +104,7 @@ def vault_reveal(placeholder: str, scope: str | None, warehouse: str | None) -> 
 @handle_errors
 def vault_rotate(new_key_file: str, warehouse: str | None) -> None:
     """Re-encrypt every vault entry with a new key; then point TRAJWH_VAULT_KEY_FILE at it."""
-    from redaction.vault import Vault, load_key
+    from trajwh.redaction.vault import Vault, load_key
 
     wh = Warehouse(warehouse)
     wh.require()

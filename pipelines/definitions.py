@@ -1,6 +1,6 @@
 """Dagster ``Definitions``: assets, checks, jobs, the landing sensor and the daily schedule.
 
-``dagster dev -m pipelines.definitions`` (or ``trajwh ui``) serves them.
+``dagster dev -m trajwh.pipelines.definitions`` (or ``trajwh ui``) serves them.
 """
 
 # no `from __future__ import annotations`: Dagster reads these annotations at runtime
@@ -11,8 +11,7 @@ import warnings
 from pathlib import Path
 
 import dagster as dg
-
-from pipelines.assets import (
+from trajwh.pipelines.assets import (
     curated,
     data_card,
     fragment_layer,
@@ -22,8 +21,8 @@ from pipelines.assets import (
     raw_records,
     redacted,
 )
-from pipelines.checks import ALL_CHECKS
-from pipelines.resources import WarehouseResource
+from trajwh.pipelines.checks import ALL_CHECKS
+from trajwh.pipelines.resources import WarehouseResource
 
 ASSETS = [raw_records, normalized, redacted, curated, licensed, fragment_layer, packs, data_card]
 #: the derived layers (everything but the ingest itself): what `trajwh build` materializes
@@ -95,7 +94,7 @@ def resolve_selection(text: str) -> tuple[list[str], list[str]]:
     """A Dagster asset selection (``splits``, ``group:curated``, ``key:packs+``, ``+fragments``) as
     the asset names to build, each multi-asset step taken whole (its outputs are built together),
     and the names added that way. Bad or empty selections are errors that list what is valid."""
-    from schemas.errors import ConfigError
+    from trajwh.schemas.errors import ConfigError
 
     graph = defs.get_repository_def().asset_graph
     names = sorted(k.to_user_string() for k in graph.get_all_asset_keys())
@@ -126,9 +125,18 @@ def build(warehouse: str, *, full: bool = False, include_ingest: bool = False,
           ingest_config: dict | None = None, instance: dg.DagsterInstance | None = None,
           log_level: str = "WARNING", scope: str = "episode", curate: dict | None = None,
           config: str | None = None, pack: dict | None = None,
-          only: list[str] | None = None) -> dg.ExecuteInProcessResult:
+          only: list[str] | None = None, job: str = "build") -> dg.ExecuteInProcessResult:
     """Materialize the graph in-process (``trajwh build`` and the tests use this); ``only``: just
-    these assets (their inputs must exist), e.g. ``["packs"]`` for ``trajwh pack``."""
+    these assets (their inputs must exist), e.g. ``["packs"]`` for ``trajwh pack``.
+
+    ``job`` names the run: the Dagster job the UI lists it under, and the ``runs`` row that
+    records it (status running, then succeeded or failed, with the selection and what it
+    materialized), beside one row per stage under the same run id."""
+    import uuid
+
+    from trajwh.lineage.catalog import Warehouse, now_utc
+    from trajwh.lineage.rebuild import mark_running, run_row
+
     selection = dg.AssetSelection.all() if include_ingest else BUILD_SELECTION
     if only:
         selection = dg.AssetSelection.assets(*only)
@@ -140,11 +148,33 @@ def build(warehouse: str, *, full: bool = False, include_ingest: bool = False,
     if only:  # config only for the ops that run
         keep = {n for a in ASSETS for n in [a.op.name] if set(only) & {k.to_user_string() for k in a.keys}}
         ops = {k: v for k, v in ops.items() if k in keep}
-    return dg.materialize(
-        [*ASSETS, *ALL_CHECKS],
-        selection=selection,
-        resources={"warehouse": WarehouseResource(path=str(warehouse), config=config or "")},
-        run_config={"ops": ops, "loggers": {"console": {"config": {"log_level": log_level}}}},
-        instance=instance,
-        raise_on_error=True,
-    )
+    defs = dg.Definitions(jobs=[dg.define_asset_job(name=job, selection=selection)], assets=[*ASSETS],
+                          asset_checks=[*ALL_CHECKS],
+                          resources={"warehouse": WarehouseResource(path=str(warehouse), config=config or "")})
+    wh, run_id, started = Warehouse(warehouse), str(uuid.uuid4()), now_utc()
+    params = {"full": full, "selection": only or ("all" if include_ingest else "build"), "dagster_job": job}
+    with wh.write_session(job) as session:
+        mark_running(session, run_id, job, started)
+    try:
+        result = defs.resolve_job_def(job).execute_in_process(
+            run_config={"ops": ops, "loggers": {"console": {"config": {"log_level": log_level}}}},
+            instance=instance, raise_on_error=True, run_id=run_id)
+    except BaseException as exc:
+        try:  # recorded when it can be; never in place of the error itself
+            _record_job(wh, run_row(run_id, job, started, params=params, counts={}, code_version=""),
+                        f"{type(exc).__name__}: {exc}")
+        except Exception:  # noqa: BLE001
+            pass
+        raise
+    checks = result.get_asset_check_evaluations()
+    failed = sorted(c.check_name for c in checks if not c.passed)
+    counts = {"materialized": sorted(m.asset_key.to_user_string() for m in result.get_asset_materialization_events()),
+              "checks_passed": sum(c.passed for c in checks), "checks_failed": failed}
+    _record_job(wh, run_row(run_id, job, started, params=params, counts=counts, code_version=""),
+                f"checks failed: {', '.join(failed)}" if failed else None)
+    return result
+
+
+def _record_job(wh, row: dict, error: str | None) -> None:
+    with wh.write_session(row["job"]) as session:
+        session.upsert_rows("runs", [{**row, "status": "failed", "error": error[:2000]} if error else row])

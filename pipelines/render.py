@@ -56,12 +56,18 @@ def fmt(value: Any, width: int = 80) -> Text:
     return Text(text if len(text) <= width else text[: width - 1] + "…")
 
 
-def arrow_table(data: pa.Table, title: str | None = None, max_rows: int = 50) -> Table:
+def arrow_table(data: pa.Table, title: str | None = None, max_rows: int = 50, max_width: int = 40) -> Table:
+    """A query result as a table that stays one line per row: each cell shows at most ``max_width``
+    characters (longer ones end with an ellipsis, line breaks shown as ``⏎``), so a wide result
+    keeps its columns side by side. ``max_width=0``: whole values, folded."""
     table = Table(title=title, show_lines=False, header_style="bold")
     for name in data.column_names:
-        table.add_column(name, overflow="fold")
+        if max_width:
+            table.add_column(name, overflow="ellipsis", no_wrap=True, max_width=max(max_width, 4))
+        else:
+            table.add_column(name, overflow="fold")
     for row in data.slice(0, max_rows).to_pylist():
-        table.add_row(*(fmt(v) for v in row.values()))
+        table.add_row(*(fmt(v, width=max(max_width, 4) if max_width else 1 << 30) for v in row.values()))
     if data.num_rows > max_rows:
         table.caption = f"{data.num_rows} rows, first {max_rows} shown (use --max-rows or --format/--out)"
     else:

@@ -3,9 +3,8 @@
 # no `from __future__ import annotations`: Dagster reads these annotations at runtime
 
 import dagster as dg
-
-from lineage.catalog import Warehouse, resolve_warehouse
-from schemas.config import Settings, load_settings
+from trajwh.lineage.catalog import Warehouse, resolve_warehouse
+from trajwh.schemas.config import Settings, load_settings
 
 
 class WarehouseResource(dg.ConfigurableResource):

@@ -10,17 +10,17 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from dedup.groups import GroupConfig
-from dedup.layer import CurateConfig
-from dedup.minhash import MinHashParams
-from dedup.splits import SplitConfig
-from fragments.outcomes import OUTCOME_RULES_VERSION
-from fragments.select import SelectConfig
-from fragments.task_stats import StatsConfig
-from licenses.policy import LicensePolicy
-from packing.layer import PackConfig
-from schemas.config import Settings, parse_cutoff, parse_fractions, settings_from
-from schemas.errors import ConfigError
+from trajwh.dedup.groups import GroupConfig
+from trajwh.dedup.layer import CurateConfig
+from trajwh.dedup.minhash import MinHashParams
+from trajwh.dedup.splits import SplitConfig
+from trajwh.fragments.outcomes import OUTCOME_RULES_VERSION
+from trajwh.fragments.select import SelectConfig
+from trajwh.fragments.task_stats import StatsConfig
+from trajwh.licenses.policy import LicensePolicy
+from trajwh.packing.layer import PackConfig
+from trajwh.schemas.config import Settings, parse_cutoff, parse_fractions, settings_from
+from trajwh.schemas.errors import ConfigError
 
 
 def with_overrides(settings: Settings, *, cutoff: str | None = None, fractions: str | None = None,

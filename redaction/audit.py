@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from lineage.catalog import Warehouse
-from redaction.engine import Detector
+from trajwh.lineage.catalog import Warehouse
+from trajwh.redaction.engine import Detector
 
 _FIELDS = ("text", "observation", "action_object", "action_command")
 

@@ -28,11 +28,10 @@ from urllib.parse import quote, unquote
 
 import ahocorasick
 import orjson
-
-from redaction.detectors import ALL_SHAPES, PLACEHOLDER_RE, PROVIDER_SHAPES, merge_spans
-from redaction.keyed import find_keyed, keyed_value_ok, secret_name
-from redaction.people import COMMON_WORDS, person_names, reserved_domain, user_names
-from redaction.pii import card_issued, keep_ip, person_analyzer, phone_number, public_domain
+from trajwh.redaction.detectors import ALL_SHAPES, PLACEHOLDER_RE, PROVIDER_SHAPES, merge_spans
+from trajwh.redaction.keyed import find_keyed, keyed_value_ok, secret_name
+from trajwh.redaction.people import COMMON_WORDS, person_names, reserved_domain, user_names
+from trajwh.redaction.pii import card_issued, keep_ip, person_analyzer, phone_number, public_domain
 
 #: 1.1: a normalized repository remote is kept (grouping identity); 2.0: context-keyed secrets in every
 #: syntax, user names only with evidence and in every spelling, person names from structure, private

@@ -22,8 +22,7 @@ import re
 from collections.abc import Iterator
 
 import ahocorasick
-
-from redaction.detectors import entropy, is_placeholder, merge_spans
+from trajwh.redaction.detectors import entropy, is_placeholder, merge_spans
 
 #: words that make a name secret (matched inside the name, case-insensitively)
 _SECRET_WORDS = re.compile(

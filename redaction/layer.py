@@ -20,17 +20,29 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from lineage.catalog import Warehouse, now_utc
-from lineage.parallel import PARALLEL_MIN_ITEMS, ordered_chunks, workers_wanted
-from lineage.rebuild import mark_running, run_row
-from redaction.engine import POLICY_VERSION, SCOPE_KINDS, Detector, Redactor, Replacement, Scope
-from redaction.vault import Vault, load_key
-from schemas import ids
-from schemas.arrow import arrow_schema
-from schemas.errors import ConfigError
-from schemas.repository import is_normalized_remote
-from schemas.tables import EpisodeRow, LineageEdgeRow, RedactionEventRow, StepRow, ToolSchemaRow
+from trajwh.lineage.catalog import Warehouse, now_utc
+from trajwh.lineage.parallel import PARALLEL_MIN_ITEMS, ordered_chunks, workers_wanted
+from trajwh.lineage.rebuild import mark_running, run_row
+from trajwh.redaction.engine import (
+    POLICY_VERSION,
+    SCOPE_KINDS,
+    Detector,
+    Redactor,
+    Replacement,
+    Scope,
+)
+from trajwh.redaction.vault import Vault, load_key
+from trajwh.schemas import ids
+from trajwh.schemas.arrow import arrow_schema
+from trajwh.schemas.errors import ConfigError
+from trajwh.schemas.repository import is_normalized_remote
+from trajwh.schemas.tables import (
+    EpisodeRow,
+    LineageEdgeRow,
+    RedactionEventRow,
+    StepRow,
+    ToolSchemaRow,
+)
 
 TRANSFORM = "redact"
 _EPISODE_TEXT = ("task_text", "repository", "termination_reason", "exit_status")

@@ -17,12 +17,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from lineage.catalog import Warehouse, now_utc
-from lineage.storage import ensure_dir, write_bytes_atomic, write_parquet
-from schemas.arrow import arrow_schema
-from schemas.errors import ConfigError
-from schemas.tables import VaultRow
+from trajwh.lineage.catalog import Warehouse, now_utc
+from trajwh.lineage.storage import ensure_dir, write_bytes_atomic, write_parquet
+from trajwh.schemas.arrow import arrow_schema
+from trajwh.schemas.errors import ConfigError
+from trajwh.schemas.tables import VaultRow
 
 ENV_KEY = "TRAJWH_VAULT_KEY"
 ENV_KEY_FILE = "TRAJWH_VAULT_KEY_FILE"

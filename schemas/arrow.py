@@ -15,9 +15,8 @@ from functools import cache
 
 import pyarrow as pa
 from pydantic import BaseModel
-
-from schemas import tables
-from schemas.errors import ConfigError
+from trajwh.schemas import tables
+from trajwh.schemas.errors import ConfigError
 
 _SCALARS: dict[type, pa.DataType] = {
     str: pa.string(),
@@ -130,6 +129,7 @@ CATALOG_TABLES: dict[str, type[BaseModel]] = {
     "opt_outs": tables.OptOutRow,
     "opt_out_matches": tables.OptOutMatchRow,
     "opt_out_scans": tables.OptOutScanRow,
+    "exports": tables.ExportRow,
 }
 
 #: layers that hold secrets: owner-only permissions (ARCHITECTURE.md section 1)

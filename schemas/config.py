@@ -80,8 +80,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
-from schemas.errors import ConfigError
+from trajwh.schemas.errors import ConfigError
 
 CONFIG_NAME = "trajwh.toml"
 GROUP_KEYS = ("repository_task", "base_commit", "task", "failing_test", "touched_file", "patch_symbol", "near_dup")

@@ -12,7 +12,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = "1.8.0"  # 1.8: license_facts, eligibility, the opt-out registry; 1.7: packs carry their window and digest, segments their token key; 1.6: redacted_tool_schemas (what packing renders); 1.5: pack segments carry kind, split and the context steps cut; 1.1: canonical actions on steps and tool calls; 1.2: base_commit_at, normalized repository;
+SCHEMA_VERSION = "1.9.0"  # 1.9: the exports registry; 1.8: license_facts, eligibility, the opt-out registry; 1.7: packs carry their window and digest, segments their token key; 1.6: redacted_tool_schemas (what packing renders); 1.5: pack segments carry kind, split and the context steps cut; 1.1: canonical actions on steps and tool calls; 1.2: base_commit_at, normalized repository;
 # 1.3: tool_schemas table, tool calls keep the request the harness executed when it rewrote the model's;
 # 1.4: episode_features (per-batch curation inputs), outcomes.inputs_digest
 
@@ -532,6 +532,22 @@ class OptOutScanRow(_Row):
     batch_id: str
     scanned_at: datetime
     n_matches: int
+
+
+class ExportRow(_Row):
+    """An export the tool wrote out of the warehouse (lineage/exports.py): where, how to make it
+    again, and which episodes it holds (None: a data card or a query result, which may hold any),
+    so a deletion request can write it again without them (docs/forget.md)."""
+
+    export_id: str
+    kind: str  # episodes | hf | packs | card | sql
+    path: str  # absolute; a later export to the same path replaces this row
+    params: JsonText
+    created_at: datetime
+    status: str  # current | regenerated (by a forget) | stale (could not be written again) | missing
+    note: str | None = None
+    n_episodes: int | None = None
+    trajectory_keys: list[str] | None = None
 
 
 # --- packed zone -----------------------------------------------------------------------------

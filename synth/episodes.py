@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from synth.world import DECOYS, Task, hexstr, make_secret
+from trajwh.synth.world import DECOYS, Task, hexstr, make_secret
 
 SYSTEM_PROMPTS = {
     "function": ("You are an autonomous software engineer working in a repository checkout. Use the "

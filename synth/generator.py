@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-
-from schemas import ids
-from synth.episodes import Truth, plan_episode, render_steps
-from synth.world import (
+from trajwh.schemas import ids
+from trajwh.synth.episodes import Truth, plan_episode, render_steps
+from trajwh.synth.world import (
     FAILURE_CAUSES,
     GEN_END,
     HARNESSES,

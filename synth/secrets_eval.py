@@ -17,7 +17,7 @@ import string
 from collections.abc import Callable
 from urllib.parse import quote
 
-from synth.world import _jwt, _luhn_complete, alnum, hexstr
+from trajwh.synth.world import _jwt, _luhn_complete, alnum, hexstr
 
 A = string.ascii_letters + string.digits
 UP = string.ascii_uppercase + string.digits

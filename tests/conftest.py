@@ -20,7 +20,7 @@ def cases() -> Path:
 
 @pytest.fixture
 def wh(tmp_path: Path):
-    from lineage.catalog import Warehouse
+    from trajwh.lineage.catalog import Warehouse
 
     return Warehouse(tmp_path / "wh")
 
@@ -28,7 +28,7 @@ def wh(tmp_path: Path):
 @pytest.fixture(scope="session")
 def small_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 150-episode synthetic corpus (4 shards, one gzipped), shared by the session."""
-    from synth.generator import SynthConfig, generate_corpus
+    from trajwh.synth.generator import SynthConfig, generate_corpus
 
     out = tmp_path_factory.mktemp("synth")
     generate_corpus(SynthConfig(episodes=150, seed=7, shard_size=40), out)
@@ -45,14 +45,14 @@ def cli_env(tmp_path: Path) -> dict[str, str]:
 
 def trajwh_cmd() -> list[str]:
     exe = Path(sys.executable).with_name("trajwh")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "pipelines.cli"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "trajwh.pipelines.cli"]
 
 
 @pytest.fixture
 def redaction_case_wh(wh, cases, monkeypatch):
     """The hand-made redaction case (tests/cases/redaction) ingested and normalized, no vault key set."""
-    from ingest.normalize import normalize_warehouse
-    from ingest.raw_store import IngestOptions, ingest_paths
+    from trajwh.ingest.normalize import normalize_warehouse
+    from trajwh.ingest.raw_store import IngestOptions, ingest_paths
 
     monkeypatch.delenv("TRAJWH_VAULT_KEY", raising=False)
     monkeypatch.delenv("TRAJWH_VAULT_KEY_FILE", raising=False)

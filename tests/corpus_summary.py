@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from lineage.catalog import Warehouse
+from trajwh.lineage.catalog import Warehouse
 
 
 def corpus_summary(wh: Warehouse, corpus: Path) -> dict[str, list[dict]]:
@@ -46,8 +46,8 @@ def main() -> None:
 
     root = Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(root))
-    from ingest.normalize import normalize_warehouse
-    from ingest.raw_store import IngestOptions, ingest_paths
+    from trajwh.ingest.normalize import normalize_warehouse
+    from trajwh.ingest.raw_store import IngestOptions, ingest_paths
 
     corpus = (root.parent / "shared" / "corpus").resolve()
     if not corpus.is_dir():

@@ -16,14 +16,13 @@ from conftest import SHARED_CORPUS, trajwh_cmd
 from corpus_summary import corpus_summary
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from ingest.actions import classify_command, classify_tool
-from ingest.adapters.common import rewritten
-from ingest.adapters.registry import detect
-from ingest.normalize import normalize_warehouse
-from ingest.raw_store import IngestOptions, ingest_paths
-from ingest.reader import find_input_files, read_head
-from lineage.catalog import Warehouse
+from trajwh.ingest.actions import classify_command, classify_tool
+from trajwh.ingest.adapters.common import rewritten
+from trajwh.ingest.adapters.registry import detect
+from trajwh.ingest.normalize import normalize_warehouse
+from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+from trajwh.ingest.reader import find_input_files, read_head
+from trajwh.lineage.catalog import Warehouse
 
 GOLDEN = Path(__file__).parent / "golden" / "corpus.json"
 needs_corpus = pytest.mark.skipif(not SHARED_CORPUS.is_dir(), reason=f"real corpus not found at {SHARED_CORPUS}")
@@ -310,7 +309,7 @@ def test_swe_agent_1x_replay_config_as_json_text_and_harness_exits(wh, cases):
 
 
 def test_crlf_patches_give_the_same_symbols():
-    from dedup.groups import patch_symbols
+    from trajwh.dedup.groups import patch_symbols
 
     lf = ("diff --git a/src/w/h.py b/src/w/h.py\n--- a/src/w/h.py\n+++ b/src/w/h.py\n"
           "@@ -10,3 +10,3 @@ def parse_header(raw):\n-    return raw[:-1]\n+    return raw\n")
@@ -350,7 +349,7 @@ def test_real_world_shell_commands(cmd, kind, obj):
     ("````\n```bash\nnot closed here\n```\n````", "```bash\nnot closed here\n```"),
 ])
 def test_a_closing_fence_never_opens_the_next_block(text, command):
-    from ingest.actions import command_in_text
+    from trajwh.ingest.actions import command_in_text
 
     assert command_in_text(text) == command
 
@@ -416,8 +415,8 @@ def test_preds_json_keyed_by_instance_id_is_a_companion(wh, tmp_path, pretty):
     s = ingest_paths(wh, [f], IngestOptions(source="cases"))
     assert s.n_quarantined == 0 and s.n_new == 1
     assert rows(wh, "SELECT format FROM raw_records") == [{"format": "swebench-predictions"}]
-    from ingest.adapters.base import RecordContext
-    from ingest.adapters.swebench import SwebenchPredictionsAdapter
+    from trajwh.ingest.adapters.base import RecordContext
+    from trajwh.ingest.adapters.swebench import SwebenchPredictionsAdapter
 
     facts = SwebenchPredictionsAdapter().facts(preds, RecordContext("r", "cases", str(f), None))
     assert {k for kind, k, _ in facts if kind == "instance_id"} == {"acme__widgetlib-42", "acme__widgetlib-43"}
@@ -438,7 +437,7 @@ def test_command_classifier_never_raises(cmd):
     ("1 passed in 0.01s", None), ("", None),
 ])
 def test_truncated_observations_are_flagged(text, expected):
-    from ingest.truncation import truncation
+    from trajwh.ingest.truncation import truncation
 
     assert truncation(text) == expected
 

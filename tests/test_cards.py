@@ -10,12 +10,11 @@ import subprocess
 
 import pytest
 import yaml
-
-from datacards.card import build_card
-from datacards.stats import collect_card
-from ingest.raw_store import IngestOptions, ingest_paths
-from lineage.catalog import Warehouse
-from pipelines.definitions import build
+from trajwh.datacards.card import build_card
+from trajwh.datacards.stats import collect_card
+from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+from trajwh.lineage.catalog import Warehouse
+from trajwh.pipelines.definitions import build
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import csv as csv_module
+import gzip
 import json
 import re
 import subprocess
@@ -10,8 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT, trajwh_cmd
-
-from lineage.catalog import Warehouse
+from trajwh.lineage.catalog import Warehouse
 
 
 def run(env, *args, ok=True):
@@ -19,6 +21,23 @@ def run(env, *args, ok=True):
     if ok:
         assert r.returncode == 0, f"{args}: {r.stdout}\n{r.stderr}"
     return r
+
+
+def test_ingest_reads_standard_input(cli_env, cases):
+    """`trajwh ingest -` takes records from a pipe (gzip too), recorded as the file <stdin>, with
+    offsets into the bytes that came through the pipe; '-' twice is refused."""
+    data = (cases / "two_episodes.jsonl").read_bytes()
+    r = subprocess.run([*trajwh_cmd(), "ingest", "-", "--source", "piped"], input=gzip.compress(data), env=cli_env,
+                       capture_output=True, timeout=300)
+    assert r.returncode == 0 and b"2 new" in r.stdout, r.stderr
+    wh = Warehouse(cli_env["TRAJWH_WAREHOUSE"])
+    rows = wh.query("SELECT file_path, byte_offset, byte_length, compression, payload FROM raw_records "
+                    "ORDER BY byte_offset").to_pylist()
+    assert {x["file_path"] for x in rows} == {"<stdin>"} and {x["compression"] for x in rows} == {"gzip"}
+    assert [data[x["byte_offset"]:x["byte_offset"] + x["byte_length"]] for x in rows] == [x["payload"] for x in rows]
+    assert wh.query("SELECT paths FROM batches").column(0)[0].as_py() == '["<stdin>"]'
+    twice = subprocess.run([*trajwh_cmd(), "ingest", "-", "-"], input=data, env=cli_env, capture_output=True, timeout=300)
+    assert twice.returncode == 2 and b"more than once" in twice.stderr
 
 
 @pytest.fixture
@@ -109,6 +128,30 @@ def test_sql_output_formats(built, tmp_path):
     nested = run(built, "sql", "SELECT tool_calls, payload FROM restricted.steps JOIN restricted.raw_records "
                  "ON record_id = _record_id WHERE tool_calls IS NOT NULL LIMIT 2", "--format", "csv", "--restricted")
     assert len(nested.stdout.splitlines()) == 3
+
+
+def test_sql_out_writes_with_copy_and_tables_stay_one_line_per_row(built, tmp_path):
+    """--out streams the result with DuckDB's COPY: nested values as JSON text and bytes as base64
+    in CSV, the same rows in every format; the table keeps one line per row, cells truncated."""
+    q = ("SELECT step_id, tool_calls, text FROM steps WHERE tool_calls IS NOT NULL AND length(text) > 60 "
+         "ORDER BY step_id LIMIT 7")
+    for fmt in ("csv", "json", "parquet"):
+        r = run(built, "sql", q, "--format", fmt, "--out", str(tmp_path / f"r.{fmt}"))
+        assert "wrote 7 rows" in r.stderr
+    rows = list(csv_module.DictReader((tmp_path / "r.csv").open(encoding="utf-8")))
+    lines = [json.loads(x) for x in (tmp_path / "r.json").read_text().splitlines()]
+    table = pq.read_table(tmp_path / "r.parquet").to_pylist()
+    assert [r["step_id"] for r in rows] == [r["step_id"] for r in lines] == [r["step_id"] for r in table]
+    assert [json.loads(r["tool_calls"]) for r in rows] == [r["tool_calls"] for r in lines] == [r["tool_calls"] for r in table]
+    assert [r["text"] for r in rows] == [r["text"] for r in table]
+    blob = run(built, "sql", "SELECT record_id, payload FROM restricted.raw_records ORDER BY record_id LIMIT 1",
+               "--format", "csv", "--restricted").stdout.splitlines()[1].split(",")
+    raw = Warehouse(built["TRAJWH_WAREHOUSE"]).query("SELECT payload FROM raw_records ORDER BY record_id LIMIT 1").column(0)[0].as_py()
+    assert base64.b64decode(blob[1]) == raw
+    shown = run(built, "sql", q, "--max-width", "24").stdout
+    body = [line for line in shown.splitlines() if line.startswith("│")]
+    assert len(body) == 7 and all("…" in line for line in body)
+    assert len(run(built, "sql", q, "--max-width", "0").stdout.splitlines()) > len(shown.splitlines())
 
 
 def test_sql_is_safe_by_default(built):

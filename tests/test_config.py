@@ -8,10 +8,9 @@ from datetime import UTC, datetime
 
 import pytest
 from conftest import trajwh_cmd
-
-from pipelines.settings import curate_config, select_config, stats_config, with_overrides
-from schemas.config import Settings, load_settings
-from schemas.errors import ConfigError
+from trajwh.pipelines.settings import curate_config, select_config, stats_config, with_overrides
+from trajwh.schemas.config import Settings, load_settings
+from trajwh.schemas.errors import ConfigError
 
 
 def test_defaults_without_a_file(tmp_path, monkeypatch):

@@ -8,9 +8,8 @@ import subprocess
 import time
 
 from conftest import trajwh_cmd
-
-from lineage.catalog import Warehouse
-from synth.generator import SynthConfig, generate_corpus
+from trajwh.lineage.catalog import Warehouse
+from trajwh.synth.generator import SynthConfig, generate_corpus
 
 
 def _count(wh: Warehouse, sql: str) -> int:
@@ -81,7 +80,7 @@ _VOLATILE = ("_run_id", "run_id", "quarantined_at", "ingested_at", "vault_writte
 
 def _fingerprint(wh: Warehouse) -> dict[str, str]:
     """Every table's content, run ids and wall-clock columns aside: equal fingerprints, equal data."""
-    from schemas.arrow import PARQUET_TABLES
+    from trajwh.schemas.arrow import PARQUET_TABLES
 
     out = {}
     for table in PARQUET_TABLES:
@@ -104,7 +103,7 @@ def test_build_killed_at_random_points_then_rebuilt_equals_a_clean_build(tmp_pat
     generate_corpus(SynthConfig(episodes=200, seed=5), corpus)
     wh = Warehouse(cli_env["TRAJWH_WAREHOUSE"])
     subprocess.run([*trajwh_cmd(), "ingest", str(corpus), "--source", "s"], env=cli_env, check=True, capture_output=True)
-    from redaction.vault import Vault
+    from trajwh.redaction.vault import Vault
 
     Vault(wh, None).salt()  # one placeholder salt for both warehouses
     ref_root = tmp_path / "reference"
@@ -137,9 +136,9 @@ def test_build_killed_at_random_points_then_rebuilt_equals_a_clean_build(tmp_pat
 def test_a_full_normalize_leaves_the_redaction_lineage_alone_and_a_lost_one_is_rebuilt(wh, cases, monkeypatch):
     """The normalize step owns only its own files (the redaction stage's versions embed the
     normalized version); and a redaction whose lineage files went missing is redone."""
-    from ingest.normalize import normalize_warehouse
-    from ingest.raw_store import IngestOptions, ingest_paths
-    from redaction.layer import redact_warehouse
+    from trajwh.ingest.normalize import normalize_warehouse
+    from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+    from trajwh.redaction.layer import redact_warehouse
 
     monkeypatch.delenv("TRAJWH_VAULT_KEY", raising=False)
     monkeypatch.delenv("TRAJWH_VAULT_KEY_FILE", raising=False)
@@ -159,9 +158,9 @@ def test_a_full_normalize_leaves_the_redaction_lineage_alone_and_a_lost_one_is_r
 
 
 def test_killed_runs_never_show_as_succeeded(wh):
-    from lineage.catalog import now_utc
-    from lineage.rebuild import mark_running
-    from lineage.status import run_state, warehouse_status
+    from trajwh.lineage.catalog import now_utc
+    from trajwh.lineage.rebuild import mark_running
+    from trajwh.lineage.status import run_state, warehouse_status
 
     with wh.write_session("test") as session:
         mark_running(session, "run-1", "build", now_utc())

@@ -14,20 +14,19 @@ import pytest
 from conftest import trajwh_cmd
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from dedup.audit import audit
-from dedup.components import components_sql, components_uf
-from dedup.features import EpisodeFeatures, load_features
-from dedup.groups import GroupConfig, assign_groups, normalize_repository, patch_symbols
-from dedup.layer import CurateConfig, curate, curate_warehouse
-from dedup.leaks import find_leaks
-from dedup.minhash import MinHashParams, optimal_bands, shingle_hash32, signatures
-from dedup.splits import SplitConfig, assign_splits
-from dedup.stats import binomial_ci, task_clustered_ci
-from ingest.normalize import normalize_warehouse
-from ingest.raw_store import IngestOptions, ingest_paths
-from redaction.layer import redact_warehouse
-from schemas.errors import ConfigError
+from trajwh.dedup.audit import audit
+from trajwh.dedup.components import components_sql, components_uf
+from trajwh.dedup.features import EpisodeFeatures, load_features
+from trajwh.dedup.groups import GroupConfig, assign_groups, normalize_repository, patch_symbols
+from trajwh.dedup.layer import CurateConfig, curate, curate_warehouse
+from trajwh.dedup.leaks import find_leaks
+from trajwh.dedup.minhash import MinHashParams, optimal_bands, shingle_hash32, signatures
+from trajwh.dedup.splits import SplitConfig, assign_splits
+from trajwh.dedup.stats import binomial_ci, task_clustered_ci
+from trajwh.ingest.normalize import normalize_warehouse
+from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+from trajwh.redaction.layer import redact_warehouse
+from trajwh.schemas.errors import ConfigError
 
 
 @pytest.mark.parametrize("num_perm", [64, 128])
@@ -44,7 +43,7 @@ def test_signatures_are_identical_to_datasketch(num_perm):
 
 
 def test_compiled_kernel_equals_the_numpy_reference():
-    from dedup.minhash import signatures_numpy
+    from trajwh.dedup.minhash import signatures_numpy
 
     rng = random.Random(1)
     docs = [[f"s{rng.randint(0, 10**6)}" for _ in range(rng.randint(0, 300))] for _ in range(50)]
@@ -118,7 +117,7 @@ def test_time_rule_and_flags():
 
 @pytest.fixture(scope="module")
 def curated_wh(tmp_path_factory, small_corpus):
-    from lineage.catalog import Warehouse
+    from trajwh.lineage.catalog import Warehouse
 
     wh = Warehouse(tmp_path_factory.mktemp("cur") / "wh")
     ingest_paths(wh, [small_corpus], IngestOptions(source="synthetic"))
@@ -212,8 +211,13 @@ def test_the_shingle_hash_is_murmur3_by_its_specification():
     """Signatures must not change with a library release: the shingle hash is MurmurHash3 x86
     32-bit, checked against the algorithm's published test vectors and a plain reference."""
     import numpy as np
-
-    from dedup.minhash import _HASH_SEED, SHINGLE_HASH, MinHashParams, _murmur3_32, hash_shingles
+    from trajwh.dedup.minhash import (
+        _HASH_SEED,
+        SHINGLE_HASH,
+        MinHashParams,
+        _murmur3_32,
+        hash_shingles,
+    )
 
     def vector(text: bytes, seed: int) -> int:
         out = np.empty(1, np.uint32)

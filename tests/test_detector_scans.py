@@ -8,10 +8,9 @@ import re
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from redaction import engine
-from redaction.engine import Detector, Redactor
-from redaction.keyed import _find_assignments, _name_windows
+from trajwh.redaction import engine
+from trajwh.redaction.engine import Detector, Redactor
+from trajwh.redaction.keyed import _find_assignments, _name_windows
 
 #: the pattern the anchored search stands for (as it was written before it was anchored)
 EMAIL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._%+-]*@[A-Za-z0-9][A-Za-z0-9.-]*\.[A-Za-z]{2,}")

@@ -9,14 +9,13 @@ import pytest
 from conftest import SHARED_CORPUS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from ingest.export import export_episodes
-from ingest.normalize import normalize_warehouse
-from ingest.raw_store import IngestOptions, ingest_paths
-from licenses.eligibility import build_eligibility
-from lineage.catalog import Warehouse
-from redaction.layer import redact_warehouse
-from schemas.errors import ConfigError
+from trajwh.ingest.export import export_episodes
+from trajwh.ingest.normalize import normalize_warehouse
+from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+from trajwh.licenses.eligibility import build_eligibility
+from trajwh.lineage.catalog import Warehouse
+from trajwh.redaction.layer import redact_warehouse
+from trajwh.schemas.errors import ConfigError
 
 _SKIP_EP = {"metadata", "trajectory_key"}
 

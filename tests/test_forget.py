@@ -12,11 +12,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from conftest import trajwh_cmd
-
-from ingest.raw_store import IngestOptions, ingest_paths
-from lineage.catalog import Warehouse
-from lineage.forget import CRASH_ENV, STAGES, _strings, forget, verify_forget
-from lineage.impact import impact
+from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+from trajwh.lineage.catalog import Warehouse
+from trajwh.lineage.forget import CRASH_ENV, STAGES, _strings, forget, verify_forget
+from trajwh.lineage.impact import Selector, impact
 
 CASES = Path(__file__).resolve().parent / "cases"
 #: lineage columns that say which run or inputs made a row (a rebuild changes them, not the values)
@@ -25,8 +24,8 @@ _LINEAGE = ("_run_id", "_transform_version", "inputs_digest")
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory) -> Path:
-    from pipelines.definitions import build
-    from synth.generator import SynthConfig, generate_corpus
+    from trajwh.pipelines.definitions import build
+    from trajwh.synth.generator import SynthConfig, generate_corpus
 
     root = tmp_path_factory.mktemp("forget")
     generate_corpus(SynthConfig(episodes=40, seed=11), root / "synth")
@@ -93,14 +92,14 @@ def test_forget_a_source_removes_it_everywhere_and_leaves_the_rest(wh):
     assert "WidgetLib" not in text and "acme-widgets" not in text
     assert verify_forget(wh, row["request_id"][:10])["ok"]
     # the packs check's ledger stays, holding only units the packs still hold (none of the forgotten)
-    from packing.verify import read_ledger
+    from trajwh.packing.verify import read_ledger
 
     pack_set = wh.query("SELECT DISTINCT pack_set FROM packs").column(0).to_pylist()[0]
     ledger = read_ledger(wh, pack_set)
     held = set(wh.query("SELECT t.s.fragment_id FROM packs p, unnest(p.segments) AS t(s)").column(0).to_pylist())
     assert ledger and set(ledger) <= held  # and the packs hold no forgotten episode (rows_left above)
     assert [p.name for p in (wh.root / "_cache").iterdir()] == ["verified_packs"]
-    from packing.verify import _write_ledger, prune_ledgers
+    from trajwh.packing.verify import _write_ledger, prune_ledgers
 
     _write_ledger(wh, pack_set, {**ledger, "fr-gone": ["key", "digest"]})  # a unit no pack holds
     assert prune_ledgers(wh) == 1 and read_ledger(wh, pack_set) == ledger
@@ -146,8 +145,8 @@ def test_a_representative_that_goes_is_replaced(wh):
 
 
 def test_vault_entries_of_the_episodes_go(wh, tmp_path, monkeypatch):
-    from pipelines.definitions import build
-    from redaction.vault import new_key_file
+    from trajwh.pipelines.definitions import build
+    from trajwh.redaction.vault import new_key_file
 
     key = new_key_file(tmp_path / "vault.key")
     monkeypatch.setenv("TRAJWH_VAULT_KEY_FILE", str(key))
@@ -202,7 +201,7 @@ def _hashes_all(wh: Warehouse, table: str, exclude: tuple[str, ...]) -> list[str
 
 
 def test_bad_requests_are_refused(wh):
-    from schemas.errors import ConfigError
+    from trajwh.schemas.errors import ConfigError
 
     with pytest.raises(ConfigError, match="reason"):
         forget(wh, "source:cases", "  ")
@@ -210,3 +209,55 @@ def test_bad_requests_are_refused(wh):
         forget(wh, "source:no-such-source", "x")
     with pytest.raises(ConfigError):
         verify_forget(wh, "del-0000")
+
+
+def test_exports_that_hold_the_episodes_are_written_again(wh, tmp_path):
+    """Exports the tool wrote (lineage/exports.py) are listed by impact; a forget writes those that
+    hold a forgotten episode again without it (a card or a query result: always), lists one that
+    is gone as missing, leaves the others untouched; the proof scans what it wrote outside."""
+    from trajwh.lineage.exports import run_export
+
+    gone = set(impact(wh, Selector.parse("source:cases")).episodes)
+    other = wh.query("SELECT trajectory_key FROM episodes WHERE NOT list_contains(?, trajectory_key) ORDER BY 1 LIMIT 1",
+                     [sorted(gone)]).column(0)[0].as_py()
+    out = {name: str(tmp_path / name) for name in ("all.jsonl.gz", "q.csv", "card", "lost.jsonl", "other.jsonl")}
+    run_export(wh, "episodes", {"fmt": "native", "out": out["all.jsonl.gz"], "layer": "normalized"})
+    run_export(wh, "sql", {"query": "SELECT trajectory_key, text FROM steps ORDER BY step_id", "out": out["q.csv"], "fmt": "csv"})
+    run_export(wh, "card", {"out": out["card"]})
+    run_export(wh, "episodes", {"fmt": "native", "out": out["lost.jsonl"], "layer": "normalized"})
+    run_export(wh, "episodes", {"fmt": "native", "out": out["other.jsonl"], "layer": "normalized",
+                                "where": f"trajectory_key = '{other}'"})
+    os.remove(out["lost.jsonl"])
+    before = Path(out["other.jsonl"]).read_bytes(), os.stat(out["other.jsonl"]).st_mtime_ns
+    assert any(k in Path(out["q.csv"]).read_text() for k in gone)
+
+    plan = impact(wh, Selector.parse("source:cases"))
+    assert sorted(plan.layers["exports"]["ids"]) == sorted(out[n] for n in ("all.jsonl.gz", "q.csv", "card", "lost.jsonl"))
+    assert plan.layers["exports"]["missing"] == [out["lost.jsonl"]]
+
+    r = forget(wh, "source:cases", "withdrawn")
+    assert r.status == "verified", r.verify
+    assert {e["path"]: e["status"] for e in r.exports} == {out["all.jsonl.gz"]: "regenerated", out["q.csv"]: "regenerated",
+                                                           out["card"]: "regenerated", out["lost.jsonl"]: "missing"}
+    import gzip
+
+    text = gzip.decompress(Path(out["all.jsonl.gz"]).read_bytes()).decode() + Path(out["q.csv"]).read_text()
+    assert not any(k in text for k in gone) and other in text
+    assert (Path(out["other.jsonl"]).read_bytes(), os.stat(out["other.jsonl"]).st_mtime_ns) == before
+    request = wh.query("SELECT request_id FROM deletions").column(0)[0].as_py()
+    assert verify_forget(wh, request)["ok"]
+
+
+def test_the_proof_scans_exports_written_outside_the_warehouse(wh, tmp_path):
+    from trajwh.lineage.exports import run_export
+
+    rec = wh.query("""SELECT r.payload, e.child_id AS key FROM raw_records r JOIN lineage_edges e
+                      ON e.parent_id = r.record_id AND e.child_table = 'episodes' WHERE r.source = 'synth'
+                      ORDER BY r.byte_length DESC LIMIT 1""").to_pylist()[0]
+    out = tmp_path / "kept.csv"
+    run_export(wh, "sql", {"query": "SELECT 1 AS x", "out": str(out), "fmt": "csv"})
+    assert forget(wh, f"episode:{rec['key']}", "asked").status == "verified"
+    out.write_text("\n".join(_strings(rec["payload"])))  # someone put the forgotten text back in it
+    request = wh.query("SELECT request_id FROM deletions").column(0)[0].as_py()
+    found = verify_forget(wh, request)
+    assert not found["ok"] and list(found["files_with_probes"]) == [str(out)]

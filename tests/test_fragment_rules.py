@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from fragments.context import choose_context
-from fragments.select import SelectConfig, confidence, episode_evidence, select_fragments
+from trajwh.fragments.context import choose_context
+from trajwh.fragments.select import SelectConfig, confidence, episode_evidence, select_fragments
 
 
 def run(i, passing, failing, author="environment"):

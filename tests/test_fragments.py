@@ -9,17 +9,16 @@ from math import comb
 import orjson
 import pytest
 from conftest import SHARED_CORPUS
-
-from dedup.layer import curate_warehouse
-from fragments import select as select_mod
-from fragments.layer import build_fragments
-from fragments.outcomes import classify_outcome
-from fragments.rates import interaction
-from fragments.task_stats import pass_at_k, pass_hat_k, task_statistics
-from ingest.normalize import normalize_warehouse
-from ingest.raw_store import IngestOptions, ingest_paths
-from lineage.catalog import Warehouse
-from redaction.layer import redact_warehouse
+from trajwh.dedup.layer import curate_warehouse
+from trajwh.fragments import select as select_mod
+from trajwh.fragments.layer import build_fragments
+from trajwh.fragments.outcomes import classify_outcome
+from trajwh.fragments.rates import interaction
+from trajwh.fragments.task_stats import pass_at_k, pass_hat_k, task_statistics
+from trajwh.ingest.normalize import normalize_warehouse
+from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+from trajwh.lineage.catalog import Warehouse
+from trajwh.redaction.layer import redact_warehouse
 
 
 def _build(wh, paths, source):

@@ -7,13 +7,12 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
-
-from ingest.export import export_episodes
-from ingest.raw_store import IngestOptions, ingest_paths
-from lineage.catalog import Warehouse
-from packing.hf_export import export_hf
-from pipelines.definitions import build
-from schemas.errors import ConfigError
+from trajwh.ingest.export import export_episodes
+from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+from trajwh.lineage.catalog import Warehouse
+from trajwh.packing.hf_export import export_hf
+from trajwh.pipelines.definitions import build
+from trajwh.schemas.errors import ConfigError
 
 TOML = """
 [splits]

@@ -17,11 +17,10 @@ import pytest
 from conftest import ROOT, SHARED_CORPUS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from ingest.normalize import normalize_warehouse
-from ingest.raw_store import IngestOptions, ingest_paths
-from lineage.catalog import Warehouse
-from redaction.layer import redact_warehouse
+from trajwh.ingest.normalize import normalize_warehouse
+from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+from trajwh.lineage.catalog import Warehouse
+from trajwh.redaction.layer import redact_warehouse
 
 EPISODE = {"format": "trajwh.native", "episode_id": "e", "task": {"task_id": "t", "text": "fix it"},
            "policy": {"name": "p"}, "harness": {"name": "h"}, "attempt": 1,
@@ -249,8 +248,7 @@ def built_wh(redaction_case_wh):
 ])
 def test_sql_attacks_are_refused(built_wh, attack):
     import duckdb
-
-    from schemas.errors import ConfigError
+    from trajwh.schemas.errors import ConfigError
 
     before = {p: p.read_bytes() for p in (built_wh.root / "redacted").rglob("*.parquet")}
     with pytest.raises((ConfigError, duckdb.Error)):
@@ -292,8 +290,7 @@ def test_a_long_reader_does_not_block_a_writer(built_wh, cases, cli_env):
 def test_data_is_never_markup_nor_terminal_control(tmp_path):
     import pyarrow as pa
     from rich.console import Console
-
-    from pipelines import render
+    from trajwh.pipelines import render
 
     table = pa.table({"t": ["[/INST] [bold]x\x1b[31mred\u202e"]})
     console = Console(record=True, width=200, file=open(os.devnull, "w"))

@@ -7,11 +7,10 @@ from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
-
-from schemas import ids
-from schemas.arrow import PARQUET_TABLES, arrow_schema
-from schemas.native import NativeEpisode
-from schemas.tables import EpisodeRow, StepRow
+from trajwh.schemas import ids
+from trajwh.schemas.arrow import PARQUET_TABLES, arrow_schema
+from trajwh.schemas.native import NativeEpisode
+from trajwh.schemas.tables import EpisodeRow, StepRow
 
 ROOT = Path(__file__).resolve().parents[1]
 

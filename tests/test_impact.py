@@ -12,16 +12,15 @@ from pathlib import Path
 
 import pytest
 from conftest import trajwh_cmd
-
-from lineage.catalog import Warehouse
-from lineage.impact import Selector, impact
-from schemas.errors import ConfigError
+from trajwh.lineage.catalog import Warehouse
+from trajwh.lineage.impact import Selector, impact
+from trajwh.schemas.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, small_corpus) -> Warehouse:
-    from ingest.raw_store import IngestOptions, ingest_paths
-    from pipelines.definitions import build
+    from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+    from trajwh.pipelines.definitions import build
 
     cases = Path(__file__).resolve().parent / "cases"
     wh = Warehouse(tmp_path_factory.mktemp("impact") / "wh")

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 from conftest import SHARED_CORPUS
-
-from ingest.raw_store import IngestOptions, ingest_paths
-from lineage.catalog import Warehouse
-from pipelines.definitions import build
+from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+from trajwh.lineage.catalog import Warehouse
+from trajwh.pipelines.definitions import build
 
 DERIVED = ("episode_features", "near_dup_clusters", "task_groups", "splits", "leak_flags", "outcomes", "task_stats",
            "fragments", "packs")
@@ -91,9 +90,9 @@ def test_incremental_build_redoes_only_the_new_batch_and_equals_a_full_rebuild(t
 def test_split_moves_are_reported(tmp_path: Path, cases: Path):
     """A later batch whose episode joins two tasks' groups into one can move episodes across
     train / evaluation: the curate run counts them by direction (never silently)."""
-    from dedup.features import EpisodeFeatures
-    from dedup.layer import CurateConfig, curate
-    from dedup.splits import SplitConfig
+    from trajwh.dedup.features import EpisodeFeatures
+    from trajwh.dedup.layer import CurateConfig, curate
+    from trajwh.dedup.splits import SplitConfig
 
     cfg = CurateConfig(splits=SplitConfig(train=0.5, valid=0.25, test=0.25, cutoff=None))
     feats = [EpisodeFeatures(f"k{i:03d}", repository="github.com/o/r", task_id=f"t{i}", failing_tests=[f"tests/t{i}.py::x"])
@@ -107,7 +106,7 @@ def test_split_moves_are_reported(tmp_path: Path, cases: Path):
     bridge = EpisodeFeatures("k999", repository="github.com/o/r", task_id="t999",
                              failing_tests=[f"tests/t{a}.py::x", f"tests/t{b}.py::x"])
     two = {r["trajectory_key"]: r["split"] for r in curate([*feats, bridge], [], cfg, "r2")["splits"]}
-    from dedup.layer import count_moves
+    from trajwh.dedup.layer import count_moves
 
     moved = count_moves(one, two)
     side = {"train": "train", "valid": "eval", "test": "eval", "held_out": "held_out"}
@@ -137,9 +136,8 @@ def test_pack_windows_copied_repacked_or_new_equal_a_full_pack_build(tmp_path: P
     others (packed again with stored tokens) and adds its own: the set equals a full pack build's,
     and a check that trusts only what it verified still catches a changed token."""
     import pyarrow.parquet as pq
-
-    from packing.layer import PackConfig, build_packs
-    from packing.verify import verify_packs, violations
+    from trajwh.packing.layer import PackConfig, build_packs
+    from trajwh.packing.verify import verify_packs, violations
 
     shards = sorted(p for p in small_corpus.iterdir() if p.name.startswith("episodes-"))
     wh = Warehouse(tmp_path / "wh")

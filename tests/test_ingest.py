@@ -7,10 +7,9 @@ import stat
 from pathlib import Path
 
 import pytest
-
-from ingest.normalize import normalize_warehouse
-from ingest.raw_store import IngestOptions, ingest_paths
-from schemas.errors import ConfigError
+from trajwh.ingest.normalize import normalize_warehouse
+from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+from trajwh.schemas.errors import ConfigError
 
 
 def q(wh, sql):
@@ -134,7 +133,7 @@ def test_json_documents_are_one_record_each(wh, cases):
 def test_a_warehouse_inside_the_input_folder_is_not_ingested(tmp_path, cases):
     import shutil
 
-    from lineage.catalog import Warehouse
+    from trajwh.lineage.catalog import Warehouse
 
     shutil.copy(cases / "two_episodes.jsonl", tmp_path / "a.jsonl")
     wh = Warehouse(tmp_path / "wh")
@@ -148,10 +147,9 @@ def test_normalize_in_worker_processes_equals_one_process(tmp_path, small_corpus
     records, duplicates kept-first in input order) as one process."""
     import shutil
 
+    import trajwh.ingest.normalize as normalize
     from test_crash_and_concurrency import _fingerprint
-
-    import ingest.normalize as normalize
-    from lineage.catalog import Warehouse
+    from trajwh.lineage.catalog import Warehouse
 
     one = Warehouse(tmp_path / "one")
     ingest_paths(one, [small_corpus, cases / "two_episodes.jsonl", cases / "schema_invalid.jsonl",

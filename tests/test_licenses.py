@@ -9,17 +9,22 @@ from pathlib import Path
 import orjson
 import pytest
 from conftest import SHARED_CORPUS
-
-from ingest.export import export_episodes
-from ingest.raw_store import IngestOptions, ingest_paths
-from licenses.optout import OptOutSelector, add_opt_out, addresses, email_digest, remove_opt_out
-from licenses.policy import LicensePolicy
-from licenses.spdx import decide, parse
-from lineage.catalog import Warehouse
-from pipelines.definitions import build
-from pipelines.settings import license_policy
-from schemas.config import LicenseSettings, load_settings, settings_from
-from schemas.errors import ConfigError
+from trajwh.ingest.export import export_episodes
+from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+from trajwh.licenses.optout import (
+    OptOutSelector,
+    add_opt_out,
+    addresses,
+    email_digest,
+    remove_opt_out,
+)
+from trajwh.licenses.policy import LicensePolicy
+from trajwh.licenses.spdx import decide, parse
+from trajwh.lineage.catalog import Warehouse
+from trajwh.pipelines.definitions import build
+from trajwh.pipelines.settings import license_policy
+from trajwh.schemas.config import LicenseSettings, load_settings, settings_from
+from trajwh.schemas.errors import ConfigError
 
 BASE_TOML = """
 [splits]
@@ -245,7 +250,7 @@ def test_opt_out_selectors_are_checked():
 
 
 def test_an_opt_out_becomes_a_deletion_request(licensed):
-    from lineage.forget import forget
+    from trajwh.lineage.forget import forget
 
     wh = licensed
     oo = add_opt_out(wh, "content:PROPRIETARY-DO-NOT-TRAIN", "vendor code")

@@ -6,10 +6,14 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-
-from fragments.outcomes import INFRASTRUCTURE, POLICY_FAILURES, classify_outcome
-from fragments.rates import compare_harnesses, effective_rates, interaction, policy_harness_matrix
-from fragments.task_stats import StatsConfig, task_statistics
+from trajwh.fragments.outcomes import INFRASTRUCTURE, POLICY_FAILURES, classify_outcome
+from trajwh.fragments.rates import (
+    compare_harnesses,
+    effective_rates,
+    interaction,
+    policy_harness_matrix,
+)
+from trajwh.fragments.task_stats import StatsConfig, task_statistics
 
 BASE = {"resolved": False, "verifier_status": None}
 

@@ -11,13 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import SHARED_CORPUS
-
-from ingest.raw_store import IngestOptions, ingest_paths
-from lineage.catalog import Warehouse
-from packing.render import model_content, render, trained_text
-from packing.tokenizers import get_tokenizer
-from pipelines.definitions import build
-from schemas.errors import ConfigError
+from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+from trajwh.lineage.catalog import Warehouse
+from trajwh.packing.render import model_content, render, trained_text
+from trajwh.packing.tokenizers import get_tokenizer
+from trajwh.pipelines.definitions import build
+from trajwh.schemas.errors import ConfigError
 
 
 def test_qwen_tokenizer_matches_published_ids_and_never_reads_control_tokens_from_text():
@@ -143,7 +142,7 @@ def test_every_trained_token_comes_from_a_model_step_field_never_the_template():
 def _segments(n: int, seed: int, longest: int = 3000) -> list:
     import random
 
-    from packing.pack import Segment
+    from trajwh.packing.pack import Segment
 
     rng = random.Random(seed)
     out = []
@@ -158,7 +157,7 @@ def _segments(n: int, seed: int, longest: int = 3000) -> list:
 def test_packers_place_every_segment_once_within_the_length(packer: str):
     import math
 
-    from packing.pack import PACKERS, first_fit
+    from trajwh.packing.pack import PACKERS, first_fit
 
     segs = _segments(400, seed=3)
     r = PACKERS[packer](segs, 8192)
@@ -180,7 +179,7 @@ def test_packers_place_every_segment_once_within_the_length(packer: str):
 
 
 def test_min_slack_fills_sequences_at_least_as_well_as_best_fit():
-    from packing.pack import Segment, best_fit_decreasing, min_slack
+    from trajwh.packing.pack import Segment, best_fit_decreasing, min_slack
 
     # 5, 4, 3, 3, 3, 2 into 10: best fit, one segment at a time, makes 5+4 | 3+3+3 | 2; filling each
     # sequence as well as possible makes 5+3+2 | 4+3+3
@@ -191,7 +190,7 @@ def test_min_slack_fills_sequences_at_least_as_well_as_best_fit():
 
 
 def test_truncate_context_cuts_oldest_exchanges_keeps_head_and_span():
-    from packing.render import truncate_context
+    from trajwh.packing.render import truncate_context
 
     tok = get_tokenizer()
     steps = [{"step_id": "sys", "author": "harness", "role": "system", "text": "You are an agent."},
@@ -219,10 +218,10 @@ def test_truncate_context_cuts_oldest_exchanges_keeps_head_and_span():
 
 
 def test_over_length_segments_are_dropped_or_split_never_silently():
-    from packing.pack import best_fit_decreasing
+    from trajwh.packing.pack import best_fit_decreasing
 
     segs = _segments(50, seed=5, longest=200)
-    from packing.pack import Segment
+    from trajwh.packing.pack import Segment
 
     long = Segment("long", tuple(range(700)), tuple([1] * 700))
     r = best_fit_decreasing([*segs, long], 256)
@@ -235,7 +234,7 @@ def test_over_length_segments_are_dropped_or_split_never_silently():
 
 
 def test_rendered_fragments_pack_densely(built: Warehouse):
-    from packing.pack import Segment, best_fit_decreasing, first_fit
+    from trajwh.packing.pack import Segment, best_fit_decreasing, first_fit
 
     tok = get_tokenizer()
     segs = []
@@ -251,7 +250,7 @@ def test_rendered_fragments_pack_densely(built: Warehouse):
 
 
 def test_packs_table_per_split_beside_other_pack_sets(built: Warehouse):
-    from packing.layer import PackConfig, build_packs
+    from trajwh.packing.layer import PackConfig, build_packs
 
     s = build_packs(built, run_id="p1", cfg=PackConfig(seq_len=8192))
     assert s.fragments > 0 and sum(s.sequences.values()) > 0 and 0.5 < s.efficiency <= 1.0
@@ -301,7 +300,7 @@ def test_packs_table_per_split_beside_other_pack_sets(built: Warehouse):
 
 
 def _pack_set(wh: Warehouse) -> str:
-    from packing.layer import PackConfig, build_packs
+    from trajwh.packing.layer import PackConfig, build_packs
 
     return build_packs(wh, run_id="pv", cfg=PackConfig()).pack_set
 
@@ -309,7 +308,7 @@ def _pack_set(wh: Warehouse) -> str:
 def test_build_materializes_packs_and_its_check_passes(built: Warehouse):
     runs = built.query("SELECT job FROM runs WHERE job = 'packs'").column(0).to_pylist()
     assert runs, "trajwh build makes the packs asset"
-    from packing.verify import verify_packs, violations
+    from trajwh.packing.verify import verify_packs, violations
 
     r = verify_packs(built, _pack_set(built))
     assert violations(r) == 0 and r["segments"] > 0 and r["tokens"] > 0, r
@@ -323,8 +322,7 @@ def test_verify_packs_catches_a_tampered_pack(built: Warehouse, tmp_path: Path):
     import shutil
 
     import pyarrow.parquet as pq
-
-    from packing.verify import verify_packs
+    from trajwh.packing.verify import verify_packs
 
     wh = Warehouse(tmp_path / "copy")
     shutil.copytree(built.root, wh.root)
@@ -372,8 +370,7 @@ def test_export_parquet_and_megatron_round_trip(built: Warehouse, tmp_path: Path
     import json
 
     import pyarrow.parquet as pq
-
-    from packing.export import export_packs
+    from trajwh.packing.export import export_packs
 
     ps = _pack_set(built)
     packs = {r["pack_id"]: r for r in built.query(
@@ -420,7 +417,7 @@ def test_export_parquet_and_megatron_round_trip(built: Warehouse, tmp_path: Path
 
 
 def test_trace_a_packed_token_to_its_characters_and_raw_record(built: Warehouse):
-    from packing.trace import trace_token
+    from trajwh.packing.trace import trace_token
 
     ps = _pack_set(built)
     p = built.query("SELECT pack_id, input_ids, loss_mask, segments FROM packs WHERE pack_set = ? AND split = 'train' "
@@ -487,8 +484,7 @@ def _conversation() -> list[dict]:
 
 def test_hf_folder_renders_through_its_own_template_with_exact_masks(hf_folder: Path):
     import jinja2
-
-    from packing.chat_template import _tojson
+    from trajwh.packing.chat_template import _tojson
 
     tok = get_tokenizer(str(hf_folder))
     assert tok.id.startswith(f"hf:{hf_folder.resolve()}@") and tok.template_id.startswith("jinja@")
@@ -521,8 +517,8 @@ def test_hf_folder_renders_through_its_own_template_with_exact_masks(hf_folder: 
 
 
 def test_hf_folder_packs_verify_and_refuses_bad_folders(built: Warehouse, hf_folder: Path, tmp_path: Path):
-    from packing.layer import PackConfig, build_packs
-    from packing.verify import verify_packs, violations
+    from trajwh.packing.layer import PackConfig, build_packs
+    from trajwh.packing.verify import verify_packs, violations
 
     s = build_packs(built, run_id="hf", cfg=PackConfig(tokenizer=str(hf_folder), seq_len=16384))
     assert sum(s.sequences.values()) > 0
@@ -544,8 +540,7 @@ TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a
 
 def _qwen_jinja(messages: list[dict], tools: list[dict] | None) -> str:
     import jinja2.sandbox
-
-    from packing.chat_template import _tojson
+    from trajwh.packing.chat_template import _tojson
 
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.filters["tojson"] = _tojson
@@ -588,8 +583,8 @@ def test_tool_definitions_are_packed_from_the_redacted_layer(tmp_path: Path, sma
     import gzip
     import json
 
-    from packing.layer import PackConfig, build_packs
-    from packing.verify import verify_packs, violations
+    from trajwh.packing.layer import PackConfig, build_packs
+    from trajwh.packing.verify import verify_packs, violations
 
     secret = "ghp_" + "Zq4Xw8Lm2Np6Rt0Vy3Bc7Df1Gh5Jk9Ls2Mn4"
     tools = [{"name": "deploy", "description": f"Deploy with token {secret} to the cluster",

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import dagster as dg
 import pytest
-
-from ingest.adapters.native import NativeAdapter
-from ingest.raw_store import IngestOptions, ingest_paths
-from lineage.checks import lineage_gaps, passed
-from pipelines.checks import ALL_CHECKS
-from pipelines.definitions import build, defs, landing_sensor
-from pipelines.resources import WarehouseResource
+from trajwh.ingest.adapters.native import NativeAdapter
+from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+from trajwh.lineage.checks import lineage_gaps, passed
+from trajwh.pipelines.checks import ALL_CHECKS
+from trajwh.pipelines.definitions import build, defs, landing_sensor
+from trajwh.pipelines.resources import WarehouseResource
 
 
 def checks_of(result) -> dict[str, bool]:
@@ -98,6 +97,22 @@ def test_dagster_finds_the_definitions_from_the_repository_root():
     assert r.returncode == 0 and "Validation successful for code location trajectory_warehouse" in r.stdout + r.stderr
 
 
+def test_dg_finds_the_definitions_from_the_repository_root():
+    """[tool.dg] in pyproject.toml: `dg check defs` (and `dg dev`) from the repository root."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).with_name("dg")
+    if not exe.exists():
+        pytest.skip("dg (dagster-dg-cli, in the dev extra) is not installed")
+    env = {**os.environ, "VIRTUAL_ENV": str(Path(sys.executable).parents[1])}
+    r = subprocess.run([str(exe), "check", "defs"], cwd=Path(__file__).resolve().parents[1],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0 and "All definitions loaded successfully" in r.stdout + r.stderr, r.stderr[-2000:]
+
+
 def test_every_asset_that_must_stop_a_bad_build_has_a_blocking_check():
     blocking = {(c.asset_key.to_user_string(), c.name) for d in ALL_CHECKS for c in d.check_specs if c.blocking}
     for asset, check in [("episodes", "episodes_have_lineage"), ("steps", "steps_have_lineage"),
@@ -109,8 +124,8 @@ def test_every_asset_that_must_stop_a_bad_build_has_a_blocking_check():
 
 
 def test_an_asset_selection_builds_whole_steps_or_says_what_is_valid(wh, cases):
-    from pipelines.definitions import resolve_selection
-    from schemas.errors import ConfigError
+    from trajwh.pipelines.definitions import resolve_selection
+    from trajwh.schemas.errors import ConfigError
 
     assert resolve_selection("splits") == (["leak_flags", "near_dup_clusters", "splits", "task_groups"],
                                            ["leak_flags", "near_dup_clusters", "task_groups"])
@@ -128,6 +143,34 @@ def test_an_asset_selection_builds_whole_steps_or_says_what_is_valid(wh, cases):
         "leak_flags", "near_dup_clusters", "splits", "task_groups"}
 
 
+def test_runs_table_records_the_job_beside_its_stages(wh, cases, monkeypatch):
+    """One row for the job that ran (its name, selection, what it materialized, checks), one per
+    stage under the same run id; a job that fails is recorded as failed, with the error."""
+    import orjson
+    from trajwh.pipelines import assets
+
+    ingest_paths(wh, [cases / "two_episodes.jsonl"], IngestOptions(source="cases"))
+    first = build(str(wh.root))
+    narrow = build(str(wh.root), only=["packs"], job="pack")
+    rows = {(r["run_id"], r["job"]): r for r in wh.query("SELECT * FROM runs").to_pylist()}
+    job = rows[(first.run_id, "build")]
+    assert job["status"] == "succeeded" and orjson.loads(job["params"])["selection"] == "build"
+    assert {"splits", "fragments", "packs"} <= set(orjson.loads(job["counts"])["materialized"])
+    assert {j for r, j in rows if r == first.run_id} >= {"build", "normalize", "redact", "curate", "fragments", "packs"}
+    pack = rows[(narrow.run_id, "pack")]
+    assert orjson.loads(pack["params"])["selection"] == ["packs"] and orjson.loads(pack["counts"])["checks_failed"] == []
+    assert {j for r, j in rows if r == narrow.run_id} == {"pack", "packs"}
+
+    def boom(*a, **k):
+        raise RuntimeError("curation broke")
+
+    monkeypatch.setattr(assets, "curate_warehouse", boom)
+    with pytest.raises(Exception, match="curation broke"):
+        build(str(wh.root), full=True)
+    failed = wh.query("SELECT status, error FROM runs WHERE job = 'build' ORDER BY started_at DESC LIMIT 1").to_pylist()
+    assert failed[0]["status"] == "failed" and "curation broke" in failed[0]["error"]
+
+
 def test_landing_fingerprint_is_the_same_in_another_process(tmp_path, cases):
     """A digest, never Python's per-process salted hash(): a restarted daemon must not ingest again."""
     import os
@@ -136,11 +179,11 @@ def test_landing_fingerprint_is_the_same_in_another_process(tmp_path, cases):
     import sys
     from pathlib import Path
 
-    from pipelines.definitions import _landing_fingerprint
+    from trajwh.pipelines.definitions import _landing_fingerprint
 
     shutil.copy(cases / "two_episodes.jsonl", tmp_path / "a.jsonl")
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; "
-            "from pipelines.definitions import _landing_fingerprint; print(_landing_fingerprint(Path(sys.argv[2])))")
+            "from trajwh.pipelines.definitions import _landing_fingerprint; print(_landing_fingerprint(Path(sys.argv[2])))")
     others = {subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve().parents[1]), str(tmp_path)],
                              capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": seed},
                              check=True).stdout.strip() for seed in ("1", "2")}

@@ -6,8 +6,7 @@ import gzip
 import io
 
 import pytest
-
-from ingest.reader import TruncatedInput, find_input_files, iter_lines, open_input
+from trajwh.ingest.reader import TruncatedInput, find_input_files, iter_lines, open_input
 
 
 def lines(data: bytes, max_bytes: int = 1000, keep: int = 10):
@@ -23,7 +22,7 @@ def test_offsets_and_line_numbers_point_at_the_record():
 
 
 def test_records_spanning_chunks(monkeypatch):
-    monkeypatch.setattr("ingest.reader.CHUNK", 7)
+    monkeypatch.setattr("trajwh.ingest.reader.CHUNK", 7)
     data = b"".join(b'{"n":%d,"pad":"%s"}\n' % (i, b"x" * i) for i in range(20))
     recs = lines(data)
     assert len(recs) == 20
@@ -60,7 +59,7 @@ def test_find_input_files_skips_hidden_and_rejects_missing(tmp_path):
     (tmp_path / ".truth" / "labels.jsonl").write_text("{}")
     (tmp_path / ".hidden.jsonl").write_text("{}")
     assert [p.name for p in find_input_files([tmp_path])] == ["a.jsonl"]
-    from schemas.errors import ConfigError
+    from trajwh.schemas.errors import ConfigError
 
     with pytest.raises(ConfigError, match="does not exist"):
         find_input_files([tmp_path / "nope"])

@@ -14,16 +14,15 @@ import pytest
 from conftest import trajwh_cmd
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from ingest.normalize import normalize_warehouse
-from ingest.raw_store import IngestOptions, ingest_paths
-from redaction.audit import rescan_sample
-from redaction.engine import PLACEHOLDER_RE, Detector, Redactor
-from redaction.evaluation import load_cases, score
-from redaction.layer import redact_warehouse
-from redaction.vault import Vault, load_key, new_key_file
-from schemas.errors import ConfigError
-from synth.secrets_eval import SECRET_TYPES, make_eval_set
+from trajwh.ingest.normalize import normalize_warehouse
+from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+from trajwh.redaction.audit import rescan_sample
+from trajwh.redaction.engine import PLACEHOLDER_RE, Detector, Redactor
+from trajwh.redaction.evaluation import load_cases, score
+from trajwh.redaction.layer import redact_warehouse
+from trajwh.redaction.vault import Vault, load_key, new_key_file
+from trajwh.schemas.errors import ConfigError
+from trajwh.synth.secrets_eval import SECRET_TYPES, make_eval_set
 
 SALT = b"test-salt"
 
@@ -200,8 +199,7 @@ def test_redact_text_command(tmp_path, cli_env):
 
 def test_person_names_need_a_ner_model_and_use_it_when_installed(tmp_path, monkeypatch):
     import spacy
-
-    from redaction.pii import _register_lemma_component, person_analyzer
+    from trajwh.redaction.pii import _register_lemma_component, person_analyzer
 
     text = "Thanks, Alice Smith reviewed it; the Python Package Index is up."
     monkeypatch.delenv("TRAJWH_NER_MODEL", raising=False)
@@ -344,7 +342,7 @@ def test_worker_processes_give_the_same_redacted_layer(wh, small_corpus, monkeyp
     """Big batches are redacted by worker processes (episode scope); the result must not depend on it."""
     import shutil
 
-    import redaction.layer as layer
+    import trajwh.redaction.layer as layer
 
     monkeypatch.delenv("TRAJWH_VAULT_KEY", raising=False)
     monkeypatch.setenv("TRAJWH_VAULT_KEY_FILE", str(new_key_file(tmp_path / "k.key")))
@@ -358,7 +356,7 @@ def test_worker_processes_give_the_same_redacted_layer(wh, small_corpus, monkeyp
     monkeypatch.setenv("TRAJWH_WORKERS", "2")
     monkeypatch.setattr(layer, "PARALLEL_MIN_EPISODES", 1)
     monkeypatch.setattr(layer, "_CHUNK_EPISODES", 7)
-    from lineage.catalog import Warehouse
+    from trajwh.lineage.catalog import Warehouse
 
     wh2 = Warehouse(other)
     redact_warehouse(wh2, run_id="parallel")

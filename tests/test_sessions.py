@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import shutil
 
-from ingest.normalize import normalize_warehouse
-from ingest.raw_store import IngestOptions, ingest_paths
-from ingest.sessions import growth_prefix
+from trajwh.ingest.normalize import normalize_warehouse
+from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+from trajwh.ingest.sessions import growth_prefix
 
 
 def _rows(wh, sql, params=None):

@@ -12,12 +12,11 @@ from datetime import UTC, datetime
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-
-from dedup.features import EpisodeFeatures
-from dedup.groups import GroupConfig, assign_groups
-from dedup.leaks import _COMMAND_RULES
-from dedup.splits import SplitConfig, assign_splits, fix_time, state_time
-from schemas.repository import normalize_repository
+from trajwh.dedup.features import EpisodeFeatures
+from trajwh.dedup.groups import GroupConfig, assign_groups
+from trajwh.dedup.leaks import _COMMAND_RULES
+from trajwh.dedup.splits import SplitConfig, assign_splits, fix_time, state_time
+from trajwh.schemas.repository import normalize_repository
 
 REPO = "github.com/acme/widgetlib"
 CUTOFF = datetime(2025, 6, 1, tzinfo=UTC)
@@ -203,11 +202,11 @@ def test_whole_repository_puts_each_repository_in_one_group():
 def test_repository_key_survives_redaction(tmp_path, cases):
     """ssh, https, token-bearing and short spellings of one remote: one repository after
     redaction, one group (they carry no task id, so the repository is the grouping key)."""
-    from dedup.layer import curate_warehouse
-    from ingest.normalize import normalize_warehouse
-    from ingest.raw_store import IngestOptions, ingest_paths
-    from lineage.catalog import Warehouse
-    from redaction.layer import redact_warehouse
+    from trajwh.dedup.layer import curate_warehouse
+    from trajwh.ingest.normalize import normalize_warehouse
+    from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+    from trajwh.lineage.catalog import Warehouse
+    from trajwh.redaction.layer import redact_warehouse
 
     wh = Warehouse(tmp_path / "wh")
     ingest_paths(wh, [cases / "curation" / "ssh_remotes.jsonl"], IngestOptions(source="cases"))

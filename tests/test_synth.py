@@ -6,9 +6,8 @@ import gzip
 from collections import Counter
 
 import orjson
-
-from schemas.native import NativeEpisode
-from synth.generator import ALL_CAUSES
+from trajwh.schemas.native import NativeEpisode
+from trajwh.synth.generator import ALL_CAUSES
 
 
 def load(corpus):

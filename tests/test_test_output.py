@@ -7,8 +7,7 @@ import pytest
 from conftest import SHARED_CORPUS
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from ingest.test_output import parse_test_output
+from trajwh.ingest.test_output import parse_test_output
 
 PYTEST_V = """============================= test session starts ==============================
 collected 4 items
@@ -158,9 +157,9 @@ def test_other_output_is_not_a_test_run(text):
 
 @pytest.mark.skipif(not SHARED_CORPUS.is_dir(), reason=f"real corpus not found at {SHARED_CORPUS}")
 def test_real_test_runs_become_per_test_results(tmp_path):
-    from ingest.normalize import normalize_warehouse
-    from ingest.raw_store import IngestOptions, ingest_paths
-    from lineage.catalog import Warehouse
+    from trajwh.ingest.normalize import normalize_warehouse
+    from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+    from trajwh.lineage.catalog import Warehouse
 
     wh = Warehouse(tmp_path / "wh")
     ingest_paths(wh, [SHARED_CORPUS / "mini-swe-agent-2x", SHARED_CORPUS / "mini-swe-agent-traj-json"],

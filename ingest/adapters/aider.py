@@ -19,8 +19,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
-from ingest.adapters.common import episode, number_steps, step
+from trajwh.ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
+from trajwh.ingest.adapters.common import episode, number_steps, step
 
 _SESSION = re.compile(r"^# aider chat started at (.+)$", re.M)
 _TOKENS = re.compile(r"Tokens: ([\d.]+)(k?) sent, ([\d.]+)(k?) received\.(?: Cost: \$([\d.]+) message, \$([\d.]+) session)?")

@@ -18,8 +18,8 @@ import re
 from pathlib import PurePath
 from typing import Any
 
-from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
-from ingest.adapters.common import (
+from trajwh.ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
+from trajwh.ingest.adapters.common import (
     episode,
     exit_code_in,
     json_text,

@@ -117,6 +117,6 @@ class JsonlSessionAdapter(Adapter, ABC):
     framing: ClassVar[Literal["jsonl", "document"]] = "document"
 
     def decode(self, data: bytes) -> Any:
-        from ingest.adapters.common import decode_jsonl_document
+        from trajwh.ingest.adapters.common import decode_jsonl_document
 
         return decode_jsonl_document(data)

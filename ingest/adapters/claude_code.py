@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from ingest.adapters.base import JsonlSessionAdapter, ParsedEpisode, RecordContext
-from ingest.adapters.common import (
+from trajwh.ingest.adapters.base import JsonlSessionAdapter, ParsedEpisode, RecordContext
+from trajwh.ingest.adapters.common import (
     episode,
     file_stem,
     link_observations,

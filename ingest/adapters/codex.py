@@ -20,8 +20,8 @@ import re
 from collections import Counter
 from typing import Any
 
-from ingest.adapters.base import JsonlSessionAdapter, ParsedEpisode, RecordContext
-from ingest.adapters.common import (
+from trajwh.ingest.adapters.base import JsonlSessionAdapter, ParsedEpisode, RecordContext
+from trajwh.ingest.adapters.common import (
     decode_json_string,
     episode,
     link_observations,

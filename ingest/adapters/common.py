@@ -8,8 +8,7 @@ from pathlib import PurePath
 from typing import Any
 
 import orjson
-
-from schemas import ids
+from trajwh.schemas import ids
 
 
 def ts(value: Any) -> datetime | None:

@@ -15,9 +15,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ingest.actions import command_in_text
-from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
-from ingest.adapters.common import (
+from trajwh.ingest.actions import command_in_text
+from trajwh.ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
+from trajwh.ingest.adapters.common import (
     episode,
     exit_code_in,
     link_observations,
@@ -27,8 +27,8 @@ from ingest.adapters.common import (
     tool_call,
     ts,
 )
-from ingest.adapters.swebench import verdict_for
-from schemas.errors import InputFormatError
+from trajwh.ingest.adapters.swebench import verdict_for
+from trajwh.schemas.errors import InputFormatError
 
 
 def _pr_description(prompt: str) -> str:

@@ -7,12 +7,11 @@ from typing import Any
 
 import orjson
 from pydantic import ValidationError
-
-from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
-from ingest.adapters.common import tool_schema_info
-from schemas import ids
-from schemas.errors import InputFormatError
-from schemas.native import NATIVE_FORMAT, NativeEpisode, NativeStep
+from trajwh.ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
+from trajwh.ingest.adapters.common import tool_schema_info
+from trajwh.schemas import ids
+from trajwh.schemas.errors import InputFormatError
+from trajwh.schemas.native import NATIVE_FORMAT, NativeEpisode, NativeStep
 
 _FORMAT_MARK = re.compile(rb'"format"\s*:\s*"trajwh\.native"')
 

@@ -20,9 +20,8 @@ import re
 from typing import Any
 
 import orjson
-
-from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
-from ingest.adapters.common import (
+from trajwh.ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
+from trajwh.ingest.adapters.common import (
     episode,
     github_repo,
     json_text,
@@ -33,8 +32,8 @@ from ingest.adapters.common import (
     tool_schema_info,
     ts,
 )
-from ingest.adapters.openhands_v1 import V1_KINDS, is_v1, v1_events_to_steps
-from schemas.errors import InputFormatError
+from trajwh.ingest.adapters.openhands_v1 import V1_KINDS, is_v1, v1_events_to_steps
+from trajwh.schemas.errors import InputFormatError
 
 _HARNESS_ACTIONS = {"system", "recall", "change_agent_state"}
 _HARNESS_OBS = {"recall", "agent_state_changed", "error", "null", "user_rejected"}

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ingest.adapters.common import json_text, step, text_of, tool_call, ts
+from trajwh.ingest.adapters.common import json_text, step, text_of, tool_call, ts
 
 V1_KINDS = frozenset({"SystemPromptEvent", "MessageEvent", "ActionEvent", "ObservationEvent", "AgentErrorEvent",
                       "UserRejectObservation", "CondensationSummaryEvent", "ConversationStateUpdateEvent",

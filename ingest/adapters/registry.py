@@ -6,7 +6,7 @@ import ``base`` (the contract); only this module imports them, so there is no im
 
 from __future__ import annotations
 
-from ingest.adapters import (
+from trajwh.ingest.adapters import (
     aider,
     atif,
     claude_code,
@@ -17,8 +17,8 @@ from ingest.adapters import (
     swe_agent,
     swebench,
 )
-from ingest.adapters.base import Adapter
-from schemas.errors import ConfigError
+from trajwh.ingest.adapters.base import Adapter
+from trajwh.schemas.errors import ConfigError
 
 #: detection order: specific before generic, companions last. ATIF declares itself
 #: (schema_version), so it comes before the formats whose names its exports quote.

@@ -24,8 +24,8 @@ import re
 from pathlib import PurePath
 from typing import Any
 
-from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
-from ingest.adapters.common import (
+from trajwh.ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
+from trajwh.ingest.adapters.common import (
     decode_json_string,
     episode,
     file_stem,
@@ -36,8 +36,8 @@ from ingest.adapters.common import (
     tool_call,
     tool_schema_info,
 )
-from ingest.adapters.swebench import patch_digest, verdict_for
-from schemas.errors import InputFormatError
+from trajwh.ingest.adapters.swebench import patch_digest, verdict_for
+from trajwh.schemas.errors import InputFormatError
 
 #: messages the harness writes in the model's turn when it stops the run ("Exit due to cost limit",
 #: "Exit due to context window", "Exit due to unknown error: ...")

@@ -14,9 +14,9 @@ from __future__ import annotations
 from pathlib import PurePath
 from typing import Any
 
-from ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
-from ingest.adapters.common import file_stem
-from schemas import ids
+from trajwh.ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
+from trajwh.ingest.adapters.common import file_stem
+from trajwh.schemas import ids
 
 _BUCKETS = {"FAIL_TO_PASS": "failed", "PASS_TO_PASS": "passed", "FAIL_TO_FAIL": "failed", "PASS_TO_FAIL": "passed"}
 
