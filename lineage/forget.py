@@ -369,17 +369,34 @@ class _Matcher:
         return {fp for m in _SAFE.finditer(text) if (fp := fingerprint(m.group(1), self.salt)) in self.fingerprints}
 
 
-def _texts(value: Any):
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, bytes):
-        yield value.decode("utf-8", "replace")
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _texts(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _texts(v)
+def _leaf_texts(arr: pa.Array | pa.ChunkedArray):
+    """The text of each string or binary leaf array in ``arr`` as one string (values joined by line
+    breaks, nulls empty; lists and structs descended), joined by Arrow: no Python object per value,
+    and one matcher pass per leaf instead of one per value (2x the old per-value scan)."""
+    if isinstance(arr, pa.ChunkedArray):
+        for chunk in arr.chunks:
+            yield from _leaf_texts(chunk)
+        return
+    t = arr.type
+    if not len(arr):
+        return
+    if pa.types.is_dictionary(t):
+        yield from _leaf_texts(arr.dictionary)
+    elif pa.types.is_string(t) or pa.types.is_large_string(t):
+        yield _joined(arr.cast(pa.large_string()), "\n")
+    elif pa.types.is_binary(t) or pa.types.is_large_binary(t):  # a raw payload: JSON may write "/" as "\/"
+        yield _joined(arr.cast(pa.large_binary()), b"\n").replace(b"\\/", b"/").decode("utf-8", "replace")
+    elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        yield from _leaf_texts(arr.flatten())
+    elif pa.types.is_struct(t):
+        for child in arr.flatten():
+            yield from _leaf_texts(child)
+
+
+def _joined(arr: pa.Array, sep: str | bytes) -> Any:
+    filled = pc.fill_null(arr, pa.scalar(sep[:0], arr.type))
+    whole = pa.LargeListArray.from_arrays(pa.array([0, len(filled)], pa.int64()), filled)
+    return pc.binary_join(whole, pa.scalar(sep, arr.type))[0].as_py()
 
 
 def _has_text(t: pa.DataType) -> bool:
@@ -399,9 +416,8 @@ def _scan_parquet(path: str, matcher: _Matcher) -> set[str]:
     for i in range(pf.num_row_groups):
         t = pf.read_row_group(i, columns=names)
         for name in names:
-            for v in t[name].to_pylist():
-                for text in _texts(v):
-                    hits |= matcher.find(text)
+            for text in _leaf_texts(t[name]):
+                hits |= matcher.find(text)
     return hits
 
 

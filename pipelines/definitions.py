@@ -73,7 +73,13 @@ DAGSTER_DIR = "_dagster"
 _DAGSTER_YAML = """# written by trajwh: this warehouse's own Dagster instance (runs, materializations, check results)
 telemetry:
   enabled: false
+# no per-step stdout/stderr capture: the steps log through Dagster's structured event log (what the
+# UI shows); capturing would start two `tail` processes per step and copy output text into _dagster/
+compute_logs:
+  module: dagster._core.storage.noop_compute_log_manager
+  class: NoOpComputeLogManager
 """
+_OURS = "# written by trajwh"
 
 
 def warehouse_instance(warehouse: str | os.PathLike) -> dg.DagsterInstance:
@@ -85,7 +91,8 @@ def warehouse_instance(warehouse: str | os.PathLike) -> dg.DagsterInstance:
     home = Path(warehouse).resolve() / DAGSTER_DIR
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"
-    if not config.exists():
+    current = config.read_text() if config.exists() else None
+    if current is None or (current.startswith(_OURS) and current != _DAGSTER_YAML):  # ours, and older: updated
         config.write_text(_DAGSTER_YAML)
     return dg.DagsterInstance.from_config(str(home))
 
