@@ -318,7 +318,7 @@ def count_moves(before: dict[str, str], after: dict[str, str]) -> dict[str, int]
 
 
 def _previous_splits(wh: Warehouse) -> dict[str, str]:
-    if not wh.query("SELECT count(*) FROM table_files WHERE table_name = 'splits'").column(0)[0].as_py():
+    if not wh.manifest_query("SELECT count(*) FROM table_files WHERE table_name = 'splits'").column(0)[0].as_py():
         return {}
     data = wh.query("SELECT trajectory_key, split FROM splits").to_pydict()
     return dict(zip(data["trajectory_key"], data["split"], strict=True))

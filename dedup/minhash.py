@@ -22,10 +22,11 @@ estimated Jaccard similarity (share of equal signature positions).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, wraps
+from typing import Any
 
-import numba
 import numpy as np
 import polars as pl
 import pyarrow as pa
@@ -75,7 +76,27 @@ def fmix32(hv: np.ndarray) -> np.ndarray:
 SHINGLE_HASH = f"murmur3_x86_32(utf8,seed={_HASH_SEED})"
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
+numba: Any = None  # imported on the first compiled call (_jit)
+
+
+def _jit(func: Callable[..., None]) -> Callable[..., None]:
+    """``numba.njit(parallel=True, cache=True, nogil=True)``, compiled on the first call: importing
+    numba takes about half a second, which every command that computes no signature would pay."""
+    compiled: list[Any] = []
+
+    @wraps(func)
+    def call(*args: Any) -> None:
+        if not compiled:
+            import numba as nb
+
+            globals()["numba"] = nb  # the kernels' bodies name numba.prange
+            compiled.append(nb.njit(parallel=True, cache=True, nogil=True)(func))
+        return compiled[0](*args)
+
+    return call
+
+
+@_jit
 def _murmur3_32(data: np.ndarray, offsets: np.ndarray, seed: np.uint32, out: np.ndarray) -> None:
     # numba widens 32-bit arithmetic: every step is masked back to 32 bits
     m = np.uint64(0xFFFFFFFF)
@@ -138,7 +159,7 @@ def shingle_hash32(shingle: bytes) -> int:
     return int(hash_shingles([shingle.decode("utf-8")])[0])
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
+@_jit
 def _minhash_kernel(hv: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """out[d, p] = min over the document's shingles of (a[p] * h + b[p]) mod 2^32, in parallel over documents."""
     n_perm = a.shape[0]

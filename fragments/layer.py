@@ -165,7 +165,7 @@ def episode_inputs(wh: Warehouse) -> dict[str, tuple[str, str]]:
 def _previous(wh: Warehouse, rules: str) -> dict[str, tuple[str, str]]:
     """What the stored tables were made from, when they were made by these rules (else nothing:
     everything is rebuilt)."""
-    versions = wh.query("SELECT DISTINCT transform_version FROM table_files WHERE list_contains(?, table_name)",
+    versions = wh.manifest_query("SELECT DISTINCT transform_version FROM table_files WHERE list_contains(?, table_name)",
                         [list(TABLES)]).column(0).to_pylist()
     if not versions or any(v.split(";inputs=")[0] != rules for v in versions):
         return {}

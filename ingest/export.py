@@ -60,7 +60,7 @@ def iter_episodes(wh: Warehouse, layer: str, where: str | None = None,
     if layer not in LAYERS:
         raise ConfigError(f"unknown layer {layer!r}", valid=", ".join(LAYERS))
     ep_table, step_table = LAYERS[layer]
-    built = wh.query("SELECT count(*) FROM table_files WHERE table_name = ?", [ep_table]).column(0)[0].as_py()
+    built = wh.manifest_query("SELECT count(*) FROM table_files WHERE table_name = ?", [ep_table]).column(0)[0].as_py()
     if not built:
         raise ConfigError(f"layer {layer!r} is not built in {wh.root}",
                           valid="a built layer: run `trajwh build` first (--layer normalized exports unredacted data)")

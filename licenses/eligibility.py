@@ -128,7 +128,7 @@ def not_releasable(wh: Warehouse, where: str | None = None, policy_digest: str |
     decisions were made by: a release must never rest on a stale decision."""
     from trajwh.schemas.errors import ConfigError
 
-    if not wh.query("SELECT count(*) FROM table_files WHERE table_name = 'eligibility'").column(0)[0].as_py():
+    if not wh.manifest_query("SELECT count(*) FROM table_files WHERE table_name = 'eligibility'").column(0)[0].as_py():
         raise ConfigError(f"what may be released is not decided in {wh.root}",
                           valid="run `trajwh build` first (its eligibility step applies [licenses] and the opt-outs)")
     if policy_digest is not None:

@@ -38,7 +38,7 @@ def license_report(wh: Warehouse) -> dict[str, Any]:
     def rows(sql: str) -> list[dict[str, Any]]:
         return wh.query(sql).to_pylist()
 
-    built = bool(wh.query("SELECT count(*) FROM table_files WHERE table_name = 'eligibility'").column(0)[0].as_py())
+    built = bool(wh.manifest_query("SELECT count(*) FROM table_files WHERE table_name = 'eligibility'").column(0)[0].as_py())
     out: dict[str, Any] = {"built": built, "licenses": [], "eligibility": [], "reasons": []}
     if built:
         out["licenses"] = rows("""

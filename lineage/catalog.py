@@ -21,6 +21,7 @@ root, so a warehouse folder can be moved or copied as a whole.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -113,10 +114,14 @@ class Warehouse:
 
     # --- connections ---------------------------------------------------------------------
 
-    def connect(self, *, read_only: bool = True, timeout: float = 30.0) -> duckdb.DuckDBPyConnection:
-        """A DuckDB connection to the catalog; retries while another process commits."""
+    def connect(self, *, read_only: bool = True, timeout: float = 30.0,
+                manifest: bool = True) -> duckdb.DuckDBPyConnection:
+        """A DuckDB connection to the catalog; retries while another process commits.
+        ``manifest=False``: a writer that leaves ``table_files`` alone (run rows, schema setup)."""
         if read_only:
             self.require()
+        elif manifest:  # what this process may change: a manifest cached before is not used after it
+            _COMMITS[0] += 1
         deadline = time.monotonic() + timeout
         delay = 0.05
         while True:
@@ -145,6 +150,50 @@ class Warehouse:
                 f"catalog {self.catalog_path} has schema version {found}",
                 valid=f"a catalog of schema version {SCHEMA_VERSION.split('.')[0]}.x",
             )
+
+    def manifest(self) -> pa.Table:
+        """The manifest (``table_files``) as an Arrow table, read once and kept while the catalog
+        file and its WAL are unchanged and this process has committed nothing since: a build asks
+        the manifest dozens of times (fingerprints, versions, row counts), each a catalog open."""
+        stamp = (self._catalog_stamp(), _COMMITS[0])
+        hit = _MANIFESTS.get(str(self.catalog_path))
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        table = self.query("SELECT * FROM table_files")
+        _MANIFESTS[str(self.catalog_path)] = (stamp, table)
+        return table
+
+    def manifest_query(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
+        """Run SQL that reads only ``table_files`` against the cached manifest (``manifest``)."""
+        if not _MEMORY or _MEMORY[0] != os.getpid():  # one in-memory database per process (not inherited
+            _MEMORY[:] = [os.getpid(), duckdb.connect(":memory:")]  # by a fork): opening one costs as much as a file
+        con = _MEMORY[1].cursor()
+        try:
+            con.register("table_files", self.manifest())
+            return con.sql(sql, params=list(params or [])).to_arrow_table()
+        finally:
+            con.close()
+
+    @contextmanager
+    def keeping_manifest(self) -> Iterator[None]:
+        """A write by this process (holding the write lock) that leaves ``table_files`` alone: a
+        cached manifest that was current before it stays current after it."""
+        key = str(self.catalog_path)
+        hit = _MANIFESTS.get(key)
+        current = hit is not None and hit[0] == (self._catalog_stamp(), _COMMITS[0])
+        yield
+        if current and _MANIFESTS.get(key) is hit:
+            _MANIFESTS[key] = ((self._catalog_stamp(), _COMMITS[0]), hit[1])
+
+    def _catalog_stamp(self) -> tuple:
+        out = []
+        for path in (self.catalog_path, self.catalog_path.with_name(self.catalog_path.name + ".wal")):
+            try:
+                st = os.stat(path)
+                out.append((st.st_size, st.st_mtime_ns, st.st_ino))
+            except FileNotFoundError:
+                out.append(None)
+        return tuple(out)
 
     def query(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
         """Run read-only SQL against the catalog; returns an Arrow table."""
@@ -358,8 +407,29 @@ def copy_result(con: duckdb.DuckDBPyConnection, rel: duckdb.DuckDBPyRelation, ou
     return int(con.execute(f"COPY ({select}) TO '{_sql_str(out)}' ({options})").fetchone()[0])
 
 
+_MEMORY: list[Any] = []  # [pid, in-memory connection]
+#: catalog files (path, inode) this process has initialized (a replaced file has a new inode)
+_INITIALIZED: set[tuple[str, int]] = set()
+#: manifests read by this process, by catalog path: ((file stamps, commits), table)
+_MANIFESTS: dict[str, tuple[tuple, pa.Table]] = {}
+#: commits made by this process (any catalog): a cached manifest older than the last is not used
+_COMMITS = [0]
+
+
 def _sql_str(value: str) -> str:
     return value.replace("'", "''")
+
+
+@cache
+def _schema_stamp() -> str:
+    """The code that makes the empty schema files: their bytes change only when it does."""
+    import trajwh.schemas.arrow as arrow_module
+    import trajwh.schemas.tables as tables_module
+
+    h = hashlib.sha256(SCHEMA_VERSION.encode())
+    for module in (tables_module, arrow_module):
+        h.update(Path(module.__file__).read_bytes())
+    return h.hexdigest()
 
 
 @cache
@@ -379,16 +449,29 @@ class WriteSession:
         self.op = op
 
     def init_catalog(self) -> None:
-        """Create folders, metadata tables and views if missing (idempotent)."""
+        """Create folders, metadata tables and views if missing (idempotent); once per catalog
+        file per process (a build opens a dozen write sessions)."""
         wh = self.wh
+        try:
+            done = (str(wh.catalog_path), os.stat(wh.catalog_path).st_ino) in _INITIALIZED
+        except FileNotFoundError:
+            done = False
+        if done and wh.root.joinpath("_schemas").is_dir():
+            return
         schemas_dir = wh.root / "_schemas"
         ensure_dir(schemas_dir, restricted=False)
+        stamp, stamp_path = _schema_stamp(), schemas_dir / ".stamp"
+        written = stamp_path.exists() and stamp_path.read_text() == stamp
         for table in PARQUET_TABLES:
             ensure_dir(wh.table_dir(table), restricted=wh.is_restricted(table))
             empty = schemas_dir / f"{table}.parquet"
+            if written and empty.exists():
+                continue  # made by this code already (building the bytes costs 0.7 s a process)
             data = _empty_parquet(table)
             if not empty.exists() or empty.read_bytes() != data:
                 write_bytes_atomic(data, empty, restricted=False)
+        if not written:
+            write_bytes_atomic(stamp.encode(), stamp_path, restricted=False)
         for stale in wh.root.glob(".catalog-*.tmp*"):  # a creation killed half-way (we hold the lock)
             stale.unlink(missing_ok=True)
         fresh = not wh.catalog_path.exists()
@@ -402,16 +485,18 @@ class WriteSession:
                 con.close()
             os.chmod(tmp, 0o600)
             os.replace(tmp, wh.catalog_path)
-        con = wh.connect(read_only=False)
-        try:
-            _init_schema(con, fresh=False)
-            wh._check_version(con)
-        finally:
-            con.close()
+        with wh.keeping_manifest():
+            con = wh.connect(read_only=False, manifest=False)
+            try:
+                _init_schema(con, fresh=False)
+                wh._check_version(con)
+            finally:
+                con.close()
+        _INITIALIZED.add((str(wh.catalog_path), os.stat(wh.catalog_path).st_ino))
 
     def collect_garbage(self) -> list[Path]:
         """Remove data files no manifest lists (left by a crashed writer) and temp files."""
-        listed = {row["path"] for row in self.wh.query("SELECT path FROM table_files").to_pylist()}
+        listed = set(self.wh.manifest().column("path").to_pylist())
         removed = []
         for table in PARQUET_TABLES:
             folder = self.wh.table_dir(table)
@@ -516,13 +601,16 @@ class WriteSession:
 
     def upsert_rows(self, table: str, rows: list[dict[str, Any]]) -> None:
         """Replace metadata rows by ``key`` (used for run records that change state)."""
-        con = self.wh.connect(read_only=False)
-        try:
-            con.execute("BEGIN")
-            _replace_rows(con, table, rows)
-            con.execute("COMMIT")
-        finally:
-            con.close()
+        if table == "table_files":
+            raise ValueError("the manifest changes through commit() and replace_files() only")
+        with self.wh.keeping_manifest():
+            con = self.wh.connect(read_only=False, manifest=False)
+            try:
+                con.execute("BEGIN")
+                _replace_rows(con, table, rows)
+                con.execute("COMMIT")
+            finally:
+                con.close()
 
 
 #: metadata tables whose rows are replaced by key rather than appended (one Dagster run writes a

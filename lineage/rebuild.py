@@ -22,14 +22,14 @@ from trajwh.schemas.arrow import arrow_schema
 def inputs_fingerprint(wh: Warehouse, tables: list[str], where: str = "") -> str:
     """Digest of the content hashes of every file of ``tables`` (any change -> a new digest);
     ``where``: a further condition on ``table_files`` rows (e.g. only one stage's edges)."""
-    shas = wh.query("SELECT string_agg(sha256, ',' ORDER BY sha256) FROM table_files WHERE list_contains(?, table_name)"
+    shas = wh.manifest_query("SELECT string_agg(sha256, ',' ORDER BY sha256) FROM table_files WHERE list_contains(?, table_name)"
                     + (f" AND ({where})" if where else ""), [tables]).column(0)[0].as_py() or ""
     return ids.digest(shas)[:16]
 
 
 def batch_fingerprints(wh: Warehouse, tables: list[str]) -> dict[str, str]:
     """Per ingest batch, the digest of the content hashes of its files of ``tables``."""
-    rows = wh.query("SELECT batch_id, string_agg(sha256, ',' ORDER BY sha256) AS shas FROM table_files "
+    rows = wh.manifest_query("SELECT batch_id, string_agg(sha256, ',' ORDER BY sha256) AS shas FROM table_files "
                     "WHERE list_contains(?, table_name) GROUP BY batch_id", [tables]).to_pylist()
     return {r["batch_id"]: ids.digest(r["shas"])[:16] for r in rows}
 
@@ -55,7 +55,7 @@ def joined_by_key(outer: Iterator[list[dict[str, Any]]], inner: Iterator[list[di
 
 
 def is_current(wh: Warehouse, table: str, version: str) -> bool:
-    return wh.query("SELECT DISTINCT transform_version FROM table_files WHERE table_name = ?",
+    return wh.manifest_query("SELECT DISTINCT transform_version FROM table_files WHERE table_name = ?",
                     [table]).column(0).to_pylist() == [version]
 
 

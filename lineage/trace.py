@@ -31,7 +31,7 @@ def _one(wh: Warehouse, sql: str, value: str, what: str) -> dict[str, Any] | Non
 
 
 def _has_rows(wh: Warehouse, table: str) -> bool:
-    return bool(wh.query("SELECT count(*) FROM table_files WHERE table_name = ?", [table]).column(0)[0].as_py())
+    return bool(wh.manifest_query("SELECT count(*) FROM table_files WHERE table_name = ?", [table]).column(0)[0].as_py())
 
 
 def trace(wh: Warehouse, ident: str) -> Trace:

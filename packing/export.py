@@ -72,7 +72,7 @@ class ExportSummary:
 def resolve_pack_set(wh: Warehouse, pack_set: str | None) -> str:
     """The set named, else the only one, else the one the configuration builds."""
     sets = wh.query("SELECT DISTINCT pack_set FROM packs ORDER BY 1").column(0).to_pylist() \
-        if wh.query("SELECT count(*) FROM table_files WHERE table_name = 'packs'").column(0)[0].as_py() else []
+        if wh.manifest_query("SELECT count(*) FROM table_files WHERE table_name = 'packs'").column(0)[0].as_py() else []
     if not sets:
         raise ConfigError(f"no packs in {wh.root}", valid="run `trajwh pack` (or `trajwh build`) first")
     if pack_set:

@@ -142,7 +142,7 @@ def export_hf(wh: Warehouse, out: str | Path, *, unit: str = "episodes", splits:
         raise ConfigError(f"unknown split(s) {bad}", valid=", ".join(SPLIT_FILE_NAMES))
     wh.require()
     need = ["redacted_episodes", "splits"] + (["fragments"] if unit == "fragments" else [])
-    missing = [t for t in need if not wh.query("SELECT count(*) FROM table_files WHERE table_name = ?", [t]).column(0)[0].as_py()]
+    missing = [t for t in need if not wh.manifest_query("SELECT count(*) FROM table_files WHERE table_name = ?", [t]).column(0)[0].as_py()]
     if missing:
         raise ConfigError(f"{', '.join(missing)} not built in {wh.root}", valid="run `trajwh build` first")
     check_filter(wh, "redacted_episodes", where)

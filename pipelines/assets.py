@@ -33,7 +33,7 @@ def table_metadata(warehouse: WarehouseResource, table: str) -> dict:
     under Dagster's standard keys, so the UI shows them on the asset."""
     from trajwh.schemas.arrow import PARQUET_TABLES, arrow_schema
 
-    rows = warehouse.get().query("SELECT coalesce(sum(rows), 0) FROM table_files WHERE table_name = ?",
+    rows = warehouse.get().manifest_query("SELECT coalesce(sum(rows), 0) FROM table_files WHERE table_name = ?",
                                  [table]).column(0)[0].as_py()
     columns = [dg.TableColumn(f.name, str(f.type)) for f in arrow_schema(PARQUET_TABLES[table])]
     return {"dagster/row_count": int(rows), "dagster/column_schema": dg.TableSchema(columns=columns),

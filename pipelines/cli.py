@@ -212,7 +212,7 @@ def print_split_summary(wh: Warehouse) -> None:
     """Requested vs realized split shares, with the reasons and loud warnings (the audit's)."""
     from trajwh.dedup.audit import audit_cached
 
-    if not wh.query("SELECT count(*) FROM table_files WHERE table_name = 'splits'").column(0)[0].as_py():
+    if not wh.manifest_query("SELECT count(*) FROM table_files WHERE table_name = 'splits'").column(0)[0].as_py():
         return
     a = audit_cached(wh)
     parts = [f"{r['split']} {r['episodes']} ({r['realized'] if r['realized'] is not None else r['share']:.1%}"

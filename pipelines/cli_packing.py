@@ -33,7 +33,7 @@ def pack_options(fn: Any) -> Any:
 
 def print_pack_sets(wh: Warehouse, pack_set: str | None = None) -> None:
     """Per pack set and split: sequences, tokens, trainable tokens, efficiency."""
-    if not wh.query("SELECT count(*) FROM table_files WHERE table_name = 'packs'").column(0)[0].as_py():
+    if not wh.manifest_query("SELECT count(*) FROM table_files WHERE table_name = 'packs'").column(0)[0].as_py():
         return
     rows = wh.query("""
         SELECT pack_set, split_part(any_value(tokenizer_id), '@', 1) AS tokenizer, any_value(seq_len) AS seq_len,
@@ -64,7 +64,7 @@ def pack(tokenizer: str | None, seq_len: int | None, policy: str | None, dedup: 
     overrides = {"tokenizer": tokenizer, "seq_len": seq_len, "policy": policy, "dedup": dedup, "packer": packer}
     cfg = pack_config(load_settings(None, wh.root), **overrides)  # fails here, clearly, on a bad value
     tok = get_tokenizer(cfg.tokenizer)
-    if not wh.query("SELECT count(*) FROM table_files WHERE table_name = 'fragments'").column(0)[0].as_py():
+    if not wh.manifest_query("SELECT count(*) FROM table_files WHERE table_name = 'fragments'").column(0)[0].as_py():
         render.err_console.print("[bold red]no fragments yet:[/] run [bold]trajwh build[/] first")
         sys.exit(1)
     t0 = time.monotonic()

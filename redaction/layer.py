@@ -362,7 +362,7 @@ def _without_vault(wh: Warehouse, vault: Vault) -> set[str]:
     """Batches redacted while no vault key was set (replacements, no vault folder): with a key now,
     they are redacted again to write their vault entries (the same placeholders: they come from
     the warehouse's salt, so the redacted rows do not change)."""
-    with_events = wh.query("SELECT DISTINCT batch_id FROM table_files WHERE table_name = 'redaction_events' "
+    with_events = wh.manifest_query("SELECT DISTINCT batch_id FROM table_files WHERE table_name = 'redaction_events' "
                            "AND rows > 0").column(0).to_pylist()
     return {b for b in with_events if not any((vault.root / b).glob("part-*.parquet"))}
 
@@ -407,7 +407,7 @@ def redact_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, scope_ki
             vault.write_batch(batch_id, entries)
             session.commit(files, removed=old, batch_id=batch_id, run_id=run_id, transform_version=version)
             summary.batches_done += 1
-        redacted = set(wh.query("SELECT DISTINCT batch_id FROM table_files WHERE table_name = 'redacted_episodes'")
+        redacted = set(wh.manifest_query("SELECT DISTINCT batch_id FROM table_files WHERE table_name = 'redacted_episodes'")
                        .column(0).to_pylist())
         gone = redacted - set(sources)  # batches whose normalized rows no longer exist
         for batch_id in gone:

@@ -183,3 +183,30 @@ def test_a_catalog_creation_killed_half_way_is_invisible_and_cleaned(tmp_path, c
                         capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert not (root / ".catalog-4242.tmp").exists()
+
+
+def test_the_cached_manifest_follows_every_commit(tmp_path, cli_env, cases):
+    """Warehouse.manifest() is read once and kept (a build asks it dozens of times), but never
+    outlives a change: another process's ingest, this process's commit; a write of this process
+    that leaves table_files alone (a run row) keeps it."""
+    from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+    from trajwh.lineage.rebuild import run_row
+
+    wh = Warehouse(cli_env["TRAJWH_WAREHOUSE"])
+    ingest_paths(wh, [cases / "two_episodes.jsonl"], IngestOptions(source="a"))
+    first = wh.manifest()
+    assert wh.manifest() is first  # kept
+    with wh.write_session("test") as s:
+        s.upsert_rows("runs", [run_row("r1", "test", first.column("added_at")[0].as_py(), params={}, counts={},
+                                       code_version="")])
+    assert wh.manifest() is first  # a run row leaves the manifest as it was
+    r = subprocess.run([*trajwh_cmd(), "ingest", str(cases / "two_episodes.jsonl"), "--source", "b"], env=cli_env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    second = wh.manifest()  # another process committed
+    assert second.num_rows > first.num_rows
+    assert second.num_rows == wh.query("SELECT count(*) FROM table_files").column(0)[0].as_py()
+    ingest_paths(wh, [cases / "two_episodes.jsonl"], IngestOptions(source="c"))  # this process committed
+    third = wh.manifest()
+    assert third.num_rows > second.num_rows
+    assert wh.manifest_query("SELECT count(DISTINCT batch_id) AS n FROM table_files").column(0)[0].as_py() == 3
