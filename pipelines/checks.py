@@ -180,4 +180,124 @@ def _eligibility_counts(wh) -> dict:
                (SELECT count(*) FROM eligibility) AS episodes""").to_pylist()[0]
 
 
-ALL_CHECKS = [every_episode_decided, packs_round_trip, fragments_only_from_train, one_outcome_per_episode, no_group_crosses_splits, redacted_layer_has_no_secrets, redacted_steps_have_lineage, episodes_have_lineage, steps_have_lineage, normalized_reconciles_with_raw]
+def _counts(wh, sql: str) -> dict:
+    return wh.query(sql).to_pylist()[0]
+
+
+# --- integrity of every other asset: each asset has at least one check -------------------------
+
+
+@dg.asset_check(asset="raw_records", blocking=True,
+                description="Record ids are unique; each record's byte length is its payload's; each belongs to a "
+                            "committed batch.")
+def raw_records_are_whole(warehouse: WarehouseResource) -> dg.AssetCheckResult:
+    wh = warehouse.get()
+    return _result(cached(wh, "raw_records_are_whole", ["raw_records"], lambda: _counts(wh, """
+        SELECT count(*) AS records, count(*) - count(DISTINCT record_id) AS duplicate_violations,
+               count(*) FILTER (WHERE byte_length <> octet_length(payload)) AS length_violations,
+               count(*) FILTER (WHERE batch_id NOT IN (SELECT batch_id FROM batches)) AS batch_violations
+        FROM raw_records""")))
+
+
+@dg.asset_check(asset="redacted_episodes", blocking=True,
+                description="One redacted episode per key, each made from a normalized episode.")
+def redacted_episodes_are_one_per_episode(warehouse: WarehouseResource) -> dg.AssetCheckResult:
+    wh = warehouse.get()
+    return _result(cached(wh, "redacted_one_per_episode", ["redacted_episodes", "episodes"], lambda: _counts(wh, """
+        SELECT count(*) AS episodes, count(*) - count(DISTINCT trajectory_key) AS duplicate_violations,
+               count(*) FILTER (WHERE trajectory_key NOT IN (SELECT trajectory_key FROM episodes)) AS orphan_violations
+        FROM redacted_episodes""")))
+
+
+@dg.asset_check(asset="redaction_events", description="Every replacement names a redacted episode and a non-empty span.")
+def redaction_events_point_at_redacted_rows(warehouse: WarehouseResource) -> dg.AssetCheckResult:
+    wh = warehouse.get()
+    return _result(cached(wh, "events_point_at_rows", ["redaction_events", "redacted_episodes"], lambda: _counts(wh, """
+        SELECT count(*) AS events,
+               count(*) FILTER (WHERE trajectory_key NOT IN (SELECT trajectory_key FROM redacted_episodes))
+                   AS orphan_violations,
+               count(*) FILTER (WHERE "end" <= start) AS span_violations
+        FROM redaction_events""")))
+
+
+@dg.asset_check(asset="near_dup_clusters",
+                description="Each episode in one cluster; each cluster has exactly one representative and the size "
+                            "its rows say.")
+def one_representative_per_cluster(warehouse: WarehouseResource) -> dg.AssetCheckResult:
+    wh = warehouse.get()
+    return _result(cached(wh, "one_representative", ["near_dup_clusters"], lambda: _counts(wh, """
+        SELECT (SELECT count(*) - count(DISTINCT trajectory_key) FROM near_dup_clusters) AS duplicate_violations,
+               count(*) AS clusters, count(*) FILTER (WHERE reps <> 1) AS representative_violations,
+               count(*) FILTER (WHERE n <> size) AS size_violations
+        FROM (SELECT cluster_id, count(*) FILTER (WHERE is_representative) AS reps, count(*) AS n,
+                     any_value(cluster_size) AS size FROM near_dup_clusters GROUP BY 1)""")))
+
+
+@dg.asset_check(asset="task_groups", description="Each episode in one task group, of the size its rows say.")
+def one_group_per_episode(warehouse: WarehouseResource) -> dg.AssetCheckResult:
+    wh = warehouse.get()
+    return _result(cached(wh, "one_group", ["task_groups"], lambda: _counts(wh, """
+        SELECT (SELECT count(*) - count(DISTINCT trajectory_key) FROM task_groups) AS duplicate_violations,
+               count(*) AS groups, count(*) FILTER (WHERE n <> size) AS size_violations
+        FROM (SELECT group_id, count(*) AS n, any_value(group_size) AS size FROM task_groups GROUP BY 1)""")))
+
+
+@dg.asset_check(asset="leak_flags", description="Every leak flag names an episode of the splits.")
+def leak_flags_name_split_episodes(warehouse: WarehouseResource) -> dg.AssetCheckResult:
+    wh = warehouse.get()
+    return _result(cached(wh, "leak_flags_known", ["leak_flags", "splits"], lambda: _counts(wh, """
+        SELECT count(*) AS flags,
+               count(*) FILTER (WHERE trajectory_key NOT IN (SELECT trajectory_key FROM splits)) AS unknown_episode_violations
+        FROM leak_flags""")))
+
+
+@dg.asset_check(asset="task_stats", description="Statistics only for tasks the redacted layer holds; attempts never "
+                "fewer than successes.")
+def task_stats_are_of_known_tasks(warehouse: WarehouseResource) -> dg.AssetCheckResult:
+    wh = warehouse.get()
+    return _result(cached(wh, "task_stats_known", ["task_stats", "redacted_episodes"], lambda: _counts(wh, """
+        SELECT count(*) AS rows,
+               count(*) FILTER (WHERE task_id NOT IN (SELECT task_id FROM redacted_episodes)) AS unknown_task_violations,
+               count(*) FILTER (WHERE successes > attempts) AS count_violations
+        FROM task_stats""")))
+
+
+@dg.asset_check(asset="license_facts", description="Every license fact has a known status; a valid one its expression.")
+def license_facts_are_explained(warehouse: WarehouseResource) -> dg.AssetCheckResult:
+    wh = warehouse.get()
+    return _result(cached(wh, "license_facts_explained", ["license_facts"], lambda: _counts(wh, """
+        SELECT count(*) AS facts,
+               count(*) FILTER (WHERE status NOT IN ('valid', 'invalid', 'unknown')) AS status_violations,
+               count(*) FILTER (WHERE status = 'valid' AND expression IS NULL) AS expression_violations
+        FROM license_facts""")))
+
+
+@dg.asset_check(asset="data_card", description="The card's figures are the warehouse's (raw records and episodes), and "
+                "its page holds no script.")
+def card_agrees_with_warehouse(warehouse: WarehouseResource) -> dg.AssetCheckResult:
+    import hashlib
+    import json
+
+    wh = warehouse.get()
+    folder = wh.root / "card"
+    if not (folder / "card.json").exists():
+        return dg.AssetCheckResult(passed=False, metadata={"missing": str(folder / "card.json")})
+    doc, page = (folder / "card.json").read_bytes(), (folder / "card.html").read_bytes()
+
+    def compute() -> dict:
+        funnel = json.loads(doc)["sections"]["funnel"]
+        have = _counts(wh, "SELECT (SELECT count(*) FROM raw_records) AS raw, "
+                           "(SELECT count(*) FROM redacted_episodes) AS episodes")
+        return {"raw_records": have["raw"], "episodes": have["episodes"],
+                "raw_violations": int(funnel.get("present", False) and funnel["raw_records"] != have["raw"]),
+                "episode_violations": int(funnel.get("present", False) and funnel["episodes"] != have["episodes"]),
+                "script_violations": int(b"<script" in page.lower())}
+
+    digest = hashlib.sha256(doc + page).hexdigest()[:16]  # the card as written: another card, another result
+    return _result(cached(wh, f"card_agrees:{digest}", ["raw_records", "redacted_episodes"], compute))
+
+
+ALL_CHECKS = [raw_records_are_whole, redacted_episodes_are_one_per_episode, redaction_events_point_at_redacted_rows,
+              one_representative_per_cluster, one_group_per_episode, leak_flags_name_split_episodes,
+              task_stats_are_of_known_tasks, license_facts_are_explained, card_agrees_with_warehouse,
+              every_episode_decided, packs_round_trip, fragments_only_from_train, one_outcome_per_episode, no_group_crosses_splits, redacted_layer_has_no_secrets, redacted_steps_have_lineage, episodes_have_lineage, steps_have_lineage, normalized_reconciles_with_raw]
