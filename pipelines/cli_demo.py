@@ -27,6 +27,10 @@ def ui(port: int, warehouse: str | None) -> None:
 
     warehouse_instance(wh.root)  # its dagster.yaml (telemetry off), as the CLI builds write it
     env = {**os.environ, "TRAJWH_WAREHOUSE": str(wh.root), "DAGSTER_HOME": str(wh.root / DAGSTER_DIR)}
+    # `dagster dev` says it is superseded by `dg dev`, which needs the repository's pyproject.toml
+    # ([tool.dg]); this command serves an installed package as well, so it keeps `dagster dev`
+    quiet = "ignore:Function `dev_command` is superseded"
+    env["PYTHONWARNINGS"] = ",".join(w for w in (env.get("PYTHONWARNINGS"), quiet) if w)
     exe = Path(sys.executable).with_name("dagster")
     cmd = [str(exe) if exe.exists() else "dagster", "dev", "-m", "trajwh.pipelines.definitions",
            "-h", "127.0.0.1", "-p", str(port)]

@@ -35,6 +35,9 @@ def test_ui_serves_on_loopback(cli_env, tmp_path):
                 time.sleep(1)
         assert body is not None, (tmp_path / "ui.log").read_text()[-3000:]
         assert "dagster_webserver_version" in body
+        time.sleep(2)
+        text = (tmp_path / "ui.log").read_text()
+        assert "DeprecationWarning" not in text and "SupersessionWarning" not in text, text[-3000:]
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
