@@ -58,12 +58,53 @@ def landing_sensor(context: dg.SensorEvaluationContext, warehouse: WarehouseReso
     return dg.RunRequest(run_key=fingerprint)
 
 
+def record_daemon_run(context: dg.RunStatusSensorContext, warehouse: WarehouseResource, status: str,
+                      error: str | None = None) -> None:
+    """The job row of a run the Dagster daemon started (the landing sensor's ingest, the daily
+    build), which no ``build()`` call recorded: its job, final status and what it materialized,
+    beside the stage rows its steps wrote under the same run id."""
+    from datetime import UTC, datetime
+
+    from trajwh.lineage.rebuild import run_row
+
+    wh, run = warehouse.get(), context.dagster_run
+    if not wh.exists():
+        return
+    done = wh.query("SELECT count(*) FROM runs WHERE run_id = ? AND job = ? AND status <> 'running'",
+                    [run.run_id, run.job_name]).column(0)[0].as_py()
+    if done:  # recorded by build() (a CLI or API run), with its own parameters
+        return
+    stats = context.instance.get_run_stats(run.run_id)
+    started = datetime.fromtimestamp(stats.start_time, UTC) if stats.start_time else None
+    materialized = sorted({r.asset_key.to_user_string() for r in context.instance.get_records_for_run(
+        run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION).records if r.asset_key})
+    row = run_row(run.run_id, run.job_name, started or datetime.now(UTC),
+                  params={"dagster_job": run.job_name, "started_by": "dagster daemon",
+                          "tags": {k: v for k, v in run.tags.items() if not k.startswith(".")}},
+                  counts={"materialized": materialized}, code_version="")
+    with wh.write_session(run.job_name) as session:
+        session.upsert_rows("runs", [{**row, "status": status, "error": error[:2000] if error else None}])
+
+
+@dg.run_status_sensor(run_status=dg.DagsterRunStatus.SUCCESS, name="record_succeeded_runs",
+                      default_status=dg.DefaultSensorStatus.RUNNING,
+                      description="Records a daemon-started run's job row in the warehouse's runs table.")
+def record_succeeded_runs(context: dg.RunStatusSensorContext, warehouse: WarehouseResource):
+    record_daemon_run(context, warehouse, "succeeded")
+
+
+@dg.run_failure_sensor(name="record_failed_runs", default_status=dg.DefaultSensorStatus.RUNNING,
+                       description="Records a daemon-started run's failure in the warehouse's runs table.")
+def record_failed_runs(context: dg.RunFailureSensorContext, warehouse: WarehouseResource):
+    record_daemon_run(context, warehouse, "failed", context.failure_event.message or "failed")
+
+
 defs = dg.Definitions(
     assets=ASSETS,
     asset_checks=ALL_CHECKS,
     jobs=[build_job, ingest_landing_job],
     schedules=[daily_build],
-    sensors=[landing_sensor],
+    sensors=[landing_sensor, record_succeeded_runs, record_failed_runs],
     resources={"warehouse": WarehouseResource(path=os.environ.get("TRAJWH_WAREHOUSE", ""),
                                               config=os.environ.get("TRAJWH_CONFIG", ""))},
 )

@@ -206,6 +206,35 @@ def test_runs_table_records_the_job_beside_its_stages(wh, cases, monkeypatch):
     assert failed[0]["status"] == "failed" and "curation broke" in failed[0]["error"]
 
 
+def test_runs_the_daemon_starts_get_their_job_row(wh, cases):
+    """A run the Dagster daemon starts (sensor, schedule) has no build() around it: the run-status
+    sensors write its job row (status, materialized assets) beside its stage rows."""
+    import dagster as dg
+    import orjson
+    from trajwh.pipelines.definitions import defs, record_succeeded_runs
+
+    assert {"record_succeeded_runs", "record_failed_runs"} <= {d.name for d in defs.sensors}
+    from trajwh.pipelines.resources import WarehouseResource
+
+    ingest_paths(wh, [cases / "two_episodes.jsonl"], IngestOptions(source="cases"))
+    instance = dg.DagsterInstance.ephemeral()
+    result = build(str(wh.root), instance=instance)
+    with wh.write_session("test") as s:  # as if the daemon had started it: no job row yet
+        s.wh.connect(read_only=False, manifest=False).execute(
+            "DELETE FROM runs WHERE run_id = ? AND job = 'build'", [result.run_id]).close()
+    assert not wh.query("SELECT * FROM runs WHERE run_id = ? AND job = 'build'", [result.run_id]).num_rows
+    context = dg.build_run_status_sensor_context(
+        sensor_name="record_succeeded_runs", dagster_event=result.get_run_success_event(), dagster_instance=instance,
+        dagster_run=result.dagster_run, resources={"warehouse": WarehouseResource(path=str(wh.root))})
+    record_succeeded_runs(context)
+    row = wh.query("SELECT * FROM runs WHERE run_id = ? AND job = 'build'", [result.run_id]).to_pylist()
+    assert len(row) == 1 and row[0]["status"] == "succeeded"
+    assert orjson.loads(row[0]["params"])["started_by"] == "dagster daemon"
+    assert {"splits", "packs"} <= set(orjson.loads(row[0]["counts"])["materialized"])
+    record_succeeded_runs(context)  # a run build() recorded (or recorded already) is left as it is
+    assert wh.query("SELECT count(*) FROM runs WHERE run_id = ? AND job = 'build'", [result.run_id]).column(0)[0].as_py() == 1
+
+
 def test_landing_fingerprint_is_the_same_in_another_process(tmp_path, cases):
     """A digest, never Python's per-process salted hash(): a restarted daemon must not ingest again."""
     import os
