@@ -435,6 +435,14 @@ def _scan_bytes(path: str, matcher: _Matcher) -> set[str]:
     return matcher.find(data.decode("latin-1"))
 
 
+def _scan_file(path: str, matcher: _Matcher) -> set[str]:
+    """One file: Parquet decoded (as bytes when it is not readable as Parquet), anything else as bytes."""
+    try:
+        return _scan_parquet(path, matcher) if path.endswith(".parquet") else _scan_bytes(path, matcher)
+    except (OSError, pa.ArrowInvalid):
+        return _scan_bytes(path, matcher)
+
+
 def _scan(wh: Warehouse, matcher: _Matcher) -> dict[str, set[str]]:
     """Fingerprints of the probes found, by file, over every file under the warehouse: Parquet
     decoded, anything else (the catalog and its WAL, vault salt, caches, logs) as bytes; the
@@ -443,10 +451,7 @@ def _scan(wh: Warehouse, matcher: _Matcher) -> dict[str, set[str]]:
     for dirpath, _, names in os.walk(wh.root):
         for name in names:
             path = os.path.join(dirpath, name)
-            try:
-                hits = _scan_parquet(path, matcher) if name.endswith(".parquet") else _scan_bytes(path, matcher)
-            except (OSError, pa.ArrowInvalid):
-                hits = _scan_bytes(path, matcher)
+            hits = _scan_file(path, matcher)
             if hits:
                 found[os.path.relpath(path, wh.root)] = hits
     from trajwh.lineage.exports import paths as export_paths
@@ -454,10 +459,7 @@ def _scan(wh: Warehouse, matcher: _Matcher) -> dict[str, set[str]]:
     for top in export_paths(wh):  # what the tool wrote elsewhere (a file or a folder)
         for path in ([top] if os.path.isfile(top) else
                      [os.path.join(d, n) for d, _, names in os.walk(top) for n in names]):
-            try:
-                hits = _scan_parquet(path, matcher) if path.endswith(".parquet") else _scan_bytes(path, matcher)
-            except (OSError, pa.ArrowInvalid):
-                hits = _scan_bytes(path, matcher)
+            hits = _scan_file(path, matcher)
             if hits:
                 found[path] = hits
     con = wh.connect(read_only=True)

@@ -21,6 +21,11 @@ _LINEAGE_INPUTS = ["raw_records", "lineage_edges"]
 _NORMALIZED_EDGES = "table_name <> 'lineage_edges' OR NOT starts_with(coalesce(transform_version, ''), 'redact@')"
 
 
+def _counts(wh, sql: str) -> dict:
+    """A check's one-row count query as a dict."""
+    return wh.query(sql).to_pylist()[0]
+
+
 def _result(counts: dict) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(passed=passed(counts), metadata={k: int(v) for k, v in counts.items()})
 
@@ -89,10 +94,10 @@ def one_outcome_per_episode(warehouse: WarehouseResource) -> dg.AssetCheckResult
 
 
 def _outcome_counts(wh) -> dict:
-    r = wh.query("""SELECT (SELECT count(*) FROM redacted_episodes) AS episodes, (SELECT count(*) FROM outcomes) AS outcomes,
+    r = _counts(wh, """SELECT (SELECT count(*) FROM redacted_episodes) AS episodes, (SELECT count(*) FROM outcomes) AS outcomes,
                            (SELECT count(*) - count(DISTINCT trajectory_key) FROM outcomes) AS duplicate_violations,
                            (SELECT count(*) FROM fragments f JOIN outcomes o USING (trajectory_key) WHERE o.quarantined)
-                               AS quarantined_fragment_violations""").to_pylist()[0]
+                               AS quarantined_fragment_violations""")
     r["missing_violations"] = r["episodes"] - r["outcomes"]
     return r
 
@@ -109,14 +114,14 @@ def fragments_only_from_train(warehouse: WarehouseResource) -> dg.AssetCheckResu
 
 
 def _fragment_counts(wh, allow_leaks: bool) -> dict:
-    r = wh.query("""
+    r = _counts(wh, """
         SELECT (SELECT count(*) FROM fragments f JOIN splits s USING (trajectory_key) WHERE s.split <> 'train')
                    AS not_train_violations,
                (SELECT count(DISTINCT f.fragment_id) FROM fragments f JOIN leak_flags l USING (trajectory_key)
                  WHERE l.kind <> 'fix_after_cutoff') AS leak_flagged_fragments,
                (SELECT count(*) FROM fragments f JOIN eligibility g USING (trajectory_key) WHERE g.train <> 'allow')
                    AS not_eligible_violations,
-               (SELECT count(*) FROM fragments) AS fragments""").to_pylist()[0]
+               (SELECT count(*) FROM fragments) AS fragments""")
     if not allow_leaks:
         r["leak_flagged_violations"] = r.pop("leak_flagged_fragments")
     return r
@@ -166,7 +171,7 @@ def every_episode_decided(warehouse: WarehouseResource) -> dg.AssetCheckResult:
 
 
 def _eligibility_counts(wh) -> dict:
-    return wh.query("""
+    return _counts(wh, """
         SELECT (SELECT count(*) FROM redacted_episodes e WHERE NOT EXISTS
                     (SELECT 1 FROM eligibility g WHERE g.trajectory_key = e.trajectory_key)) AS undecided_violations,
                (SELECT count(*) FROM (SELECT trajectory_key FROM eligibility GROUP BY 1 HAVING count(*) > 1))
@@ -177,11 +182,7 @@ def _eligibility_counts(wh) -> dict:
                    AS opted_out_not_blocked_violations,
                (SELECT count(*) FROM eligibility WHERE (train <> 'allow' OR release <> 'allow') AND len(reasons) = 0)
                    AS no_reason_violations,
-               (SELECT count(*) FROM eligibility) AS episodes""").to_pylist()[0]
-
-
-def _counts(wh, sql: str) -> dict:
-    return wh.query(sql).to_pylist()[0]
+               (SELECT count(*) FROM eligibility) AS episodes""")
 
 
 # --- integrity of every other asset: each asset has at least one check -------------------------
