@@ -141,16 +141,20 @@ def ingest(paths: tuple[str, ...], source: str, license_: str | None, format_: s
 @click.option("--select", "select", default=None, metavar="SELECTION",
               help="Only these assets, in Dagster's syntax: splits, group:curated, +fragments, packs+ "
                    "(their inputs must be built).")
+@click.option("--force", is_flag=True,
+              help="Run the graph (and its checks) even when nothing changed since the last whole build.")
 @click.option("--ephemeral", is_flag=True,
               help="Do not record the run in the warehouse's Dagster instance (<warehouse>/_dagster, what "
                    "`trajwh ui` shows); about 1 s faster.")
 @warehouse_option
 @handle_errors
 def build(full: bool, scope: str, config_path: str | None, cutoff: str | None, fractions: str | None,
-          whole_repository: bool | None, select: str | None, ephemeral: bool, warehouse: str | None) -> None:
+          whole_repository: bool | None, select: str | None, force: bool, ephemeral: bool,
+          warehouse: str | None) -> None:
     """(Re)materialize the derived layers through the Dagster graph, in-process, with the
-    settings of trajwh.toml (docs/config.md) and the overrides given here."""
-    from trajwh.pipelines.definitions import build as run_build
+    settings of trajwh.toml (docs/config.md) and the overrides given here. When nothing a build
+    reads changed since the last whole build whose checks passed (data, catalog, settings, code,
+    environment: lineage/build_state.py), it says the warehouse is up to date and starts nothing."""
     from trajwh.pipelines.settings import with_overrides
     from trajwh.redaction.vault import load_key
     from trajwh.schemas.config import load_settings
@@ -166,6 +170,10 @@ def build(full: bool, scope: str, config_path: str | None, cutoff: str | None, f
                               whole_repository=whole_repository)
     render.console.print(f"settings: {settings.source or 'defaults'} (digest {settings.digest()})")
     t0 = time.monotonic()
+    curate = {"cutoff": cutoff, "fractions": fractions, "whole_repository": whole_repository}
+    if not (full or select or force) and _report_up_to_date(wh, scope, curate, config_path, t0):
+        return
+    from trajwh.pipelines.definitions import build as run_build
     from trajwh.pipelines.definitions import resolve_selection, warehouse_instance
 
     only = None
@@ -175,9 +183,32 @@ def build(full: bool, scope: str, config_path: str | None, cutoff: str | None, f
                                                                if added else ""))
     instance = None if ephemeral else warehouse_instance(wh.root)
     result = run_build(str(wh.root), full=full, scope=scope, config=config_path, instance=instance, only=only,
-                       curate={"cutoff": cutoff, "fractions": fractions, "whole_repository": whole_repository})
+                       curate=curate)
     print_build(result, time.monotonic() - t0)
     print_split_summary(wh)
+
+
+def _report_up_to_date(wh: Warehouse, scope: str, curate: dict, config_path: str | None, t0: float) -> bool:
+    """When the warehouse is what a build would make of it: say so (and since which run), record
+    the build in ``runs`` as one that had nothing to do, show the splits, and answer True."""
+    import uuid
+
+    from trajwh.lineage.build_state import build_inputs_digest, build_params, up_to_date
+    from trajwh.lineage.catalog import now_utc
+    from trajwh.lineage.rebuild import run_row
+
+    last = up_to_date(wh, build_inputs_digest(wh, build_params(scope, curate), config_path))
+    if last is None:
+        return False
+    row = run_row(str(uuid.uuid4()), "build", now_utc(), params={"up_to_date": True, **build_params(scope, curate)},
+                  counts={"materialized": [], "up_to_date_since": last["run_id"]}, code_version="")
+    with wh.write_session("build") as session:
+        session.upsert_rows("runs", [row])
+    render.console.print(f"up to date: nothing a build reads changed since build run {last['run_id']} "
+                         f"({last['finished_at']}); --force runs the graph and its checks anyway")
+    render.console.print(f"build run {row['run_id']} finished in {time.monotonic() - t0:.1f} s")
+    print_split_summary(wh)
+    return True
 
 
 def _shown(v: Any) -> str:

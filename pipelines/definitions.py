@@ -182,6 +182,7 @@ def build(warehouse: str, *, full: bool = False, include_ingest: bool = False,
     materialized), beside one row per stage under the same run id."""
     import uuid
 
+    from trajwh.lineage.build_state import build_inputs_digest, build_params, forget_built, record_built
     from trajwh.lineage.catalog import Warehouse, now_utc
     from trajwh.lineage.rebuild import mark_running, run_row
 
@@ -208,6 +209,7 @@ def build(warehouse: str, *, full: bool = False, include_ingest: bool = False,
             run_config={"ops": ops, "loggers": {"console": {"config": {"log_level": log_level}}}},
             instance=instance, raise_on_error=True, run_id=run_id)
     except BaseException as exc:
+        forget_built(wh)
         try:  # recorded when it can be; never in place of the error itself
             _record_job(wh, run_row(run_id, job, started, params=params, counts={}, code_version=""),
                         f"{type(exc).__name__}: {exc}")
@@ -216,6 +218,10 @@ def build(warehouse: str, *, full: bool = False, include_ingest: bool = False,
         raise
     checks = result.get_asset_check_evaluations()
     failed = sorted(c.check_name for c in checks if not c.passed)
+    if only is None and not failed:  # the whole graph built and checked: what it left is up to date
+        record_built(wh, build_inputs_digest(wh, build_params(scope, curate, pack), config), run_id)
+    else:
+        forget_built(wh)
     counts = {"materialized": sorted(m.asset_key.to_user_string() for m in result.get_asset_materialization_events()),
               "checks_passed": sum(c.passed for c in checks), "checks_failed": failed}
     _record_job(wh, run_row(run_id, job, started, params=params, counts=counts, code_version=""),
