@@ -197,75 +197,107 @@ def _init_worker(salt: bytes, scope_kind: str, private_addresses: bool, batch_id
     _worker_ids = (batch_id, run_id)
 
 
-def _redact_chunk(items: list[tuple[dict, list[dict]]]) -> tuple[dict[str, pa.Table], dict[str, Any], list[dict]]:
-    """In a worker: redact a chunk of episodes into the output tables' rows (Arrow: cheap to send
-    back, nothing left for the parent to convert); their vault entries come back with them."""
-    assert _worker is not None
-    _worker.scopes.clear()
-    tables, counts = _chunk_tables([_worker.redact(e, steps) for e, steps in items], *_worker_ids)
-    return tables, counts, _worker.vault_entries()
+@dataclass(frozen=True)
+class _Task:
+    """A unit of redaction work: one normalized steps file and the episodes files that hold its
+    episodes (normalize writes an episode and its steps in the same flush, so mostly one), or,
+    with no steps file, the batch's episodes that have no steps (``keys``, in order). Workers
+    read the files themselves: the parent sends paths and gets Arrow tables back, so it never
+    turns rows into Python objects (it was the limit of two workers: 1.27x one process)."""
+
+    steps: str | None
+    episodes: tuple[str, ...]
+    keys: tuple[str, ...] = ()
 
 
-class _BatchEpisodes:
-    """A batch's episode rows by trajectory key, without holding the batch: an index of which file
-    holds each key, and the rows of the file read last (normalize writes an episode and its steps
-    in the same flush, so the steps files ask for one episodes file after another)."""
-
-    def __init__(self, wh: Warehouse, batch_id: str):
-        self.files = wh.files("episodes", batch_id=batch_id)
-        self.where: dict[str, int] = {}
-        for i, path in enumerate(self.files):
-            for key in pq.read_table(path, columns=["trajectory_key"]).column(0).to_pylist():
-                self.where[key] = i
-        self.current: tuple[int, dict[str, dict]] = (-1, {})
-
-    def __len__(self) -> int:
-        return len(self.where)
-
-    def __getitem__(self, key: str) -> dict:
-        i = self.where[key]
-        if self.current[0] != i:
-            self.current = (i, {e["trajectory_key"]: e for e in pq.read_table(self.files[i]).to_pylist()})
-        return self.current[1][key]
-
-
-def _batch_items(wh: Warehouse, batch_id: str, episodes: _BatchEpisodes) -> Iterator[tuple[dict, list[dict]]]:
-    """(episode, its steps in order) for every episode of a batch, one steps file at a time."""
-    done = set()
+def _batch_tasks(wh: Warehouse, batch_id: str) -> tuple[list[_Task], int]:
+    """A batch's tasks in order (its steps files as the catalog lists them, then the episodes
+    without steps), and its number of episodes; reads only the trajectory-key columns."""
+    episode_files = [str(p) for p in wh.files("episodes", batch_id=batch_id)]
+    where: dict[str, int] = {}
+    for i, path in enumerate(episode_files):
+        for key in pq.read_table(path, columns=["trajectory_key"]).column(0).to_pylist():
+            where[key] = i
+    tasks, done = [], set()
     for path in wh.files("steps", batch_id=batch_id):
-        by_key: dict[str, list[dict]] = {}
-        for s in pq.read_table(path).to_pylist():
-            by_key.setdefault(s["trajectory_key"], []).append(s)
-        for key, steps in by_key.items():
-            done.add(key)
-            yield episodes[key], sorted(steps, key=lambda s: s["step_index"])
-    for key in sorted(episodes.where.keys() - done, key=lambda k: (episodes.where[k], k)):  # episodes without steps
-        yield episodes[key], []
+        keys = set(pq.read_table(path, columns=["trajectory_key"]).column(0).to_pylist())
+        done |= keys
+        tasks.append(_Task(str(path), tuple(episode_files[i] for i in sorted({where[k] for k in keys}))))
+    rest = tuple(sorted(where.keys() - done, key=lambda k: (where[k], k)))
+    if rest:
+        tasks.append(_Task(None, tuple(episode_files[i] for i in sorted({where[k] for k in rest})), rest))
+    return tasks, len(where)
 
 
-def _redacted(items: Iterator[tuple[dict, list[dict]]], worker: EpisodeRedactor, n_episodes: int,
+def _task_items(task: _Task) -> Iterator[tuple[dict, list[dict]]]:
+    """(episode, its steps in order) for every episode of a task, in the order of the steps file."""
+    episodes = {e["trajectory_key"]: e for path in task.episodes for e in pq.read_table(path).to_pylist()}
+    if task.steps is None:
+        for key in task.keys:
+            yield episodes[key], []
+        return
+    by_key: dict[str, list[dict]] = {}
+    for s in pq.read_table(task.steps).to_pylist():
+        by_key.setdefault(s["trajectory_key"], []).append(s)
+    for key, steps in by_key.items():
+        yield episodes[key], sorted(steps, key=lambda s: s["step_index"])
+
+
+def _redact_task(worker: EpisodeRedactor, task: _Task, batch_id: str,
+                 run_id: str) -> tuple[dict[str, pa.Table], dict[str, Any]]:
+    """A task's episodes redacted into the output tables (Arrow), in chunks of episodes so that
+    only a chunk's rows are Python objects at a time, with the counts."""
+    parts: dict[str, list[pa.Table]] = {t: [] for t, _ in _OUT_MODELS}
+    counts: dict[str, Any] = {"episodes": 0, "steps": 0, "replacements": 0, "by_type": {}}
+    chunk: list = []
+
+    def close() -> None:
+        tables, c = _chunk_tables(chunk, batch_id, run_id)
+        for t, data in tables.items():
+            parts[t].append(data)
+        for k in ("episodes", "steps", "replacements"):
+            counts[k] += c[k]
+        for k, v in c["by_type"].items():
+            counts["by_type"][k] = counts["by_type"].get(k, 0) + v
+        chunk.clear()
+
+    for e, steps in _task_items(task):
+        chunk.append(worker.redact(e, steps))
+        if len(chunk) >= _CHUNK_EPISODES:
+            close()
+    if chunk or not parts["redacted_episodes"]:
+        close()
+    return {t: pa.concat_tables(p) for t, p in parts.items()}, counts
+
+
+def _redact_in_worker(tasks: list[_Task]) -> list[tuple[dict[str, pa.Table], dict[str, Any], list[dict]]]:
+    """In a worker: tasks redacted, each with its vault entries."""
+    assert _worker is not None
+    out = []
+    for task in tasks:
+        _worker.scopes.clear()
+        tables, counts = _redact_task(_worker, task, *_worker_ids)
+        out.append((tables, counts, _worker.vault_entries()))
+    return out
+
+
+def _redacted(tasks: list[_Task], worker: EpisodeRedactor, n_episodes: int,
               vault: list[dict], private_addresses: bool, batch_id: str,
               run_id: str) -> Iterator[tuple[dict[str, pa.Table], dict[str, Any]]]:
-    """Redacted chunks of episodes (output tables and counts) in input order: in this process, or
-    in worker processes for big batches (a bounded number of chunks in flight, so memory stays flat)."""
-    n_workers = workers_wanted()
+    """Redacted tasks (output tables and counts) in input order: in this process, or in worker
+    processes for big batches (a bounded number of tasks in flight, so memory stays flat)."""
+    n_workers = min(workers_wanted(), len(tasks))
     if n_workers < 2 or worker.scope_kind != "episode" or n_episodes < PARALLEL_MIN_EPISODES:
-        chunk: list = []
-        for e, steps in items:
-            chunk.append(worker.redact(e, steps))
-            if len(chunk) >= _CHUNK_EPISODES:
-                yield _chunk_tables(chunk, batch_id, run_id)
-                chunk = []
-        if chunk:
-            yield _chunk_tables(chunk, batch_id, run_id)
+        for task in tasks:  # one redactor for them all: a repository or dataset scope spans files
+            yield _redact_task(worker, task, batch_id, run_id)
         vault.extend(worker.vault_entries())
         return
     red = worker.redactor
-    for _, (tables, counts, entries) in ordered_chunks(
-            _redact_chunk, items, chunk=_CHUNK_EPISODES, workers=n_workers, initializer=_init_worker,
-            initargs=(red.salt, worker.scope_kind, private_addresses, batch_id, run_id)):
-        vault.extend(entries)
-        yield tables, counts
+    for _, done in ordered_chunks(_redact_in_worker, tasks, chunk=1, workers=n_workers, initializer=_init_worker,
+                                  initargs=(red.salt, worker.scope_kind, private_addresses, batch_id, run_id)):
+        for tables, counts, entries in done:
+            vault.extend(entries)
+            yield tables, counts
 
 
 def _redact_tool_schemas(wh: Warehouse, batch_id: str, redactor: Redactor, run_id: str, scope_kind: str,
@@ -304,37 +336,23 @@ _TOOL_SCHEMA = arrow_schema(ToolSchemaRow)
 def _redact_batch(wh: Warehouse, session: Any, batch_id: str, run_id: str, redactor: Redactor, scope_kind: str,
                   summary: RedactSummary, progress: Callable[[int], None] | None,
                   private_addresses: bool = True) -> tuple[list, list[dict]]:
-    episodes = _BatchEpisodes(wh, batch_id)
+    tasks, n_episodes = _batch_tasks(wh, batch_id)
     worker = EpisodeRedactor(redactor, scope_kind)
     files: list = []
     vault: list[dict] = []
-    pending: dict[str, list[pa.Table]] = {t: [] for t, _ in _OUT_MODELS}
-    pending_steps = 0
-
-    def flush() -> None:
-        for table, _ in _OUT_MODELS:
-            parts = [t for t in pending[table] if t.num_rows]
-            if parts or table == "redacted_episodes" and not files:
-                data = pa.concat_tables(parts) if parts else _SCHEMAS[table].empty_table()
+    for tables, counts in _redacted(tasks, worker, n_episodes, vault, private_addresses, batch_id, run_id):
+        for table, data in tables.items():  # one file per table and task (a steps file's worth of rows)
+            if data.num_rows:
                 files.append(session.write(table, data))
-            pending[table] = []
-
-    for tables, counts in _redacted(_batch_items(wh, batch_id, episodes), worker, len(episodes), vault,
-                                    private_addresses, batch_id, run_id):
-        for table, data in tables.items():
-            pending[table].append(data)
         summary.episodes += counts["episodes"]
         summary.steps += counts["steps"]
         summary.replacements += counts["replacements"]
         for k, v in counts["by_type"].items():
             summary.by_type[k] = summary.by_type.get(k, 0) + v
-        pending_steps += counts["steps"]
         if progress:
             progress(counts["episodes"])
-        if pending_steps >= 20_000:
-            flush()
-            pending_steps = 0
-    flush()
+    if not any(f.table == "redacted_episodes" for f in files):  # a batch without episodes: one empty file
+        files.append(session.write("redacted_episodes", _SCHEMAS["redacted_episodes"].empty_table()))
     schemas, events, by_type = _redact_tool_schemas(wh, batch_id, redactor, run_id, scope_kind, vault)
     if schemas.num_rows:
         files.append(session.write("redacted_tool_schemas", schemas))
