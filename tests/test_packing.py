@@ -343,6 +343,30 @@ def test_verify_packs_catches_a_tampered_pack(built: Warehouse, tmp_path: Path):
     r = verify_packs(wh, ps, scan_secrets=False)
     assert r["round_trip_violations"] == 1 and r["split_violations"] >= 1 and r["mixed_split_violations"] == 1, r
     assert {e["check"] for e in r["examples"]} >= {"round_trip_violations", "split_violations"}
+    parts = verify_packs(wh, ps, scan_secrets=False, workers=2)  # in two worker processes: the same findings
+    assert {k: v for k, v in parts.items() if k != "examples"} == {k: v for k, v in r.items() if k != "examples"}
+    assert {e["check"] for e in parts["examples"]} >= {"round_trip_violations", "split_violations"}
+
+
+def test_verify_packs_in_parts_counts_and_trusts_what_one_part_does(built: Warehouse, tmp_path: Path):
+    """Verified in worker processes (a part of the packs each), a pack set gives the counts and the
+    ledger that one process gives; the ledger a two-part check wrote spares the next one rendering."""
+    import shutil
+
+    from trajwh.packing.verify import _ledger_path, verify_packs, violations
+
+    wh = Warehouse(tmp_path / "copy")
+    shutil.copytree(built.root, wh.root)
+    ps = _pack_set(wh)
+    _ledger_path(wh, ps).unlink(missing_ok=True)  # the build's check wrote one
+    one = verify_packs(wh, ps, secret_sample=4, ledger=True, workers=1)
+    ledger = _ledger_path(wh, ps).read_text()
+    _ledger_path(wh, ps).unlink()
+    two = verify_packs(wh, ps, secret_sample=4, ledger=True, workers=2)
+    assert violations(two) == 0 and two == one and two["rendered"] == two["segments"] > 0
+    assert _ledger_path(wh, ps).read_text() == ledger
+    again = verify_packs(wh, ps, secret_sample=4, ledger=True, workers=2)
+    assert again["rendered"] == 0 and again["segments"] == one["segments"]
 
 
 def _read_megatron(prefix: Path) -> list[np.ndarray]:
