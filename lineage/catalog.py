@@ -441,6 +441,16 @@ def _empty_parquet(table: str) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
+def write_table_file(wh: Warehouse, table: str, data: pa.Table) -> WrittenFile:
+    """One content-named file of ``table``, not yet visible: a ``WriteSession`` commits it. A
+    worker process of a stage writes its files with this and hands them to the session's holder."""
+    expected = arrow_schema(PARQUET_TABLES[table])
+    if not data.schema.equals(expected, check_metadata=False):
+        data = data.cast(expected)
+    data = data.replace_schema_metadata(expected.metadata)
+    return write_parquet(table, data, wh.table_dir(table), restricted=wh.is_restricted(table))
+
+
 class WriteSession:
     """What a writer may do while it holds the lock: write files, then commit them."""
 
@@ -509,11 +519,7 @@ class WriteSession:
 
     def write(self, table: str, data: pa.Table) -> WrittenFile:
         """Write one file of ``table`` (not yet visible: pass it to ``commit``)."""
-        expected = arrow_schema(PARQUET_TABLES[table])
-        if not data.schema.equals(expected, check_metadata=False):
-            data = data.cast(expected)
-        data = data.replace_schema_metadata(expected.metadata)
-        return write_parquet(table, data, self.wh.table_dir(table), restricted=self.wh.is_restricted(table))
+        return write_table_file(self.wh, table, data)
 
     @contextmanager
     def _transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import orjson
 import pyarrow as pa
-from trajwh.lineage.catalog import Warehouse, now_utc
+from trajwh.lineage.catalog import Warehouse, now_utc, write_table_file
+from trajwh.lineage.parallel import ordered_chunks, workers_wanted
 from trajwh.lineage.rebuild import inputs_fingerprint, joined_by_key, mark_running, run_row
 from trajwh.packing.pack import PACKERS, POLICIES, Segment
 from trajwh.packing.render import render, truncate_context
@@ -209,15 +210,24 @@ def _windowed(cfg: PackConfig, where: str = "") -> str:
                                window=int(cfg.window), where=where)
 
 
-def _units_to_pack(wh: Warehouse, cfg: PackConfig, pack_set: str, plan: Plan) -> Iterator[tuple[dict, list[dict]]]:
-    """(unit, its steps) in packing order for every window that is not copied: a unit whose
-    stored tokens are reused carries them (``stored``) and no steps; the others their steps."""
+def _units_to_pack(wh: Warehouse, cfg: PackConfig, pack_set: str, plan: Plan, windows: list[str] | None = None,
+                   memory: str = "512MB") -> Iterator[tuple[dict, list[dict]]]:
+    """(unit, its steps) in packing order for every window that is not copied (or only those of
+    ``windows``): a unit whose stored tokens are reused carries them (``stored``) and no steps;
+    the others their steps."""
     tools = tools_by_digest(wh)
-    unit_stream = wh.stream(_windowed(cfg, "WHERE NOT list_contains(?, window_id)"), [list(plan.copy)],
-                            batch_rows=2_000, memory_limit="512MB", threads=1)
-    step_stream = wh.stream(RENDER_STEPS_SQL, [list(plan.render), list(plan.render.values())],
-                            memory_limit="512MB", threads=1)
-    stored = stored_tokens(wh, pack_set, sorted(plan.repack))
+    if windows is None:
+        unit_stream = wh.stream(_windowed(cfg, "WHERE NOT list_contains(?, window_id)"), [list(plan.copy)],
+                                batch_rows=2_000, memory_limit=memory, threads=1)
+        render, repack = plan.render, plan.repack
+    else:
+        unit_stream = wh.stream(_windowed(cfg, "WHERE list_contains(?, window_id)"), [windows],
+                                batch_rows=2_000, memory_limit=memory, threads=1)
+        mine = set(windows)
+        render = {k: o for k, o in plan.render.items() if o.partition("|")[0] in mine}
+        repack = plan.repack & mine
+    step_stream = wh.stream(RENDER_STEPS_SQL, [list(render), list(render.values())], memory_limit=memory, threads=1)
+    stored = stored_tokens(wh, pack_set, sorted(repack))
     window, tokens = None, {}
     try:
         for u, mine in joined_by_key(unit_stream, step_stream, key="ord_key"):
@@ -238,10 +248,12 @@ def _units_to_pack(wh: Warehouse, cfg: PackConfig, pack_set: str, plan: Plan) ->
 
 
 def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), full: bool = False,
-                lock_timeout: float = 60.0) -> PackSummary:
+                lock_timeout: float = 60.0, workers: int | None = None) -> PackSummary:
     """Build (or bring up to date) one pack set. Incremental unless ``full``: windows whose
     packing inputs are unchanged are copied, the others packed again with the stored tokens of
-    unchanged units (packing.windows); the result equals a full build's."""
+    unchanged units (packing.windows); the result equals a full build's. The windows to pack are
+    dealt out to ``workers`` processes (default: the machine's cores when ``PARALLEL_MIN_UNITS``
+    units or more are rendered); windows are independent, so the packs are the same."""
     cfg.validate()
     tok = get_tokenizer(cfg.tokenizer)
     summary = PackSummary(run_id, pack_set=pack_set_id(cfg, tok), seq_len=cfg.seq_len)
@@ -276,10 +288,20 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
             _count_copied(summary, table, segments, seen)
         _count_dropped_in_copies(summary, plan, seen)
 
-        def write(rows: list[dict]) -> None:
-            files.append(session.write("packs", pack_table(rows, schema)))
+        todo = sorted(set(plan.digests) - set(plan.copy))
+        n = workers if workers is not None else (workers_wanted() if plan.rendered_units >= PARALLEL_MIN_UNITS else 1)
+        n = max(1, min(n, len(todo)))
+        if n == 1:
+            def write(rows: list[dict]) -> None:
+                files.append(session.write("packs", pack_table(rows, schema)))
 
-        pack_stream(_units_to_pack(wh, cfg, summary.pack_set, plan), cfg, tok, summary, write, lineage)
+            pack_stream(_units_to_pack(wh, cfg, summary.pack_set, plan), cfg, tok, summary, write, lineage)
+        else:  # the windows dealt out to worker processes, each packing and writing its own
+            tasks = [{"root": str(wh.root), "cfg": cfg, "pack_set": summary.pack_set, "plan": plan, "windows": todo[i::n],
+                      "lineage": lineage, "run_id": run_id} for i in range(n)]
+            for _, [(written, part)] in ordered_chunks(_pack_parts, tasks, chunk=1, workers=n):
+                files += written
+                _add_counts(summary, part)
         summary.fragments = plan.units
         summary.windows = {"copied": len(plan.copy), "repacked": len(plan.repack),
                            "new": len(plan.digests) - len(plan.copy) - len(plan.repack)}
@@ -290,6 +312,39 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
         session.upsert_rows("runs", [run_row(run_id, "packs", started, params={"version": version},
                                              counts=_counts(summary), code_version=f"{TRANSFORM}@{PACKS_VERSION}")])
     return summary
+
+
+#: a pack build that renders at least this many units does it in worker processes, a share of the
+#: windows each (a worker's start costs about 1.5 s; 2,000 units are about 4 M tokens)
+PARALLEL_MIN_UNITS = 2_000
+
+
+def _pack_parts(tasks: list[dict[str, Any]]) -> list[tuple[list[Any], PackSummary]]:
+    """In a worker: each task's windows rendered, packed and written (files not yet visible: the
+    parent commits them), with their counts. DuckDB gets 256 MB here: two workers at once stay
+    within the build's memory bound."""
+    out = []
+    for t in tasks:
+        wh, cfg = Warehouse(t["root"]), t["cfg"]
+        tok = get_tokenizer(cfg.tokenizer)
+        part = PackSummary(t["run_id"], pack_set=t["pack_set"], seq_len=cfg.seq_len)
+        schema = arrow_schema(PackRow)
+        files: list[Any] = []
+
+        def write(rows: list[dict], wh: Warehouse = wh, schema: pa.Schema = schema, files: list = files) -> None:
+            files.append(write_table_file(wh, "packs", pack_table(rows, schema)))
+
+        pack_stream(_units_to_pack(wh, cfg, t["pack_set"], t["plan"], t["windows"], memory="256MB"), cfg, tok, part,
+                    write, t["lineage"])
+        out.append((files, part))
+    return out
+
+
+def _add_counts(summary: PackSummary, part: PackSummary) -> None:
+    summary.fragments += part.fragments
+    for k in ("sequences", "tokens", "trainable", "dropped", "truncated", "split_fragments"):
+        for split, n in getattr(part, k).items():
+            _bump(getattr(summary, k), split, n)
 
 
 _TOKEN_COLUMNS = ("input_ids", "loss_mask", "position_ids")

@@ -643,3 +643,39 @@ def test_tool_definitions_are_packed_from_the_redacted_layer(tmp_path: Path, sma
         assert '"parameters": {"properties": {"env": {"type": "string"}}, "type": "object"}' in text
         report = verify_packs(wh, s.pack_set)
         assert not violations(report) and report["segments"] == s.fragments
+
+
+def test_a_pack_build_in_worker_processes_makes_the_same_packs(built: Warehouse, tmp_path: Path):
+    """Windows dealt out to two worker processes give the packs and counts one process gives, on a
+    full build and on an incremental one that copies, repacks and renders."""
+    import shutil
+
+    import pyarrow.parquet as pq
+    from trajwh.packing.layer import PackConfig, build_packs
+
+    def packs(wh: Warehouse) -> list[str]:
+        return sorted(repr(r) for r in wh.query("SELECT * EXCLUDE (_run_id) FROM packs ORDER BY pack_id").to_pylist())
+
+    one, two = Warehouse(tmp_path / "one"), Warehouse(tmp_path / "two")
+    for wh in (one, two):
+        shutil.copytree(built.root, wh.root)
+    cfg = PackConfig(window=8)
+    a = build_packs(one, run_id="p", cfg=cfg, full=True, workers=1)
+    b = build_packs(two, run_id="p", cfg=cfg, full=True, workers=2)
+    assert packs(one) == packs(two) and a.sequences == b.sequences and a.tokens == b.tokens and a.fragments == b.fragments
+    # an incremental build: some units of one window leave (a representative changes), so windows are
+    # copied and one is packed again with stored tokens
+    for wh in (one, two):
+        with wh.write_session("t") as session:
+            rel = wh.query("SELECT path FROM table_files WHERE table_name = 'near_dup_clusters'").column(0)[0].as_py()
+            t = pq.read_table(wh.root / rel)
+            rows = t.to_pylist()
+            train = {r["trajectory_key"] for r in wh.query("SELECT trajectory_key FROM fragments WHERE trainable").to_pylist()}
+            k = next(i for i, r in enumerate(rows) if r["trajectory_key"] in train)
+            rows[k]["is_representative"] = False
+            session.commit([session.write("near_dup_clusters", type(t).from_pylist(rows, schema=t.schema))],
+                           removed=[wh.root / rel])
+    a = build_packs(one, run_id="q", cfg=cfg, workers=1)
+    b = build_packs(two, run_id="q", cfg=cfg, workers=2)
+    assert a.windows["copied"] > 0 and a.windows["repacked"] > 0 and a.units_reused > 0, a
+    assert packs(one) == packs(two) and a.windows == b.windows and a.sequences == b.sequences
