@@ -112,11 +112,20 @@ def _add_steps(f: EpisodeFeatures, steps: list[dict]) -> None:
     f.touched_files = sorted(set(f.touched_files))
 
 
-def stream_features(wh: Warehouse, batch_id: str | None = None) -> Iterator[tuple[EpisodeFeatures, list[dict]]]:
-    """(features, the steps they were read from) of every redacted episode (of one batch), in
-    trajectory-key order, one episode's steps in memory at a time (DuckDB sorts and spills)."""
-    where, params = ("", None) if batch_id is None else ("WHERE _batch_id = ?", [batch_id])
-    step_where = "" if batch_id is None else "AND _batch_id = ?"
+def stream_features(wh: Warehouse, batch_id: str | None = None, part: tuple[int, int] | None = None
+                    ) -> Iterator[tuple[EpisodeFeatures, list[dict]]]:
+    """(features, the steps they were read from) of every redacted episode (of one batch; of the
+    ``part`` = (i, n) whose keys hash to i of n), in trajectory-key order, one episode's steps in
+    memory at a time (DuckDB sorts and spills)."""
+    conds, params = [], []
+    if batch_id is not None:
+        conds.append("_batch_id = ?")
+        params.append(batch_id)
+    if part is not None:
+        conds.append(f"hash(trajectory_key) % {int(part[1])} = {int(part[0])}")
+    where = ("WHERE " + " AND ".join(conds)) if conds else ""
+    step_where = "".join(f" AND {c}" for c in conds)
+    params = params or None
     episodes = wh.stream(_EPISODES_SQL.format(where=where), params, batch_rows=2_000)
     step_stream = wh.stream(_STEPS_SQL.format(where=step_where), params)
     try:

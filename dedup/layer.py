@@ -27,7 +27,8 @@ from trajwh.dedup.groups import GroupConfig, assign_groups, patch_symbols
 from trajwh.dedup.leaks import RULE_VERSION, LeakFlag, episode_leaks
 from trajwh.dedup.minhash import MinHashParams, lsh_pairs, signatures
 from trajwh.dedup.splits import SPLIT_VERSION, SplitConfig, assign_splits
-from trajwh.lineage.catalog import Warehouse, now_utc
+from trajwh.lineage.catalog import Warehouse, now_utc, write_table_file
+from trajwh.lineage.parallel import PARALLEL_MIN_ITEMS, ordered_chunks, workers_wanted
 from trajwh.lineage.rebuild import (
     batch_fingerprints,
     inputs_fingerprint,
@@ -254,15 +255,56 @@ def stored_features(wh: Warehouse) -> tuple[list[EpisodeFeatures], list[LeakFlag
     return features, leaks
 
 
-def _write_features(session: Any, chunk: list[tuple[EpisodeFeatures, list[LeakFlag]]], lineage: dict[str, Any],
-                    cfg: CurateConfig) -> Any:
-    sign([f for f, _ in chunk], cfg)
-    rows = [feature_row(f, lk, lineage) for f, lk in chunk]
-    return session.write("episode_features", pa.Table.from_pylist(rows, schema=_FEATURE_SCHEMA))
+def _feature_files(wh: Warehouse, batch_id: str, lineage: dict[str, Any], cfg: CurateConfig,
+                   part: tuple[int, int] | None = None, chunk: int = 2_000) -> tuple[list[Any], int]:
+    """The features of a batch's episodes (of one ``part``), signed, written a file per ``chunk``
+    episodes (not yet visible: the session commits them), so memory holds one chunk; and how
+    many episodes."""
+    files: list[Any] = []
+    pending: list[tuple[EpisodeFeatures, list[LeakFlag]]] = []
+    episodes = 0
+
+    def write() -> None:
+        sign([f for f, _ in pending], cfg)
+        rows = [feature_row(f, lk, lineage) for f, lk in pending]
+        files.append(write_table_file(wh, "episode_features", pa.Table.from_pylist(rows, schema=_FEATURE_SCHEMA)))
+        pending.clear()
+
+    for f, steps in stream_features(wh, batch_id, part):
+        pending.append((f, episode_leaks(f.key, steps)))
+        episodes += 1
+        if len(pending) >= chunk:
+            write()
+    if pending or not files:
+        write()
+    return files, episodes
+
+
+def _feature_parts(tasks: list[dict[str, Any]]) -> list[tuple[list[Any], int]]:
+    """In a worker: the feature files of each task's part of a batch."""
+    return [_feature_files(Warehouse(t["root"]), t["batch_id"], t["lineage"], t["cfg"], t["part"]) for t in tasks]
+
+
+def _batch_features(wh: Warehouse, batch_id: str, lineage: dict[str, Any], cfg: CurateConfig,
+                    n_episodes: int) -> tuple[list[Any], int]:
+    """A batch's feature files: a big batch in parts (episodes by the hash of their key), one
+    worker process each, reading the warehouse itself (per-batch work on every core, as
+    normalize and redact); the same rows either way."""
+    n = min(workers_wanted(), 8) if n_episodes >= PARALLEL_MIN_ITEMS else 1
+    if n == 1:
+        return _feature_files(wh, batch_id, lineage, cfg)
+    tasks = [{"root": str(wh.root), "batch_id": batch_id, "lineage": lineage, "cfg": cfg, "part": (i, n)}
+             for i in range(n)]
+    files: list[Any] = []
+    episodes = 0
+    for _, [(written, count)] in ordered_chunks(_feature_parts, tasks, chunk=1, workers=n):
+        files += written
+        episodes += count
+    return files, episodes
 
 
 def _featurize(wh: Warehouse, session: Any, cfg: CurateConfig, run_id: str, full: bool,
-               progress: Callable[[str], None] | None, chunk: int = 2_000) -> tuple[int, int]:
+               progress: Callable[[str], None] | None) -> tuple[int, int]:
     """Compute and store ``episode_features`` for every redacted batch that is new or changed
     since its features were stored (all with ``full``); drop those of batches that are gone.
     Streams each batch's episodes in key order and writes a file per ``chunk`` episodes, so
@@ -278,6 +320,8 @@ def _featurize(wh: Warehouse, session: Any, cfg: CurateConfig, run_id: str, full
             "SELECT path FROM table_files WHERE table_name = 'episode_features' AND list_contains(?, batch_id)",
             [gone]).column(0).to_pylist()], run_id=run_id)
     done = episodes = 0
+    sizes = {r["batch_id"]: r["n"] for r in wh.manifest_query(
+        "SELECT batch_id, sum(rows) AS n FROM table_files WHERE table_name = 'redacted_episodes' GROUP BY 1").to_pylist()}
     for batch_id, src in sorted(sources.items()):
         version = f"{fv};inputs={src}"
         if not full and built.get(batch_id) == version:
@@ -285,16 +329,8 @@ def _featurize(wh: Warehouse, session: Any, cfg: CurateConfig, run_id: str, full
         if progress:
             progress(f"features of batch {batch_id}")
         lineage = {"_batch_id": batch_id, "_run_id": run_id, "_transform": "features", "_transform_version": version}
-        files: list[Any] = []
-        pending: list[tuple[EpisodeFeatures, list[LeakFlag]]] = []
-        for f, steps in stream_features(wh, batch_id):
-            pending.append((f, episode_leaks(f.key, steps)))
-            episodes += 1
-            if len(pending) >= chunk:
-                files.append(_write_features(session, pending, lineage, cfg))
-                pending = []
-        if pending or not files:
-            files.append(_write_features(session, pending, lineage, cfg))
+        files, n = _batch_features(wh, batch_id, lineage, cfg, sizes.get(batch_id, 0))
+        episodes += n
         old = [wh.root / p for p in wh.query("SELECT path FROM table_files WHERE table_name = 'episode_features' "
                                             "AND batch_id = ?", [batch_id]).column(0).to_pylist()]
         session.commit(files, removed=old, batch_id=batch_id, run_id=run_id, transform_version=version)

@@ -231,3 +231,27 @@ def test_the_shingle_hash_is_murmur3_by_its_specification():
     got = hash_shingles(words)
     assert [vector(w.encode(), _HASH_SEED) for w in words] == [int(g) for g in got]
     assert SHINGLE_HASH in MinHashParams().describe()  # the layer's version names the hash
+
+
+def test_features_in_worker_processes_equal_one_process(wh, small_corpus, monkeypatch, tmp_path):
+    """A big batch's features are computed in parts by worker processes; the stored features and
+    the curated layer do not depend on it."""
+    import shutil
+
+    import trajwh.dedup.layer as layer
+    from trajwh.lineage.catalog import Warehouse
+
+    ingest_paths(wh, [small_corpus], IngestOptions(source="synthetic"))
+    normalize_warehouse(wh, run_id="n")
+    redact_warehouse(wh, run_id="r")
+    other = Warehouse(tmp_path / "other")
+    shutil.copytree(wh.root, other.root)
+    monkeypatch.setenv("TRAJWH_WORKERS", "1")
+    curate_warehouse(wh, run_id="c")
+    monkeypatch.setenv("TRAJWH_WORKERS", "2")
+    monkeypatch.setattr(layer, "PARALLEL_MIN_ITEMS", 1)
+    curate_warehouse(other, run_id="c")
+    assert len(other.files("episode_features")) > len(wh.files("episode_features"))  # a file per part
+    for table in ("episode_features", "near_dup_clusters", "task_groups", "splits", "leak_flags"):
+        q = f"SELECT * EXCLUDE (_run_id) FROM {table} ORDER BY ALL"
+        assert wh.query(q).to_pylist() == other.query(q).to_pylist(), table

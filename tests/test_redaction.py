@@ -346,8 +346,12 @@ def test_worker_processes_give_the_same_redacted_layer(wh, small_corpus, monkeyp
 
     monkeypatch.delenv("TRAJWH_VAULT_KEY", raising=False)
     monkeypatch.setenv("TRAJWH_VAULT_KEY_FILE", str(new_key_file(tmp_path / "k.key")))
+    import trajwh.ingest.normalize as normalize
+
     ingest_paths(wh, [small_corpus], IngestOptions(source="synthetic"))
+    monkeypatch.setattr(normalize, "FLUSH_STEPS", 400)  # several steps files: several tasks for the workers
     normalize_warehouse(wh, run_id="n")
+    assert len(wh.files("steps")) > 2
     Vault(wh, load_key()).salt()
     other = tmp_path / "other"
     shutil.copytree(wh.root, other)
