@@ -28,7 +28,7 @@ from trajwh.dedup.leaks import RULE_VERSION, LeakFlag, episode_leaks
 from trajwh.dedup.minhash import MinHashParams, lsh_pairs, signatures
 from trajwh.dedup.splits import SPLIT_VERSION, SplitConfig, assign_splits
 from trajwh.lineage.catalog import Warehouse, now_utc, write_table_file
-from trajwh.lineage.parallel import PARALLEL_MIN_ITEMS, ordered_chunks, workers_wanted
+from trajwh.lineage.parallel import PARALLEL_MIN_ITEMS, run_parts, workers_wanted
 from trajwh.lineage.rebuild import (
     batch_fingerprints,
     inputs_fingerprint,
@@ -280,15 +280,15 @@ def _feature_files(wh: Warehouse, batch_id: str, lineage: dict[str, Any], cfg: C
     return files, episodes
 
 
-def _feature_parts(tasks: list[dict[str, Any]]) -> list[tuple[list[Any], int]]:
-    """In a worker: the feature files of each task's part of a batch."""
-    return [_feature_files(Warehouse(t["root"]), t["batch_id"], t["lineage"], t["cfg"], t["part"]) for t in tasks]
+def _feature_part(t: dict[str, Any]) -> tuple[list[Any], int]:
+    """The feature files of one part of a batch (in the build's process or a worker)."""
+    return _feature_files(Warehouse(t["root"]), t["batch_id"], t["lineage"], t["cfg"], t["part"])
 
 
 def _batch_features(wh: Warehouse, batch_id: str, lineage: dict[str, Any], cfg: CurateConfig,
                     n_episodes: int) -> tuple[list[Any], int]:
-    """A batch's feature files: a big batch in parts (episodes by the hash of their key), one
-    worker process each, reading the warehouse itself (per-batch work on every core, as
+    """A batch's feature files: a big batch in parts (episodes by the hash of their key), this
+    process and worker processes one each, reading the warehouse itself (per-batch work on every core, as
     normalize and redact); the same rows either way."""
     n = min(workers_wanted(), 8) if n_episodes >= PARALLEL_MIN_ITEMS else 1
     if n == 1:
@@ -297,7 +297,7 @@ def _batch_features(wh: Warehouse, batch_id: str, lineage: dict[str, Any], cfg: 
              for i in range(n)]
     files: list[Any] = []
     episodes = 0
-    for _, [(written, count)] in ordered_chunks(_feature_parts, tasks, chunk=1, workers=n):
+    for written, count in run_parts(_feature_part, tasks):
         files += written
         episodes += count
     return files, episodes

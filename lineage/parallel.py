@@ -47,3 +47,22 @@ def ordered_chunks(fn: Callable[[list[Any]], Any], items: Iterable[Any], *, chun
         while pending:
             done, fut = pending.popleft()
             yield done, fut.result()
+
+
+def run_parts(fn: Callable[[Any], Any], tasks: list[Any]) -> list[Any]:
+    """``[fn(t) for t in tasks]``, at the same time: the first task in this process, each other one
+    in a worker process of its own (spawned). One process fewer than a pool of ``len(tasks)``
+    workers: the parent's libraries are loaded already, and memory holds one process's base less
+    (about 150 MB of libraries and a part's working set). ``fn`` is a module-level function."""
+    if len(tasks) <= 1:
+        return [fn(t) for t in tasks]
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(len(tasks) - 1, mp_context=ctx) as pool:
+        others = [pool.submit(fn, t) for t in tasks[1:]]
+        try:
+            first = fn(tasks[0])
+        except BaseException:
+            for f in others:
+                f.cancel()
+            raise
+        return [first, *(f.result() for f in others)]

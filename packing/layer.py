@@ -21,7 +21,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 from trajwh.lineage.catalog import Warehouse, now_utc, write_table_file
-from trajwh.lineage.parallel import ordered_chunks, workers_wanted
+from trajwh.lineage.parallel import run_parts, workers_wanted
 from trajwh.lineage.rebuild import inputs_fingerprint, joined_by_key, mark_running, run_row
 from trajwh.packing.pack import PACKERS, POLICIES, Segment
 from trajwh.packing.render import render, truncate_context
@@ -226,7 +226,8 @@ def _units_to_pack(wh: Warehouse, cfg: PackConfig, pack_set: str, plan: Plan, wi
         mine = set(windows)
         render = {k: o for k, o in plan.render.items() if o.partition("|")[0] in mine}
         repack = plan.repack & mine
-    step_stream = wh.stream(RENDER_STEPS_SQL, [list(render), list(render.values())], memory_limit=memory, threads=1)
+    step_stream = wh.stream(RENDER_STEPS_SQL, [list(render), list(render.values())], memory_limit=memory, threads=1,
+                            batch_rows=2_000)
     stored = stored_tokens(wh, pack_set, sorted(repack))
     window, tokens = None, {}
     try:
@@ -296,10 +297,10 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
                 files.append(session.write("packs", pack_table(rows, schema)))
 
             pack_stream(_units_to_pack(wh, cfg, summary.pack_set, plan), cfg, tok, summary, write, lineage)
-        else:  # the windows dealt out to worker processes, each packing and writing its own
+        else:  # the windows dealt out to parts (this process and workers), each packing and writing its own
             tasks = [{"root": str(wh.root), "cfg": cfg, "pack_set": summary.pack_set, "plan": plan, "windows": todo[i::n],
                       "lineage": lineage, "run_id": run_id} for i in range(n)]
-            for _, [(written, part)] in ordered_chunks(_pack_parts, tasks, chunk=1, workers=n):
+            for written, part in run_parts(_pack_part, tasks):
                 files += written
                 _add_counts(summary, part)
         summary.fragments = plan.units
@@ -317,27 +318,25 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
 #: a pack build that renders at least this many units does it in worker processes, a share of the
 #: windows each (a worker's start costs about 1.5 s; 2,000 units are about 4 M tokens)
 PARALLEL_MIN_UNITS = 2_000
+_PART_MEMORY = "256MB"
 
 
-def _pack_parts(tasks: list[dict[str, Any]]) -> list[tuple[list[Any], PackSummary]]:
-    """In a worker: each task's windows rendered, packed and written (files not yet visible: the
-    parent commits them), with their counts. DuckDB gets 256 MB here: two workers at once stay
-    within the build's memory bound."""
-    out = []
-    for t in tasks:
-        wh, cfg = Warehouse(t["root"]), t["cfg"]
-        tok = get_tokenizer(cfg.tokenizer)
-        part = PackSummary(t["run_id"], pack_set=t["pack_set"], seq_len=cfg.seq_len)
-        schema = arrow_schema(PackRow)
-        files: list[Any] = []
+def _pack_part(t: dict[str, Any]) -> tuple[list[Any], PackSummary]:
+    """A share of the windows rendered, packed and written (files not yet visible: the build
+    commits them), with their counts; in the build's process or a worker. Each of its two queries
+    gets ``_PART_MEMORY`` (they sort and spill): two parts at once stay within the memory bound."""
+    wh, cfg = Warehouse(t["root"]), t["cfg"]
+    tok = get_tokenizer(cfg.tokenizer)
+    part = PackSummary(t["run_id"], pack_set=t["pack_set"], seq_len=cfg.seq_len)
+    schema = arrow_schema(PackRow)
+    files: list[Any] = []
 
-        def write(rows: list[dict], wh: Warehouse = wh, schema: pa.Schema = schema, files: list = files) -> None:
-            files.append(write_table_file(wh, "packs", pack_table(rows, schema)))
+    def write(rows: list[dict]) -> None:
+        files.append(write_table_file(wh, "packs", pack_table(rows, schema)))
 
-        pack_stream(_units_to_pack(wh, cfg, t["pack_set"], t["plan"], t["windows"], memory="256MB"), cfg, tok, part,
-                    write, t["lineage"])
-        out.append((files, part))
-    return out
+    pack_stream(_units_to_pack(wh, cfg, t["pack_set"], t["plan"], t["windows"], memory=_PART_MEMORY), cfg, tok, part,
+                write, t["lineage"])
+    return files, part
 
 
 def _add_counts(summary: PackSummary, part: PackSummary) -> None:

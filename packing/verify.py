@@ -125,8 +125,8 @@ def _write_ledger(wh: Warehouse, pack_set: str, entries: dict[str, list[str]]) -
     write_bytes_atomic(json.dumps(entries, sort_keys=True).encode(), path, restricted=True)
 
 
-#: a pack set with at least this many sequences is verified by worker processes, one part of the
-#: packs each (spawning one costs about 1.5 s; 1,000 sequences are about 8 M tokens)
+#: a pack set with at least this many sequences is verified in parts, one in this process and each
+#: other one in a worker process (spawning one costs about 1.5 s; 1,000 sequences: about 8 M tokens)
 PARALLEL_MIN_PACKS = 1_000
 #: the DuckDB memory limit of each part's queries (two parts at once stay within the build's bound)
 _PART_MEMORY = {1: "512MB"}
@@ -149,9 +149,10 @@ def verify_packs(wh: Warehouse, pack_set: str | None = None, *, scan_secrets: bo
     After a passing check the ledger holds every segment of the set.
 
     The packs are verified in ``workers`` parts (by pack id; default: the machine's cores for a
-    set of ``PARALLEL_MIN_PACKS`` sequences or more, else one part in this process), each in its
-    own process reading the warehouse itself: the same counts as one part, on every core."""
-    from trajwh.lineage.parallel import ordered_chunks, workers_wanted
+    set of ``PARALLEL_MIN_PACKS`` sequences or more, else one part), the first in this process and
+    each other one in a worker process reading the warehouse itself: the same counts as one part,
+    on every core."""
+    from trajwh.lineage.parallel import run_parts, workers_wanted
 
     where = "p.pack_set = ?" if pack_set else "true"
     params = [pack_set] if pack_set else []
@@ -173,8 +174,7 @@ def verify_packs(wh: Warehouse, pack_set: str | None = None, *, scan_secrets: bo
     if n == 1:
         parts = [_verify_part({**task, "part": 0}, progress)]
     else:
-        parts = [r for _, [r] in ordered_chunks(_verify_parts, [{**task, "part": i} for i in range(n)], chunk=1,
-                                                 workers=n)]
+        parts = run_parts(_verify_in_worker, [{**task, "part": i} for i in range(n)])
     verified: dict[str, list[str]] = {}
     for part in parts:
         verified.update(part.pop("verified"))
@@ -189,9 +189,9 @@ def verify_packs(wh: Warehouse, pack_set: str | None = None, *, scan_secrets: bo
     return out
 
 
-def _verify_parts(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """In a worker: parts verified (``verify_packs``)."""
-    return [_verify_part(t, None) for t in tasks]
+def _verify_in_worker(task: dict[str, Any]) -> dict[str, Any]:
+    """One part verified (``verify_packs``), without progress (in a worker, or beside one)."""
+    return _verify_part(task, None)
 
 
 def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -> dict[str, Any]:

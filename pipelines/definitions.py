@@ -182,7 +182,12 @@ def build(warehouse: str, *, full: bool = False, include_ingest: bool = False,
     materialized), beside one row per stage under the same run id."""
     import uuid
 
-    from trajwh.lineage.build_state import build_inputs_digest, build_params, forget_built, record_built
+    from trajwh.lineage.build_state import (
+        build_inputs_digest,
+        build_params,
+        forget_built,
+        record_built,
+    )
     from trajwh.lineage.catalog import Warehouse, now_utc
     from trajwh.lineage.rebuild import mark_running, run_row
 
