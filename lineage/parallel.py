@@ -26,10 +26,31 @@ def workers_wanted() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
+def release_memory() -> None:
+    """Give freed memory back to the system before worker processes start beside this one: a
+    build's process keeps the heap of its earlier stages (Python's objects, Arrow's pool) after
+    they are freed, and its resident size counts with the workers' against the memory bound."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        import pyarrow as pa
+
+        pa.default_memory_pool().release_unused()
+    except Exception:  # noqa: BLE001 - an optimization only
+        pass
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def ordered_chunks(fn: Callable[[list[Any]], Any], items: Iterable[Any], *, chunk: int, workers: int,
                    initializer: Callable[..., None] | None = None,
                    initargs: tuple[Any, ...] = ()) -> Iterator[tuple[list[Any], Any]]:
     """``(chunk, fn(chunk))`` for consecutive chunks of ``items``, in input order."""
+    release_memory()
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=initializer, initargs=initargs) as pool:
         pending: collections.deque = collections.deque()
@@ -56,6 +77,7 @@ def run_parts(fn: Callable[[Any], Any], tasks: list[Any]) -> list[Any]:
     (about 150 MB of libraries and a part's working set). ``fn`` is a module-level function."""
     if len(tasks) <= 1:
         return [fn(t) for t in tasks]
+    release_memory()
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(len(tasks) - 1, mp_context=ctx) as pool:
         others = [pool.submit(fn, t) for t in tasks[1:]]

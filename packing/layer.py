@@ -211,22 +211,22 @@ def _windowed(cfg: PackConfig, where: str = "") -> str:
 
 
 def _units_to_pack(wh: Warehouse, cfg: PackConfig, pack_set: str, plan: Plan, windows: list[str] | None = None,
-                   memory: str = "512MB") -> Iterator[tuple[dict, list[dict]]]:
+                   memory: tuple[str, str] = ("512MB", "512MB")) -> Iterator[tuple[dict, list[dict]]]:
     """(unit, its steps) in packing order for every window that is not copied (or only those of
     ``windows``): a unit whose stored tokens are reused carries them (``stored``) and no steps;
     the others their steps."""
     tools = tools_by_digest(wh)
     if windows is None:
         unit_stream = wh.stream(_windowed(cfg, "WHERE NOT list_contains(?, window_id)"), [list(plan.copy)],
-                                batch_rows=2_000, memory_limit=memory, threads=1)
+                                batch_rows=2_000, memory_limit=memory[0], threads=1)
         render, repack = plan.render, plan.repack
     else:
         unit_stream = wh.stream(_windowed(cfg, "WHERE list_contains(?, window_id)"), [windows],
-                                batch_rows=2_000, memory_limit=memory, threads=1)
+                                batch_rows=2_000, memory_limit=memory[0], threads=1)
         mine = set(windows)
         render = {k: o for k, o in plan.render.items() if o.partition("|")[0] in mine}
         repack = plan.repack & mine
-    step_stream = wh.stream(RENDER_STEPS_SQL, [list(render), list(render.values())], memory_limit=memory, threads=1,
+    step_stream = wh.stream(RENDER_STEPS_SQL, [list(render), list(render.values())], memory_limit=memory[1], threads=1,
                             batch_rows=2_000)
     stored = stored_tokens(wh, pack_set, sorted(repack))
     window, tokens = None, {}
@@ -318,13 +318,15 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
 #: a pack build that renders at least this many units does it in worker processes, a share of the
 #: windows each (a worker's start costs about 1.5 s; 2,000 units are about 4 M tokens)
 PARALLEL_MIN_UNITS = 2_000
-_PART_MEMORY = "256MB"
+#: a part's DuckDB memory: its units' query (a window function, which cannot spill all of it) and
+#: its steps' (a sort, which spills)
+_PART_MEMORY = ("256MB", "160MB")
 
 
 def _pack_part(t: dict[str, Any]) -> tuple[list[Any], PackSummary]:
     """A share of the windows rendered, packed and written (files not yet visible: the build
-    commits them), with their counts; in the build's process or a worker. Each of its two queries
-    gets ``_PART_MEMORY`` (they sort and spill): two parts at once stay within the memory bound."""
+    commits them), with their counts; in the build's process or a worker. Its two queries get
+    ``_PART_MEMORY``: two parts at once stay within the memory bound."""
     wh, cfg = Warehouse(t["root"]), t["cfg"]
     tok = get_tokenizer(cfg.tokenizer)
     part = PackSummary(t["run_id"], pack_set=t["pack_set"], seq_len=cfg.seq_len)
