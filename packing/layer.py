@@ -21,7 +21,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 from trajwh.lineage.catalog import Warehouse, now_utc, write_table_file
-from trajwh.lineage.parallel import run_parts, workers_wanted
+from trajwh.lineage.parallel import run_parts
 from trajwh.lineage.rebuild import inputs_fingerprint, joined_by_key, mark_running, run_row
 from trajwh.packing.pack import PACKERS, POLICIES, Segment
 from trajwh.packing.render import render, truncate_context
@@ -249,12 +249,15 @@ def _units_to_pack(wh: Warehouse, cfg: PackConfig, pack_set: str, plan: Plan, wi
 
 
 def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), full: bool = False,
-                lock_timeout: float = 60.0, workers: int | None = None) -> PackSummary:
+                lock_timeout: float = 60.0, workers: int = 1) -> PackSummary:
     """Build (or bring up to date) one pack set. Incremental unless ``full``: windows whose
     packing inputs are unchanged are copied, the others packed again with the stored tokens of
-    unchanged units (packing.windows); the result equals a full build's. The windows to pack are
-    dealt out to ``workers`` processes (default: the machine's cores when ``PARALLEL_MIN_UNITS``
-    units or more are rendered); windows are independent, so the packs are the same."""
+    unchanged units (packing.windows); the result equals a full build's. ``workers`` > 1 deals the
+    windows to pack out to that many parts (this process and workers); windows are independent,
+    so the packs are the same. Off by default: each part runs the units' window query over every
+    unit, and at 107,000 episodes two parts peaked at 2,489 MB (the build's bound is 2 GB; at 256
+    MB a part's query ran out of memory). Computing the window assignment once, in the parent,
+    would make it safe (bench/README.md)."""
     cfg.validate()
     tok = get_tokenizer(cfg.tokenizer)
     summary = PackSummary(run_id, pack_set=pack_set_id(cfg, tok), seq_len=cfg.seq_len)
@@ -290,8 +293,7 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
         _count_dropped_in_copies(summary, plan, seen)
 
         todo = sorted(set(plan.digests) - set(plan.copy))
-        n = workers if workers is not None else (workers_wanted() if plan.rendered_units >= PARALLEL_MIN_UNITS else 1)
-        n = max(1, min(n, len(todo)))
+        n = max(1, min(workers, len(todo)))
         if n == 1:
             def write(rows: list[dict]) -> None:
                 files.append(session.write("packs", pack_table(rows, schema)))
@@ -315,12 +317,10 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
     return summary
 
 
-#: a pack build that renders at least this many units does it in worker processes, a share of the
-#: windows each (a worker's start costs about 1.5 s; 2,000 units are about 4 M tokens)
-PARALLEL_MIN_UNITS = 2_000
-#: a part's DuckDB memory: its units' query (a window function, which cannot spill all of it) and
-#: its steps' (a sort, which spills)
-_PART_MEMORY = ("256MB", "160MB")
+#: a part's DuckDB memory: its units' query (a window function over every unit, which cannot
+#: spill all of it: 256 MB ran out at 107,000 episodes, as the one-process build's 512 MB does not)
+#: and its steps' (a sort, which spills)
+_PART_MEMORY = ("512MB", "160MB")
 
 
 def _pack_part(t: dict[str, Any]) -> tuple[list[Any], PackSummary]:
