@@ -49,19 +49,48 @@ _PII_LEFT = {"IP_ADDRESS": _WORD + ".", "CREDIT_CARD": _WORD + ".-"}
 _EMAIL_DOMAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*\.[A-Za-z]{2,}")
 _ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
 _LOCAL_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._%+-")
-#: every IPv4, card and phone candidate lies in a run like this (a digit first and last, 7+ long)
-_DIGIT_RUN = re.compile(r"[+(]?\d[\d ().-]{5,}\d")
+#: every IPv4, card and phone candidate lies in a run like this (a digit first and last, 7+ long;
+#: a ``+`` or ``(`` just before it belongs to it, added in Python: a pattern that starts with \d
+#: lets the engine skip ahead fast, an optional first character does not)
+_DIGIT_RUN = re.compile(r"\d[\d ().-]{5,}\d")
 # no look-behind at the start: a pattern that starts with \d lets the engine skip ahead fast;
 # the left boundary is checked in Python (``_PII_LEFT``)
 _IPV4 = re.compile(r"\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}(?![\d.]|\.\d)")
 _IPV6 = re.compile(r"(?<![\w:.])([0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7})(?![\w:.])")
+#: every IPv6 candidate holds two colons with at most four hex digits between them (a literal
+#: first character: fast to find), and starts where its run of ``[\w:.]`` characters starts
+_IPV6_HINT = re.compile(r":[0-9A-Fa-f]{0,4}:")
+_WORD_RUN = re.compile(r"[\w:.]*")
 _PHONE_HINT = re.compile(r"[+(]?\d[\d ().-]{6,30}\d")  # a cheap superset of the candidates below
 _CARD = re.compile(r"\d(?:[ -]?\d){11,39}(?![\d-])")
 _PHONE = re.compile(r"(?<![\w.+:/#=%-])(?:(?:\+\d{1,3}[ -]?)?(?:\(\d{1,5}\)[ -]?)?\d{1,5}(?:[ -]\d{1,8}){1,5}"
                     r"|(?:\+\d{1,3}[ .]?)?\d{2}(?:\.\d{2}){3,4}|\(?\d{3}\)?\.\d{3}\.\d{4})(?![\w:/%]|[.-]\d)")
 _B64 = re.compile(r"(?<![A-Za-z0-9+/_-])([A-Za-z0-9+/]{24,}={0,2}|[A-Za-z0-9_-]{32,}={0,2})(?![A-Za-z0-9+/=_-])")
+#: every blob lies in a run like this (its characters and padding): the blob pattern runs only there
+_B64_RUN = re.compile(r"[A-Za-z0-9+/_=-]{24,}")
 _PERCENT = re.compile(r"%[0-9A-Fa-f]{2}")
 _TOKEN_STOP = re.compile(r"[\s\"'<>]")
+
+
+def _digit_runs(text: str) -> list[tuple[int, int]]:
+    """Where IPv4, card and phone candidates can be: each ``_DIGIT_RUN`` with the ``+`` or ``(``
+    just before it, and two characters after it (what the candidates' look-aheads read)."""
+    return [(m.start() - 1 if m.start() and text[m.start() - 1] in "+(" else m.start(), m.end() + 2)
+            for m in _DIGIT_RUN.finditer(text)]
+
+
+def _ipv6_candidates(text: str):
+    """``_IPV6``'s matches in ``text``, found only in the runs of ``[\\w:.]`` characters that hold
+    a hint (a match starts where its run starts: its look-behind refuses any other place)."""
+    last = 0
+    for h in _IPV6_HINT.finditer(text):
+        if h.start() < last:
+            continue
+        start = h.start()
+        while start and (text[start - 1].isalnum() or text[start - 1] in "_:."):  # what \w matches, and : .
+            start -= 1
+        last = _WORD_RUN.match(text, h.start()).end()
+        yield from _IPV6.finditer(text, start, last)
 
 
 def _urlencoded_tokens(text: str):
@@ -260,7 +289,7 @@ class Detector:
                 continue  # git@github.com:org/repo.git is a remote (scp-like), not an address
             if public_domain(domain):
                 out.append(Finding(s, e, "EMAIL", "email"))
-        runs = [(m.start(), m.end() + 2) for m in _DIGIT_RUN.finditer(text)]  # + what the lookaheads read
+        runs = _digit_runs(text)
         for m in (m for a, b in runs for m in _IPV4.finditer(text, a, b)):
             s, e = m.start(), m.end()
             if (s and text[s - 1] in _PII_LEFT["IP_ADDRESS"]) or not free(s, e):
@@ -268,7 +297,7 @@ class Detector:
             if not keep_ip(m.group(0), text[max(0, s - 12):s], text[e:e + 6], redact_private=self.redact_private):
                 out.append(Finding(s, e, "IP_ADDRESS", "ip"))
         if "::" in text or text.count(":") >= 5:
-            for m in _IPV6.finditer(text):
+            for m in _ipv6_candidates(text):
                 value = m.group(1)
                 if value.count(":") < 2 or not re.search(r"\d", value) or not free(m.start(1), m.end(1)):
                     continue
@@ -302,7 +331,7 @@ class Detector:
     def _decoded(self, text: str) -> list[Finding]:
         """Secrets hidden in base64 or URL encoding: decode, rescan, mark the encoded blob."""
         out = []
-        for m in _B64.finditer(text):
+        for m in (m for r in _B64_RUN.finditer(text) for m in _B64.finditer(text, r.start(), r.end())):
             blob = m.group(1)
             try:
                 raw = base64.b64decode(blob + "=" * (-len(blob) % 4), altchars=b"-_" if "-" in blob or "_" in blob else None)

@@ -164,26 +164,49 @@ _OUT_MODELS = (("redacted_episodes", EpisodeRow), ("redacted_steps", StepRow),
                ("redaction_events", RedactionEventRow), ("lineage_edges", LineageEdgeRow))
 
 
-def _chunk_tables(results: list[tuple[dict, list[dict], list[dict]]], batch_id: str,
+def _chunk_tables(results: list[tuple[dict, list[str], list[dict]]], batch_id: str,
                   run_id: str) -> tuple[dict[str, pa.Table], dict[str, Any]]:
-    """A chunk's redacted episodes as the rows of the four output tables (Arrow), with counts."""
-    rows: dict[str, list[dict]] = {t: [] for t, _ in _OUT_MODELS}
+    """A chunk's redacted episodes (episode, its step ids, its events) as the rows of the
+    episodes, events and lineage tables (Arrow), with counts; the steps are made column-wise
+    (``_steps_table``)."""
+    rows: dict[str, list[dict]] = {t: [] for t in ("redacted_episodes", "redaction_events", "lineage_edges")}
     counts: dict[str, Any] = {"episodes": len(results), "steps": 0, "replacements": 0, "by_type": {}}
     edge = {"transform": TRANSFORM, "transform_version": POLICY_VERSION, "run_id": run_id}
+    step_ids: list[str] = []
     for ep, st, ev in results:
         key = ep["trajectory_key"]
         rows["redacted_episodes"].append(_lineage(ep, run_id))
-        rows["redacted_steps"].extend(_lineage(x, run_id) for x in st)
         rows["redaction_events"].extend({**e, "_batch_id": batch_id, "_run_id": run_id} for e in ev)
         rows["lineage_edges"].append({"child_id": key, "child_table": "redacted_episodes", "parent_id": key,
                                       "parent_table": "episodes", **edge})
-        rows["lineage_edges"].extend({"child_id": x["step_id"], "child_table": "redacted_steps", "parent_id": x["step_id"],
-                                      "parent_table": "steps", **edge} for x in st)
+        step_ids += st
         counts["steps"] += len(st)
         counts["replacements"] += len(ev)
         for e in ev:
             counts["by_type"][e["entity_type"]] = counts["by_type"].get(e["entity_type"], 0) + 1
-    return {t: pa.Table.from_pylist(rows[t], schema=_SCHEMAS[t]) for t, _ in _OUT_MODELS}, counts
+    tables = {t: pa.Table.from_pylist(r, schema=_SCHEMAS[t]) for t, r in rows.items()}
+    n, ids_ = len(step_ids), pa.array(step_ids, pa.string())
+    consts = {"child_table": "redacted_steps", "parent_table": "steps", **edge}
+    edges = _SCHEMAS["lineage_edges"]
+    step_edges = pa.Table.from_arrays(
+        [ids_ if f.name in ("child_id", "parent_id") else pa.array([consts[f.name]] * n, f.type) for f in edges],
+        schema=edges)
+    tables["lineage_edges"] = pa.concat_tables([tables["lineage_edges"], step_edges])
+    return tables, counts
+
+
+def _steps_table(source: pa.Table, order: list[int], columns: dict[str, list], run_id: str) -> pa.Table:
+    """The redacted steps: the normalized rows ``order`` picks, with the redacted ``columns`` and
+    this run's lineage; the columns redaction does not touch never become Python objects."""
+    schema = _SCHEMAS["redacted_steps"]
+    out = source.take(pa.array(order, pa.int64())).select(schema.names).cast(schema)
+    n = out.num_rows
+    values = {**columns, "_run_id": [run_id] * n, "_transform": [TRANSFORM] * n,
+              "_transform_version": [POLICY_VERSION] * n}
+    for name, vals in values.items():
+        i = schema.get_field_index(name)
+        out = out.set_column(i, schema.field(i), pa.array(vals, type=schema.field(i).type))
+    return out
 
 
 _SCHEMAS = {t: arrow_schema(m) for t, m in _OUT_MODELS}
@@ -229,27 +252,35 @@ def _batch_tasks(wh: Warehouse, batch_id: str) -> tuple[list[_Task], int]:
     return tasks, len(where)
 
 
-def _task_items(task: _Task) -> Iterator[tuple[dict, list[dict]]]:
-    """(episode, its steps in order) for every episode of a task, in the order of the steps file."""
+#: what redaction reads of a step (``_STEP_CHANGED``: what it may change); the rest stays in Arrow
+_STEP_CHANGED = (*_STEP_TEXT, *_STEP_JSON, "tool_calls")
+_STEP_READ = ("step_id", "trajectory_key", "step_index", *_STEP_CHANGED)
+
+
+def _task_items(task: _Task) -> tuple[pa.Table | None, Iterator[tuple[dict, list[dict]]]]:
+    """A task's normalized steps (Arrow) and (episode, its steps in order) for every episode of the
+    task, in the order of the steps file; a step holds only the fields redaction reads, and its
+    row in the table (``_row``)."""
     episodes = {e["trajectory_key"]: e for path in task.episodes for e in pq.read_table(path).to_pylist()}
     if task.steps is None:
-        for key in task.keys:
-            yield episodes[key], []
-        return
+        return None, ((episodes[key], []) for key in task.keys)
+    table = pq.read_table(task.steps)
     by_key: dict[str, list[dict]] = {}
-    for s in pq.read_table(task.steps).to_pylist():
+    for i, s in enumerate(table.select(list(_STEP_READ)).to_pylist()):
+        s["_row"] = i
         by_key.setdefault(s["trajectory_key"], []).append(s)
-    for key, steps in by_key.items():
-        yield episodes[key], sorted(steps, key=lambda s: s["step_index"])
+    return table, ((episodes[key], sorted(steps, key=lambda s: s["step_index"])) for key, steps in by_key.items())
 
 
 def _redact_task(worker: EpisodeRedactor, task: _Task, batch_id: str,
                  run_id: str) -> tuple[dict[str, pa.Table], dict[str, Any]]:
-    """A task's episodes redacted into the output tables (Arrow), in chunks of episodes so that
-    only a chunk's rows are Python objects at a time, with the counts."""
-    parts: dict[str, list[pa.Table]] = {t: [] for t, _ in _OUT_MODELS}
+    """A task's episodes redacted into the output tables (Arrow), in chunks of episodes; of the
+    steps only the fields redaction reads are Python objects (``_steps_table``). With the counts."""
+    parts: dict[str, list[pa.Table]] = {t: [] for t, _ in _OUT_MODELS if t != "redacted_steps"}
     counts: dict[str, Any] = {"episodes": 0, "steps": 0, "replacements": 0, "by_type": {}}
     chunk: list = []
+    order: list[int] = []
+    columns: dict[str, list] = {c: [] for c in _STEP_CHANGED}
 
     def close() -> None:
         tables, c = _chunk_tables(chunk, batch_id, run_id)
@@ -261,13 +292,22 @@ def _redact_task(worker: EpisodeRedactor, task: _Task, batch_id: str,
             counts["by_type"][k] = counts["by_type"].get(k, 0) + v
         chunk.clear()
 
-    for e, steps in _task_items(task):
-        chunk.append(worker.redact(e, steps))
+    source, items = _task_items(task)
+    for e, steps in items:
+        red_ep, red_steps, events = worker.redact(e, steps)
+        for s in red_steps:
+            order.append(s["_row"])
+            for c in _STEP_CHANGED:
+                columns[c].append(s[c])
+        chunk.append((red_ep, [s["step_id"] for s in red_steps], events))
         if len(chunk) >= _CHUNK_EPISODES:
             close()
     if chunk or not parts["redacted_episodes"]:
         close()
-    return {t: pa.concat_tables(p) for t, p in parts.items()}, counts
+    out = {t: pa.concat_tables(p) for t, p in parts.items()}
+    out["redacted_steps"] = (_steps_table(source, order, columns, run_id) if source is not None
+                             else pa.Table.from_pylist([], schema=_SCHEMAS["redacted_steps"]))
+    return {t: out[t] for t, _ in _OUT_MODELS}, counts
 
 
 def _redact_in_worker(tasks: list[_Task]) -> list[tuple[dict[str, pa.Table], dict[str, Any], list[dict]]]:

@@ -378,3 +378,29 @@ def pq_rows(folder):
     import pyarrow.parquet as pq
 
     return [r for p in sorted(folder.glob("*/part-*.parquet")) for r in pq.read_table(p).to_pylist()]
+
+
+_PREFILTER_CHARS = "0123456789abcdefABCDEFgz:.:: _-/+=(é\n\"'"
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=_PREFILTER_CHARS, max_size=120))
+def test_fast_candidate_scans_find_what_the_full_patterns_find(text):
+    """The IPv6 and base64 scans look only where their hints are; on any text they must give
+    the matches of the plain patterns run over the whole text (digit runs: test_detector_scans)."""
+    from trajwh.redaction import engine
+
+    assert [m.span(1) for m in engine._ipv6_candidates(text)] == [m.span(1) for m in engine._IPV6.finditer(text)]
+    blobs = [m.span(1) for r in engine._B64_RUN.finditer(text) for m in engine._B64.finditer(text, r.start(), r.end())]
+    assert blobs == [m.span(1) for m in engine._B64.finditer(text)]
+
+
+@pytest.mark.parametrize("text,found", [
+    ("peer 2a00:1450:4001:82a::200e connected", "2a00:1450:4001:82a::200e"),
+    ("addr=2606:4700:4700::1111, ok", "2606:4700:4700::1111"),
+    ("at 12:30:45 the job ended", None),
+    ("token " + "QUtJQUlPU0ZPRE5ON0VYQU1QTEU=" * 2 + " end", None),
+])
+def test_ipv6_addresses_are_found_in_their_runs(text, found):
+    spans = [text[f.start:f.end] for f in Detector().find(text) if f.entity == "IP_ADDRESS"]
+    assert spans == ([found] if found else [])
