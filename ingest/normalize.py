@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from trajwh.ingest.actions import annotate_step
 from trajwh.ingest.adapters.base import ParsedEpisode, RecordContext
@@ -115,7 +116,6 @@ class FactIndex:
 
 #: records per chunk sent to a worker process (big batches only; lineage.parallel)
 _CHUNK_RECORDS = 32
-_worker_facts: dict | None = None
 
 
 def _facts_lookup(index: dict) -> Callable[[str], Any]:
@@ -163,15 +163,124 @@ def prepare_record(rec: dict[str, Any], facts: Callable[[str], Any], parts: list
     return ("ok", adapter.name, adapter.version, out)
 
 
-def _init_worker(facts_index: dict) -> None:
-    global _worker_facts
-    _worker_facts = facts_index
+#: a chunk table's column naming the row's episode (its ordinal in the chunk): the batch's process
+#: keeps or drops whole episodes by it (a duplicate key); never written
+_EP = "_ep"
+_MODELS = {"episodes": EpisodeRow, "steps": StepRow, "tool_schemas": ToolSchemaRow, "lineage_edges": LineageEdgeRow}
+_worker_state: tuple | None = None
 
 
-def _prepare_chunk(recs: list[dict[str, Any]]) -> list[tuple]:
-    assert _worker_facts is not None
-    lookup = _facts_lookup(_worker_facts)
-    return [prepare_record(r, lookup) for r in recs]
+@dataclass
+class _Chunk:
+    """Consecutive raw records made into rows, in a worker process or the batch's own.
+
+    ``verdicts`` per record: ``("deferred",)`` (superseded, or an assembled session: the batch's
+    process does it), ``("companion",)``, ``("reject", code, reason)`` or ``("ok", adapter, version,
+    [(ordinal or None, index, key, problem, n_steps), ...])``; ``tables``: the rows of every
+    episode, with ``_EP``; ``bad``: records whose rows Arrow cannot hold (record id -> reason)."""
+
+    verdicts: list[tuple]
+    tables: dict[str, pa.Table]
+    bad: dict[str, str]
+
+
+def build_chunk(recs: list[dict[str, Any]], facts: Callable[[str], Any], batch_id: str, run_id: str,
+                defer: set[str] | frozenset[str] = frozenset(), parts: list[bytes] | None = None) -> _Chunk:
+    """Decode, parse, check, key and annotate each record (``prepare_record``), then make its
+    episodes' rows and Arrow tables: everything that needs only the records. Which episodes are
+    kept (a trajectory key already taken) is the batch's process's decision (``_BatchNormalizer``)."""
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in _MODELS}
+    owners: dict[str, list[int]] = {name: [] for name in _MODELS}
+    episode_record: list[str] = []
+    verdicts: list[tuple] = []
+    digests: set[str] = set()
+    for rec in recs:
+        if rec["record_id"] in defer:
+            verdicts.append(("deferred",))
+            continue
+        prepared = prepare_record(rec, facts, parts)
+        if prepared[0] != "ok":
+            verdicts.append(prepared)
+            continue
+        _, adapter, version, episodes = prepared
+        out = []
+        for index, pe, key, used, missing, problem in episodes:
+            if problem:
+                out.append((None, index, key, problem, 0))
+                continue
+            ordinal = len(episode_record)
+            episode_record.append(rec["record_id"])
+            _episode_rows(rows, owners, ordinal, rec, adapter, version, index, pe, key, used, missing,
+                          {"_batch_id": batch_id, "_run_id": run_id}, digests)
+            out.append((ordinal, index, key, None, len(pe.steps)))
+        verdicts.append(("ok", adapter, version, out))
+    tables, bad = _chunk_tables(rows, owners, episode_record)
+    return _Chunk(verdicts, tables, bad)
+
+
+def _episode_rows(rows: dict[str, list[dict[str, Any]]], owners: dict[str, list[int]], ordinal: int,
+                  rec: dict[str, Any], adapter: str, version: str, index: int, pe: ParsedEpisode, key: str,
+                  used: list[str], missing: list[str], run: dict[str, str], digests: set[str]) -> None:
+    def add(name: str, row: dict[str, Any]) -> None:
+        rows[name].append(row)
+        owners[name].append(ordinal)
+
+    lineage = {"_record_id": rec["record_id"], **run, "_transform": f"adapter:{adapter}", "_transform_version": version}
+    written = pe.episode.get("repository")
+    repository = normalize_repository(written, pe.episode.get("instance_id"))
+    if written and repository != written:
+        pe.episode["metadata"] = _with_meta(pe.episode.get("metadata"), {"repository_as_written": written})
+    add("episodes", {**pe.episode, "repository": repository, "trajectory_key": key, "key_fields": used,
+                     "key_fields_missing": missing, "source": rec["source"], "license": rec["license"],
+                     "format": rec["format"], "n_steps": len(pe.steps), "_record_index": index,
+                     "_schema_version": SCHEMA_VERSION, **lineage})
+    add("lineage_edges", _edge(key, "episodes", rec["record_id"], "raw_records", lineage))
+    digest = pe.episode.get("tool_schema_digest")
+    if pe.tool_schemas and digest not in digests:  # once per chunk here, once per warehouse in the batch's process
+        digests.add(digest)
+        add("tool_schemas", {**pe.tool_schemas, "tool_schema_digest": digest, **lineage})
+    for step in pe.steps:  # annotated by prepare_record
+        sid = ids.step_id(key, step["step_index"])
+        add("steps", {**step, "step_id": sid, "trajectory_key": key, **lineage})
+        add("lineage_edges", _edge(sid, "steps", key, "episodes", lineage))
+
+
+def _chunk_tables(rows: dict[str, list[dict[str, Any]]], owners: dict[str, list[int]], episode_record: list[str]
+                  ) -> tuple[dict[str, pa.Table], dict[str, str]]:
+    """The rows as Arrow tables with their episode ordinals. The last guard: a record with a row
+    Arrow cannot convert is left out whole (its bad rows' reason returned; the record stays in
+    ``raw`` and the batch's process quarantines it); the rest of the chunk is kept."""
+    bad: dict[str, str] = {}
+    for _ in range(2):
+        tables = {}
+        for name, model in _MODELS.items():
+            try:
+                tables[name] = pa.Table.from_pylist(rows[name], schema=arrow_schema(model)).append_column(
+                    _EP, pa.array(owners[name], type=pa.int32()))
+            except (pa.ArrowException, OverflowError, ValueError, TypeError):
+                for row, ordinal in zip(rows[name], owners[name], strict=True):
+                    try:
+                        pa.Table.from_pylist([row], schema=arrow_schema(model))
+                    except (pa.ArrowException, OverflowError, ValueError, TypeError) as exc:
+                        bad.setdefault(episode_record[ordinal], f"{name}: {type(exc).__name__}: {str(exc)[:300]}")
+        if len(tables) == len(_MODELS):
+            return tables, bad
+        for name in _MODELS:
+            keep = [i for i, o in enumerate(owners[name]) if episode_record[o] not in bad]
+            rows[name] = [rows[name][i] for i in keep]
+            owners[name] = [owners[name][i] for i in keep]
+    raise AssertionError("rows still unwritable after their records were left out")
+
+
+def _init_worker(facts_index: dict, batch_id: str, run_id: str, defer: set[str]) -> None:
+    global _worker_state
+    _worker_state = (_facts_lookup(facts_index), batch_id, run_id, defer)
+
+
+def _chunk_in_worker(recs: list[dict[str, Any]]) -> _Chunk:
+    assert _worker_state is not None
+    facts, batch_id, run_id, defer = _worker_state
+    return build_chunk(recs, facts, batch_id, run_id, defer)
 
 
 class _BatchNormalizer:
@@ -181,20 +290,18 @@ class _BatchNormalizer:
                  schemas_known: set[str] | None = None):
         self.session, self.batch_id, self.run_id, self.facts = session, batch_id, run_id, facts
         self.schemas_known = schemas_known if schemas_known is not None else set()  # tool schema digests stored
-        self.tool_schemas: list[dict[str, Any]] = []
         self.superseded = superseded or {}
         self.parts = parts or {}  # an assembled session's owner record -> all its part records
         self.supersedes: dict[str, list[str]] = {}  # longer record -> the shorter copies it replaces
         for old, (new, _, _) in self.superseded.items():
             self.supersedes.setdefault(new, []).append(old)
         self.keys, self.summary = keys, summary
-        self.episodes: list[dict[str, Any]] = []
-        self.steps: list[dict[str, Any]] = []
-        self.edges: list[dict[str, Any]] = []
+        self.buffers: dict[str, list[pa.Table]] = {name: [] for name in _MODELS}
+        self.buffered_steps = 0
+        self.edges: list[dict[str, Any]] = []  # edges made here: the copies an episode supersedes or assembles
         self.quarantine: list[dict[str, Any]] = []
         self.quarantine_bytes = 0
         self.files: list[WrittenFile] = []
-        self.records: dict[str, dict[str, Any]] = {}  # where the buffered rows' records came from
         self.wrote_episodes = False
 
     def run(self, raw_files: list[Path], progress: Callable[[int], None] | None, n_records: int = 0) -> None:
@@ -203,58 +310,102 @@ class _BatchNormalizer:
                 for rb in pq.ParquetFile(path).iter_batches(batch_size=256, columns=_RAW_COLUMNS):
                     yield from rb.to_pylist()
 
+        def chunks() -> Iterator[list[dict[str, Any]]]:
+            part: list[dict[str, Any]] = []
+            for rec in records():
+                part.append(rec)
+                if len(part) >= _CHUNK_RECORDS:
+                    yield part
+                    part = []
+            if part:
+                yield part
+
+        defer = set(self.superseded) | set(self.parts)
         n_workers = workers_wanted()
         if n_workers < 2 or n_records < PARALLEL_MIN_ITEMS:
-            prepared: Iterator[tuple[dict[str, Any], tuple | None]] = ((r, None) for r in records())
-        else:  # decode, parse and annotate in worker processes; keys, order and writes stay here
-            prepared = ((r, p) for recs, results in ordered_chunks(
-                _prepare_chunk, records(), chunk=_CHUNK_RECORDS, workers=n_workers, initializer=_init_worker,
-                initargs=(self.facts.index,)) for r, p in zip(recs, results, strict=True))
-        done = 0
-        for rec, result in prepared:
-            self.record(rec, result)
-            if len(self.steps) >= FLUSH_STEPS or self.quarantine_bytes >= FLUSH_QUARANTINE_BYTES:
+            made: Iterator[tuple[list[dict[str, Any]], _Chunk]] = (
+                (recs, build_chunk(recs, self.facts.lookup, self.batch_id, self.run_id, defer)) for recs in chunks())
+        else:  # records made into rows and tables in worker processes; which episodes are kept, and writes, stay here
+            made = ordered_chunks(_chunk_in_worker, records(), chunk=_CHUNK_RECORDS, workers=n_workers,
+                                  initializer=_init_worker, initargs=(self.facts.index, self.batch_id, self.run_id, defer))
+        for recs, chunk in made:
+            self.take(recs, chunk)
+            if self.buffered_steps >= FLUSH_STEPS or self.quarantine_bytes >= FLUSH_QUARANTINE_BYTES:
                 self.flush()
-            done += 1
-            if progress and done % 256 == 0:
-                progress(256)
-        if progress and done % 256:
-            progress(done % 256)
+            if progress:
+                progress(len(recs))
         self.flush(final=True)
 
-    def record(self, rec: dict[str, Any], prepared: tuple | None = None) -> None:
-        self.summary.records += 1
-        self.records[rec["record_id"]] = {k: rec[k] for k in ("source", "file_path", "line_no", "byte_offset", "format")}
-        if rec["record_id"] in self.superseded:  # a shorter copy of a session: the longer one is the episode
-            self.summary.superseded += 1
-            return
-        if rec["record_id"] in self.parts:
-            prepared = prepare_record(rec, self.facts.lookup, self._payloads(self.parts[rec["record_id"]]))
-        elif prepared is None:
-            prepared = prepare_record(rec, self.facts.lookup)
-        if prepared[0] == "companion":
+    def take(self, recs: list[dict[str, Any]], chunk: _Chunk) -> None:
+        """Decide each record's episodes in input order (the first record of a trajectory key keeps
+        it) and buffer the kept episodes' rows."""
+        kept: list[int] = []
+        for rec, verdict in zip(recs, chunk.verdicts, strict=True):
+            self.summary.records += 1
+            if verdict[0] == "deferred":
+                if rec["record_id"] in self.superseded:  # a shorter copy of a session: the longer one is the episode
+                    self.summary.superseded += 1
+                    continue
+                # an assembled session: its parts parsed here, as one
+                one = build_chunk([rec], self.facts.lookup, self.batch_id, self.run_id,
+                                  parts=self._payloads(self.parts[rec["record_id"]]))
+                self._buffer(one.tables, self._decide(rec, one.verdicts[0], one.bad))
+                continue
+            kept += self._decide(rec, verdict, chunk.bad)
+        self._buffer(chunk.tables, kept)
+
+    def _decide(self, rec: dict[str, Any], verdict: tuple, bad: dict[str, str]) -> list[int]:
+        """The ordinals of the record's episodes that are kept; rejects quarantined."""
+        if verdict[0] == "companion":
             self.summary.companions += 1
-            return
-        if prepared[0] == "reject":
-            self.reject(rec, prepared[1], prepared[2])
-            return
-        _, adapter, version, episodes = prepared
-        accepted = []
-        for index, pe, key, used, missing, problem in episodes:
+            return []
+        if verdict[0] == "reject":
+            self.reject(rec, verdict[1], verdict[2])
+            return []
+        if rec["record_id"] in bad:  # a value no table can hold (the last guard): the record stays in raw
+            self.reject(rec, "unwritable_value", bad[rec["record_id"]], keep_payload=False)
+            return []
+        _, adapter, version, episodes = verdict
+        kept, keys = [], []
+        for ordinal, index, key, problem, n_steps in episodes:
             if problem:
                 self.reject(rec, "invalid_value", f"episode {index} of this record: {problem}")
                 continue
             owner = self.keys.get(key)
-            repeated = any(key == k for _, _, k, _, _ in accepted)
-            if repeated or (owner is not None and owner != rec["record_id"]):
+            if key in keys or (owner is not None and owner != rec["record_id"]):
                 self.reject(rec, "duplicate_episode",
                             f"episode {index} of this record has trajectory key {key}, already built from "
                             f"raw record {owner}; kept the first")
                 continue
             self.keys[key] = rec["record_id"]
-            accepted.append((index, pe, key, used, missing))
-        for index, pe, key, used, missing in accepted:
-            self.emit(rec, adapter, version, index, pe, key, used, missing)
+            kept.append(ordinal)
+            keys.append(key)
+            self.summary.episodes += 1
+            self.summary.steps += n_steps
+            lineage = {"_run_id": self.run_id, "_transform_version": NORMALIZE_VERSION}
+            assembled = set(self.parts.get(rec["record_id"], []))
+            for old in self.supersedes.get(rec["record_id"], []):  # shorter copies and other parts stay reachable
+                self.edges.append(_edge(key, "episodes", old, "raw_records", {
+                    **lineage, "_transform": "assembles" if old in assembled else "supersedes"}))
+        return kept
+
+    def _buffer(self, tables: dict[str, pa.Table], kept: list[int]) -> None:
+        every = tables["episodes"].num_rows == len(kept)
+        chosen = pa.array(kept, type=pa.int32())
+        for name, table in tables.items():
+            if not every:
+                table = table.filter(pc.is_in(table.column(_EP), value_set=chosen))
+            table = table.drop_columns([_EP])
+            if name == "tool_schemas" and table.num_rows:  # once per digest in the warehouse
+                first = []
+                for i, digest in enumerate(table.column("tool_schema_digest").to_pylist()):
+                    if digest not in self.schemas_known:
+                        self.schemas_known.add(digest)
+                        first.append(i)
+                table = table.take(pa.array(first, type=pa.int64()))
+            if table.num_rows:
+                self.buffers[name].append(table)
+        self.buffered_steps += tables["steps"].num_rows
 
     def _payloads(self, record_ids: list[str]) -> list[bytes]:
         rows = self.session.wh.query("SELECT record_id, payload FROM raw_records WHERE list_contains(?, record_id)",
@@ -262,89 +413,23 @@ class _BatchNormalizer:
         by_id = {r["record_id"]: r["payload"] for r in rows}
         return [by_id[i] for i in record_ids if i in by_id]
 
-    def emit(self, rec: dict[str, Any], adapter: str, version: str, index: int, pe: ParsedEpisode,
-             key: str, used: list[str], missing: list[str]) -> None:
-        lineage = {"_record_id": rec["record_id"], "_batch_id": self.batch_id, "_run_id": self.run_id,
-                   "_transform": f"adapter:{adapter}", "_transform_version": version}
-        written = pe.episode.get("repository")
-        repository = normalize_repository(written, pe.episode.get("instance_id"))
-        if written and repository != written:
-            pe.episode["metadata"] = _with_meta(pe.episode.get("metadata"), {"repository_as_written": written})
-        episode = {**pe.episode, "repository": repository, "trajectory_key": key, "key_fields": used, "key_fields_missing": missing,
-                   "source": rec["source"], "license": rec["license"], "format": rec["format"],
-                   "n_steps": len(pe.steps), "_record_index": index, "_schema_version": SCHEMA_VERSION, **lineage}
-        self.episodes.append(episode)
-        self.edges.append(_edge(key, "episodes", rec["record_id"], "raw_records", lineage))
-        digest = episode.get("tool_schema_digest")
-        if pe.tool_schemas and digest not in self.schemas_known:  # once per digest in the warehouse
-            self.schemas_known.add(digest)
-            self.tool_schemas.append({**pe.tool_schemas, "tool_schema_digest": digest, **lineage})
-        assembled = set(self.parts.get(rec["record_id"], []))
-        for old in self.supersedes.get(rec["record_id"], []):  # shorter copies and other parts stay reachable
-            self.edges.append(_edge(key, "episodes", old, "raw_records", {
-                **lineage, "_transform": "assembles" if old in assembled else "supersedes",
-                "_transform_version": NORMALIZE_VERSION}))
-        for step in pe.steps:  # annotated by prepare_record
-            sid = ids.step_id(key, step["step_index"])
-            self.steps.append({**step, "step_id": sid, "trajectory_key": key, **lineage})
-            self.edges.append(_edge(sid, "steps", key, "episodes", lineage))
-        self.summary.episodes += 1
-        self.summary.steps += len(pe.steps)
-
-    def _tables(self) -> dict[str, pa.Table]:
-        """The buffers as Arrow tables. The last guard: rows Arrow cannot convert take their whole
-        record to quarantine (the record stays in ``raw``); the rest of the buffer is written."""
-        models = {"episodes": EpisodeRow, "steps": StepRow, "tool_schemas": ToolSchemaRow, "lineage_edges": LineageEdgeRow}
-        for _ in range(2):
-            tables, bad = {}, {}
-            for name, model in models.items():
-                rows = self._buffer(name)
-                try:
-                    tables[name] = pa.Table.from_pylist(rows, schema=arrow_schema(model))
-                except (pa.ArrowException, OverflowError, ValueError, TypeError):
-                    for row in rows:
-                        try:
-                            pa.Table.from_pylist([row], schema=arrow_schema(model))
-                        except (pa.ArrowException, OverflowError, ValueError, TypeError) as exc:
-                            bad.setdefault(row.get("_record_id", ""), f"{name}: {type(exc).__name__}: {str(exc)[:300]}")
-            if not bad:
-                return tables
-            self._quarantine_records(bad)
-        raise AssertionError("rows still unwritable after their records were quarantined")
-
-    def _buffer(self, name: str) -> list[dict[str, Any]]:
-        return {"episodes": self.episodes, "steps": self.steps, "tool_schemas": self.tool_schemas,
-                "lineage_edges": self.edges}[name]
-
-    def _quarantine_records(self, bad: dict[str, str]) -> None:
-        for record_id, reason in bad.items():
-            rec = self.records.get(record_id, {})
-            self.quarantine.append(quarantine_row(
-                batch_id=self.batch_id, run_id=self.run_id, stage="normalize", source=rec.get("source", ""),
-                file_path=rec.get("file_path", ""), line_no=rec.get("line_no"), offset=rec.get("byte_offset"),
-                fmt=rec.get("format"), reason_code="unwritable_value", reason=reason, payload=b"", record_id=record_id))
-            self.summary.quarantined += 1
-            self.summary.quarantine_reasons["unwritable_value"] = self.summary.quarantine_reasons.get("unwritable_value", 0) + 1
-        keys = {e["trajectory_key"] for e in self.episodes if e["_record_id"] in bad}
-        self.episodes = [e for e in self.episodes if e["_record_id"] not in bad]
-        self.steps = [x for x in self.steps if x["_record_id"] not in bad]
-        self.tool_schemas = [x for x in self.tool_schemas if x["_record_id"] not in bad]
-        self.edges = [x for x in self.edges if x["child_id"] not in keys and x["parent_id"] not in keys]
-        self.summary.episodes -= len(keys)
-
-    def reject(self, rec: dict[str, Any], code: str, reason: str) -> None:
-        self.quarantine_bytes += min(len(rec["payload"]), 1 << 20) + 512
+    def reject(self, rec: dict[str, Any], code: str, reason: str, keep_payload: bool = True) -> None:
+        payload = rec["payload"] if keep_payload else b""
+        self.quarantine_bytes += min(len(payload), 1 << 20) + 512
         self.quarantine.append(quarantine_row(
             batch_id=self.batch_id, run_id=self.run_id, stage="normalize", source=rec["source"],
             file_path=rec["file_path"], line_no=rec["line_no"], offset=rec["byte_offset"], fmt=rec["format"],
-            reason_code=code, reason=reason, payload=rec["payload"], record_id=rec["record_id"]))
+            reason_code=code, reason=reason, payload=payload, record_id=rec["record_id"]))
         self.summary.quarantined += 1
         self.summary.quarantine_reasons[code] = self.summary.quarantine_reasons.get(code, 0) + 1
 
     def flush(self, final: bool = False) -> None:
         write = self.session.write
-        tables = self._tables()
-        if self.episodes or (final and not self.wrote_episodes):
+        if self.edges:
+            self.buffers["lineage_edges"].append(pa.Table.from_pylist(self.edges, schema=arrow_schema(LineageEdgeRow)))
+        tables = {name: pa.concat_tables(parts) if parts else pa.Table.from_pylist([], schema=arrow_schema(_MODELS[name]))
+                  for name, parts in self.buffers.items()}
+        if tables["episodes"].num_rows or (final and not self.wrote_episodes):
             # at least one (possibly empty) episodes file per batch marks the batch as built
             self.files.append(write("episodes", tables["episodes"]))
             self.wrote_episodes = True
@@ -354,8 +439,8 @@ class _BatchNormalizer:
         if self.quarantine:  # bounded like good rows: written at every flush, not held to the end
             self.files.append(write("quarantine", pa.Table.from_pylist(self.quarantine, schema=arrow_schema(QuarantineRow))))
             self.quarantine, self.quarantine_bytes = [], 0
-        self.episodes, self.steps, self.edges, self.tool_schemas = [], [], [], []
-        self.records = {}
+        self.buffers = {name: [] for name in _MODELS}
+        self.buffered_steps, self.edges = 0, []
 
 
 def _read_test_output(step: dict[str, Any]) -> None:

@@ -12,17 +12,21 @@ window, not the layer. Which fragments: trainable ones of every split that gives
 
 from __future__ import annotations
 
+import uuid
 from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 import pyarrow as pa
+import pyarrow.parquet as pq
 from trajwh.lineage.catalog import Warehouse, now_utc, write_table_file
-from trajwh.lineage.parallel import run_parts
+from trajwh.lineage.parallel import PARALLEL_MIN_ITEMS, run_parts, workers_wanted
 from trajwh.lineage.rebuild import inputs_fingerprint, joined_by_key, mark_running, run_row
+from trajwh.lineage.storage import ensure_dir
 from trajwh.packing.pack import PACKERS, POLICIES, Segment
 from trajwh.packing.render import render, truncate_context
 from trajwh.packing.tokenizers import DEFAULT_TOKENIZER, get_tokenizer
@@ -210,23 +214,42 @@ def _windowed(cfg: PackConfig, where: str = "") -> str:
                                window=int(cfg.window), where=where)
 
 
-def _units_to_pack(wh: Warehouse, cfg: PackConfig, pack_set: str, plan: Plan, windows: list[str] | None = None,
-                   memory: tuple[str, str] = ("512MB", "512MB")) -> Iterator[tuple[dict, list[dict]]]:
+def _spooled(batches: Iterator[pa.RecordBatch], path: Path) -> Iterator[dict[str, Any]]:
+    """The rows of ``batches``, written to the Parquet file ``path`` on the way (none when there
+    are no rows): the plan walks the units once and the packing parts read theirs back."""
+    writer = None
+    try:
+        for rb in batches:
+            if writer is None:
+                ensure_dir(path.parent, restricted=True)
+                writer = pq.ParquetWriter(path, rb.schema, compression="zstd")
+            writer.write_batch(rb)
+            yield from rb.to_pylist()
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+def _units_to_pack(wh: Warehouse, pack_set: str, plan: Plan, units: Path, windows: list[str] | None = None,
+                   memory: str = "512MB") -> Iterator[tuple[dict, list[dict]]]:
     """(unit, its steps) in packing order for every window that is not copied (or only those of
-    ``windows``): a unit whose stored tokens are reused carries them (``stored``) and no steps;
-    the others their steps."""
+    ``windows``), the units read from the file the plan spooled (``units``): a unit whose stored
+    tokens are reused carries them (``stored``) and no steps; the others their steps."""
+    if not units.exists():  # no units at all
+        return
     tools = tools_by_digest(wh)
     if windows is None:
-        unit_stream = wh.stream(_windowed(cfg, "WHERE NOT list_contains(?, window_id)"), [list(plan.copy)],
-                                batch_rows=2_000, memory_limit=memory[0], threads=1)
+        where, chosen = "NOT list_contains(?, window_id)", list(plan.copy)
         render, repack = plan.render, plan.repack
     else:
-        unit_stream = wh.stream(_windowed(cfg, "WHERE list_contains(?, window_id)"), [windows],
-                                batch_rows=2_000, memory_limit=memory[0], threads=1)
+        where, chosen = "list_contains(?, window_id)", windows
         mine = set(windows)
         render = {k: o for k, o in plan.render.items() if o.partition("|")[0] in mine}
         repack = plan.repack & mine
-    step_stream = wh.stream(RENDER_STEPS_SQL, [list(render), list(render.values())], memory_limit=memory[1], threads=1,
+    # the file is in packing order, and one thread's scan keeps it (insertion order is preserved): no sort
+    unit_stream = wh.stream(f"SELECT * FROM read_parquet(?) WHERE {where}", [str(units), chosen], batch_rows=2_000,
+                            memory_limit=memory, threads=1)
+    step_stream = wh.stream(RENDER_STEPS_SQL, [list(render), list(render.values())], memory_limit=memory, threads=1,
                             batch_rows=2_000)
     stored = stored_tokens(wh, pack_set, sorted(repack))
     window, tokens = None, {}
@@ -249,15 +272,14 @@ def _units_to_pack(wh: Warehouse, cfg: PackConfig, pack_set: str, plan: Plan, wi
 
 
 def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), full: bool = False,
-                lock_timeout: float = 60.0, workers: int = 1) -> PackSummary:
+                lock_timeout: float = 60.0, workers: int | None = None) -> PackSummary:
     """Build (or bring up to date) one pack set. Incremental unless ``full``: windows whose
     packing inputs are unchanged are copied, the others packed again with the stored tokens of
-    unchanged units (packing.windows); the result equals a full build's. ``workers`` > 1 deals the
-    windows to pack out to that many parts (this process and workers); windows are independent,
-    so the packs are the same. Off by default: each part runs the units' window query over every
-    unit, and at 107,000 episodes two parts peaked at 2,489 MB (the build's bound is 2 GB; at 256
-    MB a part's query ran out of memory). Computing the window assignment once, in the parent,
-    would make it safe (bench/README.md)."""
+    unchanged units (packing.windows); the result equals a full build's. The windows to pack are
+    dealt out to ``workers`` parts (default ``workers_wanted()``: this process and workers; one
+    part below ``PARALLEL_MIN_ITEMS`` units); windows are independent, so the packs are the same.
+    The window assignment (a window function over every unit) runs once, here: its rows are
+    spooled to a file under ``.tmp`` that each part reads its windows' units from."""
     cfg.validate()
     tok = get_tokenizer(cfg.tokenizer)
     summary = PackSummary(run_id, pack_set=pack_set_id(cfg, tok), seq_len=cfg.seq_len)
@@ -282,29 +304,36 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
         reusable = not full and mine and {v.split(";inputs=")[0] for v in old_versions} == {rules}
         stored_windows, stored_units = stored_state(wh, summary.pack_set) if reusable else ({}, {})
         versions = batch_versions(wh)
-        plan = plan_windows((r for b in wh.stream(_windowed(cfg), batch_rows=5_000, threads=1) for r in b),
-                            versions, stored_windows, stored_units)
-        lineage = {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": version}
-        files: list[Any] = []
-        seen: set[str] = set()
-        for table, segments in copied_packs(wh, summary.pack_set, plan, schema, lineage):
-            files.append(session.write("packs", table))
-            _count_copied(summary, table, segments, seen)
-        _count_dropped_in_copies(summary, plan, seen)
+        units = wh.root / ".tmp" / f"pack-units-{uuid.uuid4().hex}.parquet"
+        try:
+            plan = plan_windows(_spooled(wh.stream(_windowed(cfg), batch_rows=5_000, threads=1, arrow=True), units),
+                                versions, stored_windows, stored_units)
+            lineage = {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": version}
+            files: list[Any] = []
+            seen: set[str] = set()
+            for table, segments in copied_packs(wh, summary.pack_set, plan, schema, lineage):
+                files.append(session.write("packs", table))
+                _count_copied(summary, table, segments, seen)
+            _count_dropped_in_copies(summary, plan, seen)
 
-        todo = sorted(set(plan.digests) - set(plan.copy))
-        n = max(1, min(workers, len(todo)))
-        if n == 1:
-            def write(rows: list[dict]) -> None:
-                files.append(session.write("packs", pack_table(rows, schema)))
+            todo = sorted(set(plan.digests) - set(plan.copy))
+            if workers is None:  # below PARALLEL_MIN_ITEMS units a worker's start-up costs more than it saves
+                workers = workers_wanted() if plan.rendered_units + len(plan.reuse) >= PARALLEL_MIN_ITEMS else 1
+            n = max(1, min(workers, len(todo)))
+            if n == 1:
+                def write(rows: list[dict]) -> None:
+                    files.append(session.write("packs", pack_table(rows, schema)))
 
-            pack_stream(_units_to_pack(wh, cfg, summary.pack_set, plan), cfg, tok, summary, write, lineage)
-        else:  # the windows dealt out to parts (this process and workers), each packing and writing its own
-            tasks = [{"root": str(wh.root), "cfg": cfg, "pack_set": summary.pack_set, "plan": plan, "windows": todo[i::n],
-                      "lineage": lineage, "run_id": run_id} for i in range(n)]
-            for written, part in run_parts(_pack_part, tasks):
-                files += written
-                _add_counts(summary, part)
+                pack_stream(_units_to_pack(wh, summary.pack_set, plan, units), cfg, tok, summary, write, lineage)
+            else:  # the windows dealt out to parts (this process and workers), each packing and writing its own
+                tasks = [{"root": str(wh.root), "cfg": cfg, "pack_set": summary.pack_set, "plan": plan,
+                          "windows": todo[i::n], "units": str(units), "lineage": lineage, "run_id": run_id}
+                         for i in range(n)]
+                for written, part in run_parts(_pack_part, tasks):
+                    files += written
+                    _add_counts(summary, part)
+        finally:
+            units.unlink(missing_ok=True)
         summary.fragments = plan.units
         summary.windows = {"copied": len(plan.copy), "repacked": len(plan.repack),
                            "new": len(plan.digests) - len(plan.copy) - len(plan.repack)}
@@ -317,10 +346,10 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
     return summary
 
 
-#: a part's DuckDB memory: its units' query (a window function over every unit, which cannot
-#: spill all of it: 256 MB ran out at 107,000 episodes, as the one-process build's 512 MB does not)
-#: and its steps' (a sort, which spills)
-_PART_MEMORY = ("512MB", "160MB")
+#: a part's DuckDB memory, for both of its queries (one process's connections to a catalog share one
+#: DuckDB instance, and so its memory limit): its units' (a scan of the spooled units) and its
+#: steps' (a sort, which spills)
+_PART_MEMORY = "320MB"
 
 
 def _pack_part(t: dict[str, Any]) -> tuple[list[Any], PackSummary]:
@@ -336,8 +365,8 @@ def _pack_part(t: dict[str, Any]) -> tuple[list[Any], PackSummary]:
     def write(rows: list[dict]) -> None:
         files.append(write_table_file(wh, "packs", pack_table(rows, schema)))
 
-    pack_stream(_units_to_pack(wh, cfg, t["pack_set"], t["plan"], t["windows"], memory=_PART_MEMORY), cfg, tok, part,
-                write, t["lineage"])
+    pack_stream(_units_to_pack(wh, t["pack_set"], t["plan"], Path(t["units"]), t["windows"], memory=_PART_MEMORY),
+                cfg, tok, part, write, t["lineage"])
     return files, part
 
 
