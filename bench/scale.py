@@ -178,6 +178,9 @@ def main() -> None:
     ap.add_argument("--increment", type=float, default=0.01, help="share of N ingested after the full build")
     ap.add_argument("--seed", type=int, default=21)
     ap.add_argument("--dir", default="/tmp/trajwh-scale", help="work folder (corpus kept, warehouse rebuilt)")
+    ap.add_argument("--snapshot", action="store_true",
+                    help="copy the warehouse after the full build to DIR/wh-full (outside the timings), to profile "
+                         "the incremental build again on it")
     args = ap.parse_args()
     console = Console()
     work = Path(args.dir)
@@ -200,6 +203,9 @@ def main() -> None:
     full = run_step("full build", [TRAJWH, "build", *w], console, env)
     steps.append(full)
     shape = realized(wh)
+    if args.snapshot:
+        shutil.rmtree(work / "wh-full", ignore_errors=True)
+        shutil.copytree(wh, work / "wh-full", symlinks=True)
     steps.append(run_step("ingest +increment", [TRAJWH, "ingest", str(work / "increment"), *w], console, env))
     inc = run_step("incremental build", [TRAJWH, "build", *w], console, env)
     steps.append(inc)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trajwh.lineage.catalog import Warehouse
-from trajwh.lineage.rebuild import inputs_fingerprint
+from trajwh.lineage.rebuild import batch_fingerprints, inputs_fingerprint
 from trajwh.lineage.storage import ensure_dir
 
 _LINEAGE_COLS = ("_record_id", "_batch_id", "_run_id", "_transform", "_transform_version")
@@ -62,6 +62,24 @@ def passed(result: dict[str, Any]) -> bool:
     return all(v == 0 for k, v in result.items() if k.endswith("_violations"))
 
 
+def _read_cache(wh: Warehouse) -> dict[str, Any]:
+    try:
+        data = json.loads((wh.root / "_cache" / "checks.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _store_cache(wh: Warehouse, name: str, entry: dict[str, Any]) -> None:
+    folder = wh.root / "_cache"
+    data = _read_cache(wh)  # read again: another check may have stored its entry since
+    data[name] = entry
+    ensure_dir(folder, restricted=True)
+    tmp = folder / f".checks.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(data, default=str))
+    os.replace(tmp, folder / "checks.json")
+
+
 def cached(wh: Warehouse, name: str, tables: list[str], compute: Callable[[], dict[str, Any]],
            where: str = "") -> dict[str, Any]:
     """``compute()``, or the result it gave last time if no file of ``tables`` changed since (a
@@ -69,19 +87,39 @@ def cached(wh: Warehouse, name: str, tables: list[str], compute: Callable[[], di
     millions of rows). Results (counts and ids, never values) live in ``<warehouse>/_cache/``,
     next to nothing else; a lost or unreadable cache only means computing again."""
     key = inputs_fingerprint(wh, tables, where)
-    folder = wh.root / "_cache"
-    path = folder / "checks.json"
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        data = {}
-    hit = data.get(name)
+    hit = _read_cache(wh).get(name)
     if isinstance(hit, dict) and hit.get("inputs") == key:
         return {**hit["result"], "cached": True}
     result = compute()
-    data[name] = {"inputs": key, "result": result}
-    ensure_dir(folder, restricted=True)
-    tmp = folder / f".checks.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(data, default=str))
-    os.replace(tmp, path)
+    _store_cache(wh, name, {"inputs": key, "result": result})
     return {**result, "cached": False}
+
+
+def cached_per_batch(wh: Warehouse, name: str, tables: list[str], compute: Callable[[str], dict[str, Any]],
+                     examples: int = 5) -> dict[str, Any]:
+    """A check made of one result per ingest batch (``compute(batch_id)`` reads only that batch's
+    files of ``tables``), each reused while the batch's files of ``tables`` are unchanged: a new
+    batch costs what the batch costs, not what the warehouse holds. The results add up: numbers
+    are summed, lists joined (the first ``examples`` items kept); ``batches_cached`` says how many
+    batches were not computed again."""
+    current = batch_fingerprints(wh, tables)
+    hit = _read_cache(wh).get(name)
+    stored = hit.get("batches", {}) if isinstance(hit, dict) else {}
+    kept: dict[str, Any] = {}
+    total: dict[str, Any] = {}
+    n_cached = 0
+    for batch_id, key in sorted(current.items()):
+        entry = stored.get(batch_id)
+        if isinstance(entry, dict) and entry.get("inputs") == key:
+            n_cached += 1
+        else:
+            entry = {"inputs": key, "result": compute(batch_id)}
+        kept[batch_id] = entry
+        for k, v in entry["result"].items():
+            if isinstance(v, list):
+                total[k] = (total.get(k, []) + v)[:examples]
+            else:
+                total[k] = total.get(k, 0) + v
+    if n_cached < len(current) or set(stored) != set(current):
+        _store_cache(wh, name, {"batches": kept})
+    return {**total, "batches_cached": n_cached, "cached": bool(current) and n_cached == len(current)}

@@ -181,14 +181,26 @@ def presidio_analyzer():
 ENV_NER = "TRAJWH_NER_MODEL"
 
 
+def _installed(distribution: str) -> bool:
+    """Whether a Python distribution is installed (what ``spacy.util.is_package`` asks)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import distribution as find
+
+    try:
+        find(distribution)
+    except PackageNotFoundError:
+        return False
+    return True
+
+
 @cache
 def person_analyzer():
     """Presidio with a NER-capable spaCy pipeline, when one is installed: ``$TRAJWH_NER_MODEL`` (a
     package name or a folder), else ``en_core_web_sm`` if present. None otherwise (offline default:
     person names are then not detected, and the docs say so)."""
-    import spacy
-
-    model = os.environ.get(ENV_NER) or ("en_core_web_sm" if spacy.util.is_package("en_core_web_sm") else None)
+    # whether the default model is installed, without importing spaCy (about 1 s, and 4-5 s on a
+    # busy machine, in every process that redacts or checks: most machines have no NER model)
+    model = os.environ.get(ENV_NER) or ("en_core_web_sm" if _installed("en_core_web_sm") else None)
     if not model:
         return None
     _offline_tldextract()

@@ -404,3 +404,35 @@ def test_fast_candidate_scans_find_what_the_full_patterns_find(text):
 def test_ipv6_addresses_are_found_in_their_runs(text, found):
     spans = [text[f.start:f.end] for f in Detector().find(text) if f.entity == "IP_ADDRESS"]
     assert spans == ([found] if found else [])
+
+
+def test_the_rescan_check_goes_batch_by_batch(redaction_case_wh, cases):
+    """Each batch is rescanned once while its files are unchanged; a new batch is rescanned alone,
+    and a secret left in its redacted steps is still found."""
+    import pyarrow.parquet as pq
+    from trajwh.redaction.audit import rescan_by_batch
+
+    wh = redaction_case_wh
+    redact_warehouse(wh, run_id="r")
+    first = rescan_by_batch(wh)
+    assert first["secret_violations"] == 0 and first["batches_cached"] == 0 and first["steps_scanned"] > 0
+    assert rescan_by_batch(wh)["cached"] is True
+    ingest_paths(wh, [cases / "two_episodes.jsonl"], IngestOptions(source="cases"))
+    normalize_warehouse(wh, run_id="n2")
+    redact_warehouse(wh, run_id="r2")
+    second = rescan_by_batch(wh)
+    assert second["batches_cached"] == 1 and not second["cached"] and second["secret_violations"] == 0
+    assert second["steps_scanned"] > first["steps_scanned"]
+    # a secret the redaction missed in the new batch (its steps file rewritten behind its back)
+    new_batch = wh.query("SELECT batch_id FROM table_files WHERE table_name = 'redacted_steps' "
+                         "ORDER BY added_at DESC LIMIT 1").column(0)[0].as_py()
+    (path,) = wh.files("redacted_steps", batch_id=new_batch)
+    t = pq.read_table(path)
+    rows = t.to_pylist()
+    rows[0]["text"] = (rows[0]["text"] or "") + " token ghp_a8Fk2LmN4pQ7rS1tU3vW5xY9zB6cD0eF2gH4"
+    with wh.write_session("test") as session:
+        session.commit([session.write("redacted_steps", type(t).from_pylist(rows, schema=t.schema))], removed=[path],
+                       batch_id=new_batch)
+    third = rescan_by_batch(wh)
+    assert third["secret_violations"] >= 1 and third["batches_cached"] == 1
+    assert third["examples"][0]["step_id"] == rows[0]["step_id"]
