@@ -1,10 +1,10 @@
 """Build ``license_facts`` and ``eligibility``: what each episode may be used for, and why.
 
-A global step, run after redaction (it reads the redacted episodes, the policy and the opt-out
-registry). The two tables are rebuilt whole and swapped in one commit; a run whose inputs
-(redacted episodes), policy digest and registry (active opt-outs and their matches) are
-unchanged is skipped. The step is cheap (one streamed pass over the episodes' license columns;
-expressions and decisions are cached), so a policy change rebuilds it whole; what depends on
+Run after redaction (it reads the redacted episodes, the policy and the opt-out registry), batch
+by batch: a batch's files carry the version they were decided with (policy digest, registry of
+active opt-outs and their matches, the batch's redacted episodes), and only the batches whose
+version changed are decided again, so a new batch costs its own episodes. A policy or registry
+change decides every batch again (one streamed pass over the episodes' license columns); what depends on
 it (fragments, packs) redoes only the episodes whose ``train`` decision changed, because the
 fragments' per-episode inputs digest carries that decision.
 
@@ -14,18 +14,15 @@ Before deciding, any (opt-out, batch) pair not scanned yet is scanned (``license
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
+import pyarrow as pa
 from trajwh.licenses.optout import active_opt_outs, opt_out_episodes, scan_pending
 from trajwh.licenses.policy import POLICY_VERSION, LicensePolicy
 from trajwh.lineage.catalog import Warehouse, now_utc
-from trajwh.lineage.rebuild import (
-    TableSetWriter,
-    inputs_fingerprint,
-    is_current,
-    mark_running,
-    run_row,
-)
+from trajwh.lineage.rebuild import batch_fingerprints, mark_running, run_row
 from trajwh.schemas import ids
+from trajwh.schemas.arrow import arrow_schema
 from trajwh.schemas.config import LicenseSettings
 from trajwh.schemas.tables import EligibilityRow, LicenseFactRow
 
@@ -37,7 +34,7 @@ _EPISODES_SQL = """
            json_extract_string(metadata, '$.license') AS meta_license,
            coalesce(json_extract_string(metadata, '$.repository_license'),
                     json_extract_string(metadata, '$.repo_license')) AS meta_repository_license
-    FROM redacted_episodes ORDER BY trajectory_key"""
+    FROM {source} ORDER BY trajectory_key"""
 
 
 @dataclass
@@ -70,40 +67,77 @@ def reason_class(reason: str) -> str:
 
 def build_eligibility(wh: Warehouse, *, run_id: str, policy: LicensePolicy | None = None, full: bool = False,
                       lock_timeout: float = 60.0) -> EligibilitySummary:
-    """Decide every redacted episode's eligibility under ``policy`` and the opt-out registry."""
+    """Decide every redacted episode's eligibility under ``policy`` and the opt-out registry,
+    batch by batch: a batch's files are made again only when its redacted episodes, the policy or
+    the registry changed (each file's version says which), so a new batch costs its own episodes."""
     policy = policy or LicensePolicy.from_settings(LicenseSettings())
     summary = EligibilitySummary(run_id)
     started = now_utc()
     with wh.write_session(TRANSFORM, timeout=lock_timeout) as session:
         mark_running(session, run_id, TRANSFORM, started)
         summary.new_matches = scan_pending(wh, session)
-        version = (f"{TRANSFORM}@{POLICY_VERSION};policy={policy.digest};registry={registry_digest(wh)};"
-                   f"inputs={inputs_fingerprint(wh, ['redacted_episodes'])}")
-        if not full and is_current(wh, "eligibility", version):
+        rules = f"{TRANSFORM}@{POLICY_VERSION};policy={policy.digest};registry={registry_digest(wh)}"
+        sources = batch_fingerprints(wh, ["redacted_episodes"])
+        stored: dict[str | None, list[dict]] = {}
+        for r in wh.query("SELECT path, batch_id, transform_version FROM table_files WHERE list_contains(?, table_name)",
+                          [list(TABLES)]).to_pylist():
+            stored.setdefault(r["batch_id"], []).append(r)
+        wanted = {b: f"{rules};inputs={src}" for b, src in sources.items()}
+        todo = sorted(b for b, v in wanted.items()
+                      if full or {r["transform_version"] for r in stored.get(b, [])} != {v})
+        gone = [b for b in stored if b not in sources]  # batches forgotten, or files of the whole-table layout
+        if not todo and not gone:
             summary.skipped = True
         else:
             opt_outs = active_opt_outs(wh)
             opted = opt_out_episodes(wh, opt_outs)
             kinds = {o["opt_out_id"]: o["kind"] for o in opt_outs}
-            lineage = {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": version}
-            writer = TableSetWriter(session, _MODELS, flush_rows=50_000)
-            for batch in wh.stream(_EPISODES_SQL, batch_rows=10_000, memory_limit="256MB"):
-                for e in batch:
-                    key = e["trajectory_key"]
-                    facts = policy.facts(e)
-                    d = policy.decide(facts, [(oid, kinds[oid]) for oid in opted.get(key, [])])
-                    base = {"trajectory_key": key, "_batch_id": e["_batch_id"], **lineage}
-                    writer.add("license_facts", [{**base, "kind": f.kind, "expression": f.expression, "given": f.given,
-                                                  "status": f.status, "origin": f.origin} for f in facts])
-                    writer.add("eligibility", {**base, "eligibility": d.eligibility, "train": d.train,
-                                               "release": d.release, "reasons": list(d.reasons),
-                                               "opt_out_ids": list(d.opt_out_ids), "policy_digest": policy.digest})
-            writer.commit(run_id=run_id, version=version)
+            if gone:
+                session.commit(removed=[wh.root / r["path"] for b in gone for r in stored[b]], run_id=run_id)
+            for batch_id in todo:
+                files = _decide_batch(wh, session, batch_id, policy, opted, kinds,
+                                      {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": wanted[batch_id]})
+                session.commit(files, removed=[wh.root / r["path"] for r in stored.get(batch_id, [])], batch_id=batch_id,
+                               run_id=run_id, transform_version=wanted[batch_id])
         _totals(wh, summary)
         session.upsert_rows("runs", [run_row(run_id, TRANSFORM, started,
-                                             params={"version": version, "skipped": summary.skipped},
+                                             params={"rules": rules, "batches_decided": len(todo),
+                                                     "skipped": summary.skipped},
                                              counts=summary.__dict__, code_version=f"{TRANSFORM}@{POLICY_VERSION}")])
     return summary
+
+
+def _decide_batch(wh: Warehouse, session: Any, batch_id: str, policy: LicensePolicy, opted: dict[str, list[str]],
+                  kinds: dict[str, str], lineage: dict[str, str]) -> list[Any]:
+    """One batch's ``license_facts`` and ``eligibility`` rows, written (not yet visible) a file per
+    50,000 rows; reads only that batch's redacted episodes files."""
+    paths = [str(p) for p in wh.files("redacted_episodes", batch_id=batch_id)]
+    buffers: dict[str, list[dict]] = {t: [] for t in TABLES}
+    files: list[Any] = []
+
+    def flush(table: str) -> None:
+        if buffers[table]:
+            files.append(session.write(table, pa.Table.from_pylist(buffers[table], schema=arrow_schema(_MODELS[table]))))
+            buffers[table] = []
+
+    for batch in wh.stream(_EPISODES_SQL.format(source="read_parquet(?, union_by_name = true)"), [paths],
+                           batch_rows=10_000, memory_limit="256MB"):
+        for e in batch:
+            key = e["trajectory_key"]
+            facts = policy.facts(e)
+            d = policy.decide(facts, [(oid, kinds[oid]) for oid in opted.get(key, [])])
+            base = {"trajectory_key": key, "_batch_id": e["_batch_id"], **lineage}
+            buffers["license_facts"] += [{**base, "kind": f.kind, "expression": f.expression, "given": f.given,
+                                          "status": f.status, "origin": f.origin} for f in facts]
+            buffers["eligibility"].append({**base, "eligibility": d.eligibility, "train": d.train,
+                                           "release": d.release, "reasons": list(d.reasons),
+                                           "opt_out_ids": list(d.opt_out_ids), "policy_digest": policy.digest})
+        for table in TABLES:
+            if len(buffers[table]) >= 50_000:
+                flush(table)
+    for table in TABLES:
+        flush(table)
+    return files
 
 
 def _totals(wh: Warehouse, summary: EligibilitySummary) -> None:

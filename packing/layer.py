@@ -37,8 +37,10 @@ from trajwh.packing.windows import (
     batch_versions,
     copied_packs,
     plan_windows,
+    read_drops,
     stored_state,
     stored_tokens,
+    write_drops,
 )
 from trajwh.schemas import ids
 from trajwh.schemas.arrow import arrow_schema
@@ -92,6 +94,7 @@ class PackSummary:
     windows: dict[str, int] = field(default_factory=dict)  # copied / repacked / new (an incremental build)
     units_rendered: int = 0
     units_reused: int = 0  # tokens taken from the stored packs of their window
+    drops: dict[str, str] = field(default_factory=dict)  # unit -> token key: dropped as too long (not in counts)
 
     @property
     def efficiency(self) -> float:
@@ -258,7 +261,10 @@ def _units_to_pack(wh: Warehouse, pack_set: str, plan: Plan, units: Path, window
             u["token_key"] = plan.keys[u["unit_id"]]
             u["tools"] = tools.get(u.pop("tool_schema_digest"))
             u["window_digest"] = plan.digests[u["window_id"]]
-            if u["unit_id"] in plan.reuse:
+            if u["unit_id"] in plan.dropped:  # dropped by an earlier build with the same token key
+                u["drop"] = True
+                yield u, []
+            elif u["unit_id"] in plan.reuse:
                 while window is None or window < u["window_id"]:
                     window, tokens = next(stored)
                 u["stored"] = tokens.pop(u["unit_id"])
@@ -303,11 +309,12 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
             return summary
         reusable = not full and mine and {v.split(";inputs=")[0] for v in old_versions} == {rules}
         stored_windows, stored_units = stored_state(wh, summary.pack_set) if reusable else ({}, {})
+        known_drops = read_drops(wh, summary.pack_set) if reusable else {}
         versions = batch_versions(wh)
         units = wh.root / ".tmp" / f"pack-units-{uuid.uuid4().hex}.parquet"
         try:
             plan = plan_windows(_spooled(wh.stream(_windowed(cfg), batch_rows=5_000, threads=1, arrow=True), units),
-                                versions, stored_windows, stored_units)
+                                versions, stored_windows, stored_units, known_drops)
             lineage = {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": version}
             files: list[Any] = []
             seen: set[str] = set()
@@ -340,7 +347,10 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
         summary.units_rendered, summary.units_reused = plan.rendered_units, len(plan.reuse)
         if not files:
             files.append(session.write("packs", pa.Table.from_pylist([], schema=schema)))
+        kept = set().union(*plan.copy_units.values()) | plan.dropped
+        summary.drops.update({u: k for u, k in known_drops.items() if u in kept})
         session.commit(files, removed=[wh.root / r["path"] for r in mine], run_id=run_id, transform_version=version)
+        write_drops(wh, summary.pack_set, summary.drops)
         session.upsert_rows("runs", [run_row(run_id, "packs", started, params={"version": version},
                                              counts=_counts(summary), code_version=f"{TRANSFORM}@{PACKS_VERSION}")])
     return summary
@@ -372,6 +382,7 @@ def _pack_part(t: dict[str, Any]) -> tuple[list[Any], PackSummary]:
 
 def _add_counts(summary: PackSummary, part: PackSummary) -> None:
     summary.fragments += part.fragments
+    summary.drops.update(part.drops)
     for k in ("sequences", "tokens", "trainable", "dropped", "truncated", "split_fragments"):
         for split, n in getattr(part, k).items():
             _bump(getattr(summary, k), split, n)
@@ -441,6 +452,7 @@ def pack_stream(units: Iterable[tuple[dict, list[dict]]], cfg: PackConfig, tok: 
         meta = {s.fragment_id: m for s, m in segs}
         result = packer([s for s, _ in segs], cfg.seq_len, cfg.policy)
         _bump(summary.dropped, split, len(result.dropped))
+        summary.drops.update({fid: meta[fid]["token_key"] for fid in result.dropped if meta[fid]["token_key"]})
         _bump(summary.split_fragments, split, len(result.split))
         rows = []
         for seq in result.sequences:
@@ -468,6 +480,12 @@ def pack_stream(units: Iterable[tuple[dict, list[dict]]], cfg: PackConfig, tok: 
         if u.get("window_id") and key != open_key and open_key is not None:
             flush(open_key)
         open_key = key
+        if u.get("drop"):  # too long, as an earlier build found: dropped without rendering
+            _bump(summary.dropped, split)
+            summary.drops[u["unit_id"]] = u["token_key"]
+            if cfg.policy != "truncate-context":  # as the packer's drops are counted (truncation's are not)
+                summary.fragments += 1
+            continue
         stored = u.get("stored")
         if stored is not None:
             tokens, mask, removed = stored
@@ -481,6 +499,8 @@ def pack_stream(units: Iterable[tuple[dict, list[dict]]], cfg: PackConfig, tok: 
                 cut = truncate_context(steps, u["span"], cfg.seq_len, tok, r, tools=u.get("tools"))
                 if cut is None:
                     _bump(summary.dropped, split)
+                    if u.get("token_key"):
+                        summary.drops[u["unit_id"]] = u["token_key"]
                     continue
                 r, removed = cut
                 _bump(summary.truncated, split)
@@ -517,4 +537,4 @@ _LAST_COUNTS = """
 
 
 def _counts(s: PackSummary) -> dict[str, Any]:
-    return {**{k: v for k, v in s.__dict__.items() if k != "run_id"}, "efficiency": round(s.efficiency, 4)}
+    return {**{k: v for k, v in s.__dict__.items() if k not in ("run_id", "drops")}, "efficiency": round(s.efficiency, 4)}

@@ -48,30 +48,43 @@ def _digest(ids: Any, mask: Any) -> bytes:
                            digest_size=16).digest()
 
 
-def _structure(wh: Warehouse, where: str, params: list[str]) -> dict[str, int]:
-    """Per pack: segments tile [0, n_tokens), lengths agree, one split; no segment of an episode the
-    license policy or an opt-out keeps out of training (licenses.eligibility); counted violations."""
-    # the token lists are measured per pack before the segments are unnested, and the queries run
-    # within a bounded memory limit: grouped with the lists, the first took 12.8 GB at 107,000 episodes
-    (out,) = _bounded(wh, f"""
-        WITH pk AS (
-            SELECT p.pack_id, p.split, p.n_tokens AS n, len(p.input_ids) AS n_ids, len(p.loss_mask) AS n_mask,
-                   len(p.position_ids) AS n_pos, p.seq_len, p.segments FROM packs p WHERE {where}),
-        per AS (
-            SELECT pk.pack_id, any_value(n) AS n, any_value(n_ids) AS n_ids, any_value(n_mask) AS n_mask,
-                   any_value(n_pos) AS n_pos, any_value(seq_len) AS seq_len, sum(t.s."end" - t.s.start) AS covered,
-                   count(DISTINCT t.s.split) + count(*) FILTER (WHERE t.s.split <> pk.split) AS seg_splits
-            FROM pk, unnest(pk.segments) AS t(s) GROUP BY pk.pack_id)
-        SELECT count(*) AS packs,
-               count(*) FILTER (WHERE n <> n_ids OR n <> n_mask OR n <> n_pos OR n > seq_len OR covered <> n)
-                   AS length_violations,
-               count(*) FILTER (WHERE seg_splits > 1) AS mixed_split_violations
-        FROM per""", params)
+def _structure(wh: Warehouse, where: str, params: list[str], files: list[str] | None = None) -> dict[str, int]:
+    """Per pack: segments tile [0, n_tokens), lengths agree, one split (of the packs in ``files``
+    when given: the others' bytes passed before); no segment of an episode the license policy or
+    an opt-out keeps out of training (licenses.eligibility); counted violations."""
+    if files is not None and not files:
+        out = {"length_violations": 0, "mixed_split_violations": 0}
+    else:
+        out = _lengths(wh, where, params, files)
     (row,) = _bounded(wh, f"""
         SELECT count(*) AS n FROM (SELECT segments FROM packs p WHERE {where}) p, unnest(p.segments) AS t(s)
         JOIN eligibility g ON g.trajectory_key = t.s.trajectory_key WHERE g.train <> 'allow'""", params)
     out["not_eligible_violations"] = row["n"]
     return out
+
+
+def _lengths(wh: Warehouse, where: str, params: list[str], files: list[str] | None) -> dict[str, int]:
+    source, params = ("packs", params) if files is None else (_READ_FILES, [files, *params])
+    # the token lists are measured per pack before the segments are unnested, and the queries run
+    # within a bounded memory limit: grouped with the lists, the first took 12.8 GB at 107,000 episodes
+    (out,) = _bounded(wh, f"""
+        WITH pk AS (
+            SELECT p.pack_id, p.split, p.n_tokens AS n, len(p.input_ids) AS n_ids, len(p.loss_mask) AS n_mask,
+                   len(p.position_ids) AS n_pos, p.seq_len, p.segments FROM {source} p WHERE {where}),
+        per AS (
+            SELECT pk.pack_id, any_value(n) AS n, any_value(n_ids) AS n_ids, any_value(n_mask) AS n_mask,
+                   any_value(n_pos) AS n_pos, any_value(seq_len) AS seq_len, sum(t.s."end" - t.s.start) AS covered,
+                   count(DISTINCT t.s.split) + count(*) FILTER (WHERE t.s.split <> pk.split) AS seg_splits
+            FROM pk, unnest(pk.segments) AS t(s) GROUP BY pk.pack_id)
+        SELECT count(*) FILTER (WHERE n <> n_ids OR n <> n_mask OR n <> n_pos OR n > seq_len OR covered <> n)
+                   AS length_violations,
+               count(*) FILTER (WHERE seg_splits > 1) AS mixed_split_violations
+        FROM per""", params)
+    return out
+
+
+#: some of a pack set's files, read directly (the ``packs`` view reads them all)
+_READ_FILES = "read_parquet(?, union_by_name = true, filename = true)"
 
 
 def _bounded(wh: Warehouse, sql: str, params: list[Any]) -> list[dict[str, Any]]:
@@ -84,6 +97,8 @@ def _sampled(unit_id: str, n: int) -> bool:
 
 
 LEDGER_DIR = "verified_packs"
+#: beside a set's unit ledger, the files its last passing check verified (``<set>.files.json``)
+FILES_SUFFIX = ".files.json"
 
 
 def _ledger_path(wh: Warehouse, pack_set: str) -> Path:
@@ -96,7 +111,17 @@ def prune_ledgers(wh: Warehouse) -> int:
     a ledger of a set that is gone goes. Returns the entries removed."""
     folder = wh.root / "_cache" / LEDGER_DIR
     removed = 0
+    for path in sorted(folder.glob(f"*{FILES_SUFFIX}")) if folder.is_dir() else []:
+        pack_set = path.name.removesuffix(FILES_SUFFIX)
+        held = {sha for _, sha in set_files(wh, pack_set)} if wh.files("packs") else set()
+        kept_files = read_files_ledger(wh, pack_set) & held
+        if kept_files:
+            _write_files_ledger(wh, pack_set, kept_files)
+        else:
+            path.unlink(missing_ok=True)
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        if path.name.endswith(FILES_SUFFIX):
+            continue
         entries = read_ledger(wh, path.stem)
         held = set(wh.query("SELECT DISTINCT t.s.fragment_id FROM packs p, unnest(p.segments) AS t(s) "
                             "WHERE p.pack_set = ?", [path.stem]).column(0).to_pylist()) if wh.files("packs") else set()
@@ -107,6 +132,52 @@ def prune_ledgers(wh: Warehouse) -> int:
         else:
             path.unlink(missing_ok=True)
     return removed
+
+
+def _files_ledger_path(wh: Warehouse, pack_set: str) -> Path:
+    return wh.root / "_cache" / LEDGER_DIR / f"{pack_set}{FILES_SUFFIX}"
+
+
+def read_files_ledger(wh: Warehouse, pack_set: str) -> set[str]:
+    """The sha256 of each pack file whose every pack a passing check verified (tokens, masks,
+    positions, lengths, one split per pack); a lost or unreadable one only means reading again."""
+    try:
+        data = json.loads(_files_ledger_path(wh, pack_set).read_text())
+        return set(data) if isinstance(data, list) else set()
+    except (OSError, ValueError):
+        return set()
+
+
+def _write_files_ledger(wh: Warehouse, pack_set: str, shas: set[str]) -> None:
+    path = _files_ledger_path(wh, pack_set)
+    ensure_dir(path.parent, restricted=True)
+    write_bytes_atomic(json.dumps(sorted(shas)).encode(), path, restricted=True)
+
+
+def set_files(wh: Warehouse, pack_set: str) -> list[tuple[Path, str]]:
+    """A pack set's files with the sha256 the manifest recorded for each (the packs build writes a
+    set's files apart from every other set's)."""
+    rows = wh.query("SELECT path, sha256 FROM table_files WHERE table_name = 'packs' AND contains(transform_version, ?) "
+                    "ORDER BY path", [f"set={pack_set};"]).to_pylist()
+    return [(wh.root / r["path"], r["sha256"]) for r in rows]
+
+
+def _content_sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def trusted_files(wh: Warehouse, pack_set: str) -> tuple[list[str], list[str]]:
+    """(files a passing check verified whose bytes are still the bytes it verified, the others):
+    a file is trusted by the sha256 of what it holds now, so a file changed in place is read again."""
+    known = read_files_ledger(wh, pack_set)
+    trusted, other = [], []
+    for path, sha in set_files(wh, pack_set):
+        (trusted if sha in known and _content_sha(path) == sha else other).append(str(path))
+    return trusted, other
 
 
 def read_ledger(wh: Warehouse, pack_set: str) -> dict[str, list[str]]:
@@ -163,14 +234,18 @@ def verify_packs(wh: Warehouse, pack_set: str | None = None, *, scan_secrets: bo
         sets = wh.query("SELECT DISTINCT pack_set FROM packs ORDER BY 1").column(0).to_pylist()
         raise ConfigError(f"no pack set {pack_set!r} in {wh.root}", valid=", ".join(sets) or "none: run trajwh pack")
     use_ledger = ledger and pack_set is not None
-    out: dict[str, Any] = {"segments": 0, "tokens": 0, **_structure(wh, where, params),
+    # files a passing check verified and that still hold the same bytes: their tokens are not read
+    # again (only their segments' splits, units and eligibility, which other tables decide)
+    trusted, unread = trusted_files(wh, pack_set) if use_ledger else ([], None)
+    out: dict[str, Any] = {"segments": 0, "tokens": 0, "packs": n_packs,
+                           **_structure(wh, where, params, unread),
                            "round_trip_violations": 0, "trained_text_violations": 0, "position_violations": 0,
                            "split_violations": 0, "unknown_unit_violations": 0, "secret_violations": 0, "secret_scanned": 0,
                            "rendered": 0, "examples": []}
     n = workers if workers is not None else (workers_wanted() if n_packs >= PARALLEL_MIN_PACKS else 1)
     n = max(1, min(n, n_packs or 1))
     task = {"root": str(wh.root), "pack_set": pack_set, "scan_secrets": scan_secrets, "examples": examples,
-            "secret_sample": secret_sample, "ledger": use_ledger, "parts": n}
+            "secret_sample": secret_sample, "ledger": use_ledger, "parts": n, "trusted": trusted, "unread": unread}
     if n == 1:
         parts = [_verify_part({**task, "part": 0}, progress)]
     else:
@@ -184,8 +259,10 @@ def verify_packs(wh: Warehouse, pack_set: str | None = None, *, scan_secrets: bo
     out["examples"] = out["examples"][:examples]
     if progress and n > 1:
         progress(out["segments"])
+    out["files_trusted"] = len(trusted)
     if use_ledger and violations(out) == 0:
         _write_ledger(wh, pack_set, verified)
+        _write_files_ledger(wh, pack_set, {sha for _, sha in set_files(wh, pack_set)})
     return out
 
 
@@ -219,8 +296,14 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
     stored: dict[tuple[str, int], bytes] = {}
     verified: dict[str, list[str]] = {}
     render_keys: set[str] = set()
-    for rb in wh.stream(f"SELECT pack_id, input_ids, loss_mask, position_ids, segments FROM packs p WHERE {where}",
-                        params, batch_rows=64, memory_limit=memory, threads=1, arrow=True):
+    unread = task.get("unread")
+    if task.get("trusted"):  # files verified before, bytes unchanged: their segments, not their tokens
+        again = _trusted_segments(wh, task["trusted"], where, params, memory, trusted, verified, out)
+        unread = [*(unread or []), *again]
+    source, read_params = ("packs", params) if unread is None else (_READ_FILES, [unread, *params])
+    batches = wh.stream(f"SELECT pack_id, input_ids, loss_mask, position_ids, segments FROM {source} p WHERE {where}",
+                        read_params, batch_rows=64, memory_limit=memory, threads=1, arrow=True) if unread != [] else ()
+    for rb in batches:
         lists = [rb.column(c) for c in ("input_ids", "loss_mask", "position_ids")]
         for i, (pack_id, segs) in enumerate(zip(rb.column("pack_id").to_pylist(), rb.column("segments").to_pylist(),
                                                 strict=True)):
@@ -297,6 +380,31 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
         step_stream.close()
     out["verified"] = verified
     return out
+
+
+def _trusted_segments(wh: Warehouse, files: list[str], where: str, params: list[Any], memory: str,
+                      trusted: dict[str, list[str]], verified: dict[str, list[str]], out: dict[str, Any]) -> list[str]:
+    """The segments of trusted files (bytes a passing check verified): each one whose unit ledger
+    entry has its token key is verified as it was; returns the files holding one that has not (read
+    again token by token)."""
+    found: dict[str, list[tuple[str, list[str], int]]] = {}
+    again: set[str] = set()
+    for rb in wh.stream(f"SELECT filename, segments FROM {_READ_FILES} p WHERE {where}", [files, *params],
+                        batch_rows=1_000, memory_limit=memory, threads=1):
+        for r in rb:
+            mine = found.setdefault(r["filename"], [])
+            for seg in r["segments"]:
+                entry = trusted.get(seg["fragment_id"])
+                if seg.get("token_key") and entry is not None and entry[0] == seg["token_key"]:
+                    mine.append((seg["fragment_id"], entry, seg["end"] - seg["start"]))
+                else:
+                    again.add(r["filename"])
+    for filename, segments in found.items():
+        if filename not in again:
+            for fragment_id, entry, n in segments:
+                verified[fragment_id] = entry
+                out["tokens"] += n
+    return sorted(again)
 
 
 def violations(result: dict[str, Any]) -> int:

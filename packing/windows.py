@@ -25,13 +25,17 @@ without touching the others).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 from trajwh.lineage.catalog import Warehouse
+from trajwh.lineage.storage import ensure_dir, write_bytes_atomic
 from trajwh.schemas import ids
 
 #: units in packing order with their window (``bits``: ranges per split and batch, as a power of two)
@@ -83,11 +87,12 @@ class Plan:
     render: dict[str, str] = field(default_factory=dict)  # trajectory key -> order key: steps to read
     keys: dict[str, str] = field(default_factory=dict)  # unit -> token key, units of windows not copied
     digests: dict[str, str] = field(default_factory=dict)  # window id -> digest, every window
+    dropped: set[str] = field(default_factory=set)  # units a build dropped before with the same token key
     units: int = 0
 
     @property
     def rendered_units(self) -> int:
-        return self.units - len(self.reuse) - len(self.meta)
+        return self.units - len(self.reuse) - len(self.meta) - len(self.dropped)
 
 
 def stored_state(wh: Warehouse, pack_set: str) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
@@ -107,8 +112,12 @@ def stored_state(wh: Warehouse, pack_set: str) -> tuple[dict[str, str], dict[str
 
 
 def plan_windows(rows: Iterator[dict[str, Any]], versions: dict[str, str], stored_windows: dict[str, str],
-                 stored_units: dict[str, tuple[str, str]]) -> Plan:
-    """Walk the units in packing order once (no steps, no tokens) and decide per window."""
+                 stored_units: dict[str, tuple[str, str]], dropped: dict[str, str] | None = None) -> Plan:
+    """Walk the units in packing order once (no steps, no tokens) and decide per window.
+    ``dropped``: unit -> token key of the units an earlier build of the set dropped as too long
+    (``read_drops``): whether a unit fits depends on its rendering alone, so one with the same
+    token key is dropped again without rendering it."""
+    dropped = dropped or {}
     plan = Plan()
     current: str | None = None
     members: list[dict[str, Any]] = []
@@ -130,6 +139,8 @@ def plan_windows(rows: Iterator[dict[str, Any]], versions: dict[str, str], store
             plan.keys[u["unit_id"]] = u["token_key"]
             if stored_units.get(u["unit_id"]) == (u["token_key"], current):
                 plan.reuse.add(u["unit_id"])
+            elif dropped.get(u["unit_id"]) == u["token_key"]:
+                plan.dropped.add(u["unit_id"])
             else:
                 plan.render[u["trajectory_key"]] = u["ord_key"]
 
@@ -145,16 +156,53 @@ def plan_windows(rows: Iterator[dict[str, Any]], versions: dict[str, str], store
     return plan
 
 
+DROPS_DIR = "pack_drops"
+
+
+def _drops_path(wh: Warehouse, pack_set: str) -> Path:
+    return wh.root / "_cache" / DROPS_DIR / f"{pack_set}.json"
+
+
+def read_drops(wh: Warehouse, pack_set: str) -> dict[str, str]:
+    """Unit -> token key of the units the set's last build dropped as too long (ids and digests,
+    never content); a lost or unreadable file only means rendering them again."""
+    try:
+        data = json.loads(_drops_path(wh, pack_set).read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def write_drops(wh: Warehouse, pack_set: str, drops: dict[str, str]) -> None:
+    path = _drops_path(wh, pack_set)
+    ensure_dir(path.parent, restricted=True)
+    write_bytes_atomic(json.dumps(drops, sort_keys=True).encode(), path, restricted=True)
+
+
 def stored_tokens(wh: Warehouse, pack_set: str, windows: list[str]
                   ) -> Iterator[tuple[str, dict[str, tuple[np.ndarray, np.ndarray, list[str]]]]]:
     """Per window, in the order given: unit id -> (token ids, mask, removed steps) as stored
-    (whole units only, as ``stored_state`` lists them). One query per window: a window's packs
-    are one file, so the others are skipped by their statistics (sorting the whole table's token
-    lists would not fit the memory bound)."""
+    (whole units only, as ``stored_state`` lists them). One small query finds each window's files
+    (a window's packs are one file; copied windows may share one), then each window is read from
+    its own files alone (a query per window over the ``packs`` view opened every file's footer:
+    0.12 s a window at 107,000 episodes; sorting the whole table's token lists would not fit the
+    memory bound)."""
+    if not windows:
+        return
+    files_of: dict[str, list[str]] = {}  # a window's packs are one file (copied windows may share one)
+    for r in wh.query("SELECT window_id, list(DISTINCT filename ORDER BY filename) AS files FROM "
+                      "read_parquet(?, union_by_name = true, filename = true) WHERE pack_set = ? AND "
+                      "list_contains(?, window_id) GROUP BY 1",
+                      [[str(p) for p in wh.files("packs")], pack_set, list(windows)]).to_pylist():
+        files_of[r["window_id"]] = r["files"]
     for window in windows:
-        t = wh.query("SELECT input_ids, loss_mask, segments FROM packs WHERE pack_set = ? AND window_id = ?",
-                     [pack_set, window])
+        t = pa.concat_tables([pq.read_table(f, columns=["pack_set", "window_id", "input_ids", "loss_mask", "segments"],
+                                            filters=[("pack_set", "=", pack_set), ("window_id", "=", window)])
+                              for f in files_of.get(window, [])]) if files_of.get(window) else None
         out = {}
+        if t is None:
+            yield window, out
+            continue
         for i, segs in enumerate(t.column("segments").to_pylist()):
             tokens = t.column("input_ids")[i].values.to_numpy(zero_copy_only=False)
             mask = t.column("loss_mask")[i].values.to_numpy(zero_copy_only=False)

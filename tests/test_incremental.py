@@ -130,7 +130,7 @@ def test_episode_features_are_per_batch_and_signed(tmp_path: Path, small_corpus:
     assert stats["text_signed"] > 0.9 * n and stats["bytes"] == 128 * 4
 
 
-@pytest.mark.parametrize("policy", ["drop", "split"])
+@pytest.mark.parametrize("policy", ["drop", "split", "drop-short"])
 def test_pack_windows_copied_repacked_or_new_equal_a_full_pack_build(tmp_path: Path, small_corpus: Path, policy: str):
     """Small windows, so that a later batch leaves some windows as they were (copied), changes
     others (packed again with stored tokens) and adds its own: the set equals a full pack build's,
@@ -143,14 +143,27 @@ def test_pack_windows_copied_repacked_or_new_equal_a_full_pack_build(tmp_path: P
     wh = Warehouse(tmp_path / "wh")
     ingest_paths(wh, shards[:-1], IngestOptions(source="synthetic"))
     build(str(wh.root))
-    cfg = PackConfig(window=4) if policy == "drop" else PackConfig(window=4, policy="split", seq_len=2048)
+    cfg = {"drop": PackConfig(window=4), "split": PackConfig(window=4, policy="split", seq_len=2048),
+           "drop-short": PackConfig(window=4, seq_len=2048)}[policy]
     first = build_packs(wh, run_id="w1", cfg=cfg)
     assert first.windows["new"] > 4 and first.units_rendered == first.fragments
     assert violations(verify_packs(wh, first.pack_set, scan_secrets=False, ledger=True)) == 0
     real = [SHARED_CORPUS / d for d in ("openhands-v1", "mini-swe-agent-2x", "swe-agent-traj")]
     ingest_paths(wh, [*shards[-1:], *(d for d in real if d.is_dir())], IngestOptions(source="later"))
     build(str(wh.root))
+    if policy == "drop-short":  # the same build without the memory of dropped units renders them again
+        from trajwh.packing.windows import _drops_path, read_drops
+
+        assert sum(first.dropped.values()) > 0 and len(read_drops(wh, first.pack_set)) == sum(first.dropped.values())
+        forgetful = Warehouse(tmp_path / "forgetful")
+        shutil.copytree(wh.root, forgetful.root)
+        _drops_path(forgetful, first.pack_set).unlink()
+        without = build_packs(forgetful, run_id="w2", cfg=cfg)
     inc = build_packs(wh, run_id="w2", cfg=cfg)
+    if policy == "drop-short":
+        assert rows(wh, "packs") == rows(forgetful, "packs") and inc.dropped == without.dropped
+        assert inc.units_rendered < without.units_rendered, (inc.units_rendered, without.units_rendered)
+        assert len(read_drops(wh, inc.pack_set)) == sum(inc.dropped.values())
     assert inc.windows["copied"] > 0 and inc.windows["new"] > 0 and inc.units_reused > 0, inc
     full = Warehouse(tmp_path / "full")
     shutil.copytree(wh.root, full.root)

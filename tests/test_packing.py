@@ -679,3 +679,31 @@ def test_a_pack_build_in_worker_processes_makes_the_same_packs(built: Warehouse,
     b = build_packs(two, run_id="q", cfg=cfg, workers=2)
     assert a.windows["copied"] > 0 and a.windows["repacked"] > 0 and a.units_reused > 0, a
     assert packs(one) == packs(two) and a.windows == b.windows and a.sequences == b.sequences
+
+
+def test_the_check_reads_again_only_files_it_has_not_verified(built: Warehouse, tmp_path: Path):
+    """After a passing check, a file whose bytes are the ones it verified is not read token by
+    token again; a file changed in place is, and its tampered pack is found."""
+    import shutil
+
+    import pyarrow.parquet as pq
+    from trajwh.packing.verify import set_files, verify_packs, violations
+
+    wh = Warehouse(tmp_path / "copy")
+    shutil.copytree(built.root, wh.root)
+    ps = _pack_set(wh)
+    first = verify_packs(wh, ps, scan_secrets=False, ledger=True)
+    files = set_files(wh, ps)
+    assert violations(first) == 0 and len(files) >= 2
+    again = verify_packs(wh, ps, scan_secrets=False, ledger=True)
+    assert again["files_trusted"] == len(files) and again["rendered"] == 0
+    assert again["segments"] == first["segments"] and again["tokens"] == first["tokens"]
+    path = next(p for p, _ in files if any(r["split"] == "train" for r in pq.read_table(p).to_pylist()))
+    t = pq.read_table(path)
+    rows = t.to_pylist()
+    i = next(k for k, r in enumerate(rows) if r["split"] == "train")
+    j = rows[i]["segments"][0]["start"] + 2
+    rows[i]["input_ids"][j] += 1  # one token off, the manifest left as it was
+    pq.write_table(type(t).from_pylist(rows, schema=t.schema), path)
+    r = verify_packs(wh, ps, scan_secrets=False, ledger=True)
+    assert r["files_trusted"] == len(files) - 1 and r["round_trip_violations"] == 1, r
