@@ -231,6 +231,11 @@ def main() -> None:
     console.print(f"after the full build: {shape}")
     console.print(f"after the incremental build: {after}")
     OUT.mkdir(exist_ok=True)
+    # the builds' memory over time (seconds from the step's start, MB), to tell which Dagster step
+    # made a peak (their times are in the run's event log under <warehouse>/_dagster)
+    (OUT / "scale-memory.json").write_text(json.dumps({
+        s["step"]: {"start": s["t0"], "samples": [(round(t - s["t0"], 1), round(m)) for t, m, _ in s["sampler"].samples]}
+        for s in (full, inc)}))
     keep = ("step", "seconds", "cpu_s", "peak_rss_mb")
     (OUT / "scale.json").write_text(json.dumps({
         "episodes": base_n, "increment": inc_n, "machine": machine, "date": datetime.now(UTC).isoformat(),

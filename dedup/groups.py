@@ -168,6 +168,8 @@ def _merge_weak(strong: dict[str, str], task_of: dict[str, str], keys_of: dict[s
             g = parent[g]
         return g
 
+    # a key of one strong group merges nothing and spans nothing: only the shared ones are walked
+    key_groups = {k: gs for k, gs in key_groups.items() if len(gs) > 1}
     for k in sorted(key_groups, key=lambda k: (len(key_groups[k]), k)):
         members = sorted(key_groups[k])
         for g in members[1:]:

@@ -236,22 +236,29 @@ def stored_features(wh: Warehouse) -> tuple[list[EpisodeFeatures], list[LeakFlag
     """Every episode's stored features (signed, without text) and leak flags, by trajectory key."""
     features: list[EpisodeFeatures] = []
     leaks: list[LeakFlag] = []
-    for batch in wh.stream("SELECT * EXCLUDE (_batch_id, _run_id, _transform, _transform_version) "
-                           "FROM episode_features ORDER BY trajectory_key", batch_rows=5_000):
-        for r in batch:
+    for rb in wh.stream("SELECT * EXCLUDE (_batch_id, _run_id, _transform, _transform_version) "
+                        "FROM episode_features ORDER BY trajectory_key", batch_rows=5_000, arrow=True):
+        # column by column: a dict per row cost 2.5 of the 4.3 s at 107,000 episodes
+        c = {name: rb.column(name).to_pylist() for name in rb.schema.names}
+        for (key, repository, base_commit, base_commit_at, task_id, instance_id, failing_tests, touched_files,
+             issue_created_at, fix_merged_at, started_at, resolved, n_steps, symbols, exact, action_sig, text_sig,
+             leak_json) in zip(
+                c["trajectory_key"], c["repository"], c["base_commit"], c["base_commit_at"], c["task_id"],
+                c["instance_id"], c["failing_tests"], c["touched_files"], c["issue_created_at"], c["fix_merged_at"],
+                c["started_at"], c["resolved"], c["n_steps"], c["patch_symbols"], c["exact_digest"],
+                c["action_signature"], c["text_signature"], c["leaks"], strict=True):
             f = EpisodeFeatures(
-                r["trajectory_key"], repository=r["repository"], base_commit=r["base_commit"],
-                base_commit_at=r["base_commit_at"], task_id=r["task_id"], instance_id=r["instance_id"],
-                failing_tests=r["failing_tests"], touched_files=r["touched_files"], issue_created_at=r["issue_created_at"],
-                fix_merged_at=r["fix_merged_at"], started_at=r["started_at"], resolved=r["resolved"],
-                n_steps=r["n_steps"], symbols=r["patch_symbols"], exact=r["exact_digest"], signed=True)
-            if r["action_signature"] is not None:
-                f.action_sig = np.frombuffer(r["action_signature"], dtype="<u4")
-            if r["text_signature"] is not None:
-                f.text_sig = np.frombuffer(r["text_signature"], dtype="<u4")
+                key, repository=repository, base_commit=base_commit, base_commit_at=base_commit_at, task_id=task_id,
+                instance_id=instance_id, failing_tests=failing_tests, touched_files=touched_files,
+                issue_created_at=issue_created_at, fix_merged_at=fix_merged_at, started_at=started_at,
+                resolved=resolved, n_steps=n_steps, symbols=symbols, exact=exact, signed=True)
+            if action_sig is not None:
+                f.action_sig = np.frombuffer(action_sig, dtype="<u4")
+            if text_sig is not None:
+                f.text_sig = np.frombuffer(text_sig, dtype="<u4")
             features.append(f)
-            if r["leaks"]:
-                leaks += [LeakFlag(f.key, *x) for x in orjson.loads(r["leaks"])]
+            if leak_json:
+                leaks += [LeakFlag(key, *x) for x in orjson.loads(leak_json)]
     return features, leaks
 
 

@@ -242,15 +242,15 @@ def lsh_pairs(sigs: np.ndarray, params: MinHashParams = MinHashParams()) -> np.n
         sorted_keys = keys[order]
         starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
         ends = np.r_[starts[1:], n]
-        for s, e in zip(starts, ends, strict=True):
-            if e - s > 1:
-                members = np.sort(order[s:e])
-                if len(members) > 64:  # a huge bucket: a star around its smallest member keeps it linear
-                    pairs.update((int(members[0]), int(m)) for m in members[1:])
-                    continue
-                for i in range(len(members)):
-                    for j in range(i + 1, len(members)):
-                        pairs.add((int(members[i]), int(members[j])))
+        shared = np.flatnonzero(ends - starts > 1)  # buckets of one document pair with nobody
+        for s, e in zip(starts[shared].tolist(), ends[shared].tolist(), strict=True):
+            members = np.sort(order[s:e]).tolist()
+            if len(members) > 64:  # a huge bucket: a star around its smallest member keeps it linear
+                pairs.update((members[0], m) for m in members[1:])
+                continue
+            for i in range(len(members)):
+                for j in range(i + 1, len(members)):
+                    pairs.add((members[i], members[j]))
     if not pairs:
         return np.empty((0, 2), dtype=np.int64)
     arr = np.array(sorted(pairs), dtype=np.int64)

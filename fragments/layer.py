@@ -155,7 +155,9 @@ def episode_inputs(wh: Warehouse) -> dict[str, tuple[str, str]]:
     out = {}
     for batch in wh.stream(_INPUTS_SQL, batch_rows=50_000):
         for r in batch:
-            parts = [src.get(r["batch_id"]), r["weight"], r["split"], r["leak_kinds"]]
+            # the dedup weight is not an input: fragments carry it as it is now (``_kept``), so a
+            # cluster that grows re-weights its members without selecting their fragments again
+            parts = [src.get(r["batch_id"]), r["split"], r["leak_kinds"]]
             if r["license_train"] != "allow":  # (allowed episodes keep the digest they had before eligibility)
                 parts.append(r["license_train"])
             out[r["trajectory_key"]] = (ids.digest(parts)[:16], r["task"])
@@ -176,13 +178,27 @@ def _previous(wh: Warehouse, rules: str) -> dict[str, tuple[str, str]]:
     return {r["trajectory_key"]: (r["inputs_digest"], r["task"]) for r in rows}
 
 
-def _kept(wh: Warehouse, writer: TableSetWriter, redo: list[str], redo_tasks: list[str]) -> list[dict]:
-    """Copy the rows of episodes (and tasks) that need no rebuild as they are; return the
-    task-statistics inputs of the kept episodes of the tasks that do."""
-    for table in ("outcomes", "fragments"):
-        for rb in wh.stream(f"SELECT * FROM {table} WHERE trajectory_key NOT IN {_KEYS}", [redo],
-                            batch_rows=50_000, arrow=True):
-            writer.add_arrow(table, rb)
+#: kept fragments with their episode's dedup weight now; a row whose weight changed takes this run's lineage
+_KEPT_FRAGMENTS = """
+    SELECT f.* REPLACE (c.weight AS dedup_weight,
+                        CASE WHEN f.dedup_weight IS NOT DISTINCT FROM c.weight THEN f._run_id ELSE ? END AS _run_id,
+                        CASE WHEN f.dedup_weight IS NOT DISTINCT FROM c.weight THEN f._transform_version ELSE ? END
+                            AS _transform_version)
+    FROM fragments f LEFT JOIN near_dup_clusters c USING (trajectory_key)
+    WHERE f.trajectory_key NOT IN """ + _KEYS
+
+
+def _kept(wh: Warehouse, writer: TableSetWriter, redo: list[str], redo_tasks: list[str],
+          lineage: dict[str, str]) -> list[dict]:
+    """Copy the rows of episodes (and tasks) that need no rebuild as they are (fragments with
+    their episode's current dedup weight); return the task-statistics inputs of the kept
+    episodes of the tasks that do."""
+    for rb in wh.stream(f"SELECT * FROM outcomes WHERE trajectory_key NOT IN {_KEYS}", [redo],
+                        batch_rows=50_000, arrow=True):
+        writer.add_arrow("outcomes", rb)
+    for rb in wh.stream(_KEPT_FRAGMENTS, [lineage["_run_id"], lineage["_transform_version"], redo],
+                        batch_rows=50_000, arrow=True):
+        writer.add_arrow("fragments", rb)
     for rb in wh.stream(f"SELECT * FROM task_stats WHERE task_id NOT IN {_KEYS}", [redo_tasks],
                         batch_rows=50_000, arrow=True):
         writer.add_arrow("task_stats", rb)
@@ -213,7 +229,8 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
                     progress: Callable[[int], None] | None = None,
                     on_plan: Callable[[int], None] | None = None) -> FragmentSummary:
     """Outcomes, task statistics and fragments. Incremental: an episode is redone only when its
-    inputs changed (its batch's redacted rows, its cluster weight, split or leak flags), a task's
+    inputs changed (its batch's redacted rows, split, leak flags or training license; a new
+    cluster weight is copied onto its kept fragments), a task's
     statistics only when one of its episodes was; the other rows are kept as they are (with the
     run that made them), and the three tables are swapped in one commit. The result equals a
     full rebuild's (a test compares them)."""
@@ -242,7 +259,7 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
         if previous:
             keys = sorted(k for k, (d, _) in current.items() if previous.get(k, (None,))[0] != d)
             tasks = sorted({current[k][1] for k in keys} | {previous[k][1] for k in keys if k in previous})
-            stat_rows = _kept(wh, writer, keys, tasks)
+            stat_rows = _kept(wh, writer, keys, tasks, lineage)
             summary.rebuilt = len(keys)
         if on_plan:  # the episodes this run redoes
             on_plan(len(current) if keys is None else len(keys))

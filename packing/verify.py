@@ -321,14 +321,15 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
                     bad("position_violations", {**seg, "pack_id": pack_id}, "positions do not restart at 0 and count up")
     # 2. every segment's unit and split; the segments to render rendered again from the redacted
     # steps and compared with what is stored
-    detector = Detector() if task["scan_secrets"] else None
+    # no memo: each rendering is scanned once (a memo of them would only hold up to 64 M characters)
+    detector = Detector(memo_chars=0) if task["scan_secrets"] else None
     secret_sample = task["secret_sample"]
     toks: dict[str, Any] = {}
     units = _UNITS.format(evaluation="true")
     tools_of = tools_by_digest(wh)
     seg_stream = wh.stream(_SEGMENTS_SQL.format(where=where, units=units), params, memory_limit=memory, threads=1)
     step_stream = wh.stream(_STEPS_SQL.format(units=units, dedup="list_contains(?, trajectory_key)"),
-                            [sorted(render_keys)], memory_limit=memory, threads=1)
+                            [sorted(render_keys)], memory_limit=memory, threads=1, batch_rows=1_000)
     try:
         for seg, steps in joined_by_key(seg_stream, step_stream):
             out["segments"] += 1

@@ -27,23 +27,25 @@ def rescan_sample(wh: Warehouse, sample: int = 2000, seed: int = 7, batch_id: st
         events = "(SELECT NULL::VARCHAR AS step_id WHERE false)"
         if event_files:
             events, params = "read_parquet(?, union_by_name = true)", [event_files, step_files]
-    rows = wh.query(f"""
+    rows = wh.stream(f"""
         WITH touched AS (SELECT DISTINCT step_id FROM {events} WHERE step_id IS NOT NULL),
         s AS (SELECT step_id, {", ".join(_FIELDS)}, tool_calls FROM {steps})
         SELECT * FROM s WHERE step_id IN (SELECT step_id FROM touched)
         UNION ALL
         SELECT * FROM (SELECT * FROM s ORDER BY hash(step_id || '{seed}') LIMIT {int(sample)})
-    """, params).to_pylist()
+    """, params, batch_rows=2_000)  # streamed: every touched step of a big batch is too many to hold
     detector = Detector()
     left: list[dict[str, Any]] = []
-    for r in rows:
+    scanned = 0
+    for r in (r for batch in rows for r in batch):
+        scanned += 1
         texts = [(f, r[f]) for f in _FIELDS] + [(f"tool_calls[{i}].{k}", c.get(k))
                                                for i, c in enumerate(r["tool_calls"] or [])
                                                for k in ("arguments", "executed")]
         for name, value in texts:
             for f in detector.find(value or ""):
                 left.append({"step_id": r["step_id"], "field": name, "entity": f.entity, "detector": f.detector})
-    return {"steps_scanned": len(rows), "secret_violations": len(left), "examples": left[:5]}
+    return {"steps_scanned": scanned, "secret_violations": len(left), "examples": left[:5]}
 
 
 def batch_sample(steps: int, per_million: int = 1_000, least: int = 200) -> int:

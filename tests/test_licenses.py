@@ -295,3 +295,35 @@ def test_real_trajectories_an_author_opts_out_by_e_mail(tmp_path, monkeypatch):
                                           "_record_id)", [sorted(records)]).column(0).to_pylist())
     wh_bytes = b"".join(p.read_bytes() for p in [wh.root / "catalog.duckdb"])
     assert address not in wh_bytes.lower()
+
+
+def test_a_new_batch_is_decided_alone(licensed, cases, tmp_path):
+    """Eligibility goes batch by batch: a later batch (no opt-out matches it) is decided alone, the
+    first batch's files stay as they were, and the decisions equal deciding everything again."""
+    import shutil
+
+    from trajwh.licenses.eligibility import build_eligibility
+
+    wh = licensed
+
+    def files() -> dict[str, str]:
+        return {r["path"]: r["batch_id"] for r in wh.query(
+            "SELECT path, batch_id FROM table_files WHERE table_name IN ('eligibility', 'license_facts')").to_pylist()}
+
+    before = files()
+    assert before and all(before.values())  # every file belongs to one batch
+    ingest_paths(wh, [cases / "two_episodes.jsonl"], IngestOptions(source="more", license="MIT"))
+    _build(wh)
+    after = files()
+    assert set(before) <= set(after)
+    added = {p: b for p, b in after.items() if p not in before}
+    assert added and len(set(added.values())) == 1 and set(added.values()).isdisjoint(before.values())
+    params = orjson.loads(wh.query("SELECT params FROM runs WHERE job = 'eligibility' ORDER BY finished_at DESC "
+                                   "LIMIT 1").column(0)[0].as_py())
+    assert params["batches_decided"] == 1
+    decided = _by_episode(wh, "g.eligibility || '/' || array_to_string(g.reasons, ';')")
+    full = Warehouse(tmp_path / "full")
+    shutil.copytree(wh.root, full.root)
+    policy = license_policy(load_settings(str(full.root / "trajwh.toml")))
+    assert build_eligibility(full, run_id="f", policy=policy, full=True).episodes == len(decided)
+    assert _by_episode(full, "g.eligibility || '/' || array_to_string(g.reasons, ';')") == decided
