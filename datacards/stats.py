@@ -268,17 +268,11 @@ def _redaction(q: _Q) -> dict[str, Any]:
 
 def _audit(q: _Q) -> dict[str, Any]:
     """The build's re-scan of the redacted layer (its cached result: what the check found)."""
-    import json
+    from trajwh.lineage.checks import stored_result
 
-    path = q.wh.root / "_cache" / "checks.json"
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    r = stored_result(q.wh, "rescan:")
+    if r is None:
         return {"result": "not recorded (run trajwh build)"}
-    hit = next((v for k, v in sorted(data.items()) if k.startswith("rescan:")), None)
-    if not isinstance(hit, dict):
-        return {"result": "not recorded (run trajwh build)"}
-    r = hit.get("result", {})
     return {"result": "passed" if r.get("secret_violations") == 0 else "failed",
             "secret_violations": r.get("secret_violations")}
 

@@ -106,7 +106,6 @@ def cached_per_batch(wh: Warehouse, name: str, tables: list[str], compute: Calla
     hit = _read_cache(wh).get(name)
     stored = hit.get("batches", {}) if isinstance(hit, dict) else {}
     kept: dict[str, Any] = {}
-    total: dict[str, Any] = {}
     n_cached = 0
     for batch_id, key in sorted(current.items()):
         entry = stored.get(batch_id)
@@ -115,11 +114,30 @@ def cached_per_batch(wh: Warehouse, name: str, tables: list[str], compute: Calla
         else:
             entry = {"inputs": key, "result": compute(batch_id)}
         kept[batch_id] = entry
-        for k, v in entry["result"].items():
+    if n_cached < len(current) or set(stored) != set(current):
+        _store_cache(wh, name, {"batches": kept})
+    total = _combined([e["result"] for e in kept.values()], examples)
+    return {**total, "batches_cached": n_cached, "cached": bool(current) and n_cached == len(current)}
+
+
+def _combined(results: list[dict[str, Any]], examples: int = 5) -> dict[str, Any]:
+    """Per-batch results added up: numbers summed, lists joined (the first ``examples`` kept)."""
+    total: dict[str, Any] = {}
+    for result in results:
+        for k, v in result.items():
             if isinstance(v, list):
                 total[k] = (total.get(k, []) + v)[:examples]
             else:
                 total[k] = total.get(k, 0) + v
-    if n_cached < len(current) or set(stored) != set(current):
-        _store_cache(wh, name, {"batches": kept})
-    return {**total, "batches_cached": n_cached, "cached": bool(current) and n_cached == len(current)}
+    return total
+
+
+def stored_result(wh: Warehouse, prefix: str) -> dict[str, Any] | None:
+    """What the last run of a check whose cache name starts with ``prefix`` found (a per-batch
+    check's results added up), without computing anything; None when it never ran."""
+    hit = next((v for k, v in sorted(_read_cache(wh).items()) if k.startswith(prefix)), None)
+    if not isinstance(hit, dict):
+        return None
+    if isinstance(hit.get("batches"), dict):
+        return _combined([e["result"] for e in hit["batches"].values() if isinstance(e, dict) and "result" in e])
+    return hit.get("result") if isinstance(hit.get("result"), dict) else None

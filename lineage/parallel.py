@@ -26,6 +26,31 @@ def workers_wanted() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
+def memory_budget_mb() -> int:
+    """What a build may hold in memory, all its processes together: ``$TRAJWH_MEMORY_MB``, else
+    2,048 (ARCHITECTURE.md: the whole build within 2 GB at the design's scale)."""
+    env = os.environ.get("TRAJWH_MEMORY_MB")
+    return max(256, int(env)) if env else 2_048
+
+
+def parts_within(wanted: int, part_mb: int, worker_base_mb: int = 150) -> int:
+    """How many parts (``run_parts``: one in this process, each other one in a worker of about
+    ``worker_base_mb`` of libraries) fit the memory budget beside what this process holds now,
+    each part's working set ``part_mb``; at least one. A build's process can hold much by the time
+    its last stages run (Dagster, the heaps of earlier stages): parts that fit on their own can
+    then overrun the budget together, and fewer parts is slower but stays within it."""
+    import psutil
+
+    if wanted <= 1:
+        return 1
+    release_memory()
+    held = psutil.Process().memory_info().rss / 2**20
+    n = wanted
+    while n > 1 and held + part_mb + (n - 1) * (worker_base_mb + part_mb) > memory_budget_mb():
+        n -= 1
+    return n
+
+
 def release_memory() -> None:
     """Give freed memory back to the system before worker processes start beside this one: a
     build's process keeps the heap of its earlier stages (Python's objects, Arrow's pool) after

@@ -707,3 +707,18 @@ def test_the_check_reads_again_only_files_it_has_not_verified(built: Warehouse, 
     pq.write_table(type(t).from_pylist(rows, schema=t.schema), path)
     r = verify_packs(wh, ps, scan_secrets=False, ledger=True)
     assert r["files_trusted"] == len(files) - 1 and r["round_trip_violations"] == 1, r
+
+
+def test_parts_fit_the_memory_budget(monkeypatch):
+    """Parts run side by side only as far as the budget holds them beside what this process holds."""
+    import psutil
+    from trajwh.lineage.parallel import memory_budget_mb, parts_within
+
+    held = psutil.Process().memory_info().rss / 2**20
+    monkeypatch.setenv("TRAJWH_MEMORY_MB", str(int(held + 500 + 650 + 100)))
+    assert memory_budget_mb() > held and parts_within(4, 500) == 2  # this process's part and one worker's
+    assert parts_within(1, 500) == 1
+    monkeypatch.setenv("TRAJWH_MEMORY_MB", str(int(held)))  # not even one more part fits: still one, here
+    assert parts_within(4, 500) == 1
+    monkeypatch.delenv("TRAJWH_MEMORY_MB")
+    assert memory_budget_mb() == 2_048
