@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 
 from trajwh.dedup.features import EpisodeFeatures
 
-SPLIT_VERSION = "2.0.0"  # 2.0: mixed groups, leak flags, weak links and repository state hold episodes out
+SPLIT_VERSION = "2.0.1"  # 2.0: mixed groups, leak flags, weak links and repository state hold episodes out; 2.0.1: a weak link's reason names the evaluation episode
 EVAL_SPLITS = ("valid", "test")
 HELD_OUT = "held_out"
 
@@ -171,7 +171,7 @@ def _hold_out_weak_links(rows: dict[str, SplitRow], feats: dict[str, EpisodeFeat
         shared = sorted(k for k in keys_of.get(key, []) if k in in_eval and leaks(key, k))
         if shared:
             row.split = HELD_OUT
-            row.reason = f"held out of train: shares {shared[0]} with evaluation episode {in_eval[shared[0]][:12]}"
+            row.reason = f"held out of train: shares {shared[0]} with evaluation episode {in_eval[shared[0]][1][:12]}"
             row.flags.append("weak_link_to_eval")
 
 

@@ -153,6 +153,7 @@ def test_weak_links_past_the_merge_cap_never_join_train_to_evaluation():
                                                        keys_of=keys_of, cut_keys={core, cluster})}
     assert rows["new"].split in ("valid", "test")
     assert rows["late"].split == "held_out" and "src/core.py" in rows["late"].reason
+    assert rows["late"].reason.endswith("with evaluation episode new")  # its key, not a (time, key) pair
     assert rows["dup"].split == "held_out" and "weak_link_to_eval" in rows["dup"].flags
     assert rows["before"].split == rows["other"].split == "train"
 
