@@ -26,6 +26,7 @@ A request runs in recorded stages, each idempotent, so a crash part-way is finis
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -34,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import ahocorasick
+import ahocorasick_rs
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -58,6 +59,8 @@ _PROBE_LEN = 32
 _PROBES_PER_TEXT = 4
 #: a probe: 32 characters that JSON escaping leaves as they are, starting a word (every start, overlapping)
 _SAFE = re.compile(rf"(?<![A-Za-z0-9])(?=([A-Za-z0-9][A-Za-z0-9 ,.:;_()/=+-]{{{_PROBE_LEN - 1}}}))")
+#: deletes a probe's punctuation (what is left: its letters and digits)
+_NOT_ALNUM = str.maketrans("", "", " ,.:;_()/=+-")
 #: a test hook: the process dies right after this stage is recorded (crash-safety tests)
 CRASH_ENV = "TRAJWH_FORGET_CRASH_AFTER"
 
@@ -100,8 +103,8 @@ def _strings(payload: bytes) -> list[str]:
 def probe_windows(text: str, seed: str, n: int = _PROBES_PER_TEXT) -> list[str]:
     """Up to ``n`` distinctive-looking windows of ``text`` (32 characters that survive JSON escaping
     unchanged, starting at a word), spread over the text, chosen by ``seed`` (deterministic)."""
-    found = list(dict.fromkeys(w for m in _SAFE.finditer(text)
-                               if len(set(w := m.group(1))) >= 10 and sum(c.isalnum() for c in w) >= 20))
+    found = [w for w in dict.fromkeys(m.group(1) for m in _SAFE.finditer(text))
+             if len(w.translate(_NOT_ALNUM)) >= 20 and len(set(w)) >= 10]
     if len(found) <= n:
         return found
     start = int(hashlib.sha256(seed.encode()).hexdigest()[:8], 16) % len(found)
@@ -129,19 +132,21 @@ def _plan_probes(wh: Warehouse, plan: Impact) -> tuple[list[str], list[str]]:
     redacted text."""
     digests, candidates = [], {}
     if plan.records:
-        for rb in wh.stream("SELECT record_id, payload FROM raw_records WHERE list_contains(?, record_id)",
+        for rb in wh.stream("SELECT record_id, payload FROM raw_records WHERE record_id IN (SELECT unnest(?::VARCHAR[]))",
                             [plan.records], batch_rows=500, arrow=True):
             for rid, payload in zip(rb.column(0).to_pylist(), rb.column(1).to_pylist(), strict=True):
                 digests.append(hashlib.sha256(payload).hexdigest())
                 candidates[rid] = (probe_windows("\n".join(_strings(payload)), rid, 16), _PROBES_PER_TEXT)
     if plan.episodes:
         for rb in wh.stream("SELECT trajectory_key, string_agg(coalesce(text, '') || chr(10) || coalesce(observation, ''), "
-                            "chr(10) ORDER BY step_index) FROM redacted_steps WHERE list_contains(?, trajectory_key) "
+                            "chr(10) ORDER BY step_index) FROM redacted_steps WHERE trajectory_key IN (SELECT unnest(?::VARCHAR[])) "
                             "GROUP BY 1", [plan.episodes], batch_rows=200, arrow=True):
             for key, text in zip(rb.column(0).to_pylist(), rb.column(1).to_pylist(), strict=True):
                 candidates[key] = (probe_windows(text or "", key, 8), 2)
     every = sorted({w for ws, _ in candidates.values() for w in ws})
-    shared = _shared(wh, _Matcher(every, set(), b""), exclude=plan.records, plain=True) if every else set()
+    matcher = _Matcher(every, set(), b"plan")
+    shared_keys = _shared(wh, matcher, exclude=plan.records) if every else set()
+    shared = {w for w in every if matcher.key(w) in shared_keys}
     probes = [w for ws, n in candidates.values() for w in [w for w in ws if w not in shared][:n]]
     return sorted(set(digests)), sorted(set(probes))
 
@@ -169,13 +174,13 @@ def forgotten_digests(wh: Warehouse) -> set[str]:
 
 def _key_sets(wh: Warehouse, req: dict[str, Any]) -> dict[str, pa.Array]:
     keys = req["trajectory_keys"]
-    steps = wh.query("SELECT step_id FROM steps WHERE list_contains(?, trajectory_key) UNION "
-                     "SELECT step_id FROM redacted_steps WHERE list_contains(?, trajectory_key)",
+    steps = wh.query("SELECT step_id FROM steps WHERE trajectory_key IN (SELECT unnest(?::VARCHAR[])) UNION "
+                     "SELECT step_id FROM redacted_steps WHERE trajectory_key IN (SELECT unnest(?::VARCHAR[]))",
                      [keys, keys]).column(0).to_pylist() if keys else []
     digests = wh.query("SELECT tool_schema_digest FROM redacted_episodes WHERE tool_schema_digest IS NOT NULL "
                        "GROUP BY 1 HAVING bool_and(list_contains(?, trajectory_key))", [keys]).column(0).to_pylist() \
         if keys else []
-    quarantined = wh.query("SELECT quarantine_id FROM quarantine WHERE list_contains(?, record_id)",
+    quarantined = wh.query("SELECT quarantine_id FROM quarantine WHERE record_id IN (SELECT unnest(?::VARCHAR[]))",
                            [req["record_ids"]]).column(0).to_pylist() if req["record_ids"] else []
     extra_q = orjson.loads(req["counts"]).get("_quarantine_ids", [])
     every = sorted(set(req["record_ids"]) | set(keys) | set(steps))
@@ -214,12 +219,13 @@ def _files_with_rows(wh: Warehouse, table: str, s: dict[str, pa.Array]) -> list[
     column, ids_ = {"raw_records": ("record_id", "records"), "quarantine": ("quarantine_id", "quarantine"),
                     "tool_schemas": ("tool_schema_digest", "digests"),
                     "redacted_tool_schemas": ("tool_schema_digest", "digests")}.get(table, ("trajectory_key", "keys"))
+    ids_in = "IN (SELECT unnest(?::VARCHAR[]))"  # a hash join: list_contains walks the list per row
     if table == "lineage_edges":
-        cond, wanted = "list_contains(?, child_id) OR list_contains(?, parent_id)", [s["any"].to_pylist()] * 2
+        cond, wanted = f"child_id {ids_in} OR parent_id {ids_in}", [s["any"].to_pylist()] * 2
     elif table == "packs":
         cond, wanted = ("list_has_any(list_transform(segments, lambda x: x.trajectory_key), ?)", [s["keys"].to_pylist()])
     else:
-        cond, wanted = f"list_contains(?, {column})", [s[ids_].to_pylist()]
+        cond, wanted = f"{column} {ids_in}", [s[ids_].to_pylist()]
     if not any(wanted[0]):
         return []
     listing = ", ".join("'" + p.replace("'", "''") + "'" for p in paths)
@@ -258,7 +264,7 @@ def _remove_sources(wh: Warehouse, req: dict[str, Any], progress: Callable[[str]
         session.replace_files(pairs, rows={"deletions": [_request_row(req, status="sources_removed")]})
         con = wh.connect(read_only=False)
         try:  # what opt-outs matched among the forgotten records (ids only) goes with them
-            con.execute("DELETE FROM opt_out_matches WHERE list_contains(?, record_id)", [s["records"].to_pylist()])
+            con.execute("DELETE FROM opt_out_matches WHERE record_id IN (SELECT unnest(?::VARCHAR[]))", [s["records"].to_pylist()])
         finally:
             con.close()
     return removed
@@ -349,56 +355,176 @@ def _count_vault(wh: Warehouse, keys: pa.Array, out: dict[str, int]) -> None:
 
 
 class _Matcher:
-    """Finds probes in text: the plain strings (Aho-Corasick) when this process still has them,
-    else their salted fingerprints (every 32-character window that starts a word is hashed)."""
+    """Finds probes: the plain strings when this process still has them (during a forget), else
+    their salted fingerprints (every 32-character window that starts a word is hashed: a later
+    ``verify-forget`` from the tombstone alone)."""
 
     def __init__(self, probes: list[str] | None, fingerprints: set[str], salt: bytes):
         self.salt, self.fingerprints = salt, fingerprints
-        self.automaton = None
-        if probes:
-            self.automaton = ahocorasick.Automaton()
-            for p in probes:
-                self.automaton.add_word(p, p)
-            self.automaton.make_automaton()
+        self.probes = sorted(set(probes or ()))
 
-    def find_plain(self, text: str) -> set[str]:
-        """The probe strings themselves that occur in ``text`` (plain probes only)."""
-        return {p for _, p in self.automaton.iter(text)} if self.automaton is not None else set()
+    @property
+    def plain(self) -> bool:
+        return bool(self.probes)
 
-    def find(self, text: str) -> set[str]:
-        if self.automaton is not None:
-            return {fingerprint(p, self.salt) for _, p in self.automaton.iter(text)}
+    def only(self, fingerprints: set[str]) -> _Matcher:
+        """The same matcher restricted to these fingerprints."""
+        return _Matcher([p for p in self.probes if fingerprint(p, self.salt) in fingerprints], fingerprints, self.salt)
+
+    def key(self, probe: str) -> str:
+        return fingerprint(probe, self.salt)
+
+    def find_text(self, text: str) -> set[str]:
+        """Fingerprints of the probes in one text (the slow path: fingerprint mode)."""
+        if self.plain:
+            return {self.key(p) for p in _Search(self.probes).text(text)}
         return {fp for m in _SAFE.finditer(text) if (fp := fingerprint(m.group(1), self.salt)) in self.fingerprints}
 
 
-def _leaf_texts(arr: pa.Array | pa.ChunkedArray):
-    """The text of each string or binary leaf array in ``arr`` as one string (values joined by line
-    breaks, nulls empty; lists and structs descended), joined by Arrow: no Python object per value,
-    and one matcher pass per leaf instead of one per value (2x the old per-value scan)."""
+#: text is searched in slices of this many bytes (a probe found in one is not sought in the next:
+#: text that repeats one costs one slice's matches), overlapping by more than a pattern's length
+_SLICE, _OVERLAP = 4 * 2**20, 2 * _PROBE_LEN
+
+
+class _Search:
+    """One pass of plain probes over many buffers (Rust Aho-Corasick, ``ahocorasick_rs``: about 10x
+    pyahocorasick here, and it reads Arrow buffers without a copy). ``found`` grows as buffers are
+    fed; a probe found leaves the automaton, so text that repeats one (a shared system prompt)
+    costs one match, not one per copy. A probe with "/" is also sought as JSON may write it, "\\/"."""
+
+    def __init__(self, probes: list[str]):
+        self.probes, self.found = probes, set()
+        self._build()
+
+    def _build(self) -> None:
+        patterns, self._owner = [], []
+        for p in self.probes:
+            if p in self.found:
+                continue
+            for variant in dict.fromkeys((p, p.replace("/", "\\/"))):
+                patterns.append(variant.encode())
+                self._owner.append(p)
+        self._patterns = tuple(patterns)
+        self._ac = _automaton(self._patterns)
+
+    @property
+    def done(self) -> bool:
+        return self._ac is None
+
+    def _candidates(self, data: Any) -> set[str]:
+        """Leftmost-first matches (the fast kind: a prefilter skips text no probe can start in),
+        searched again without the probes found until none is new: a probe that overlaps one found
+        first is found in a later pass."""
+        found: set[str] = set()
+        ac, patterns, owner = self._ac, self._patterns, self._owner
+        view = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+        for at in range(0, max(1, len(view)), _SLICE):  # slices overlap by a pattern's length
+            piece = view[at:at + _SLICE + _OVERLAP]
+            while ac is not None:
+                new = {owner[i] for i, _, _ in ac.find_matches_as_indexes(piece)} - found
+                if not new:
+                    break
+                found |= new
+                left = [(pat, o) for pat, o in zip(patterns, owner, strict=True) if o not in found]
+                patterns, owner = tuple(pat for pat, _ in left), [o for _, o in left]
+                ac = _automaton(patterns)
+            if ac is None:
+                break
+        return found
+
+    def _add(self, new: set[str]) -> set[str]:
+        new -= self.found
+        if new:
+            self.found |= new
+            self._build()
+        return new
+
+    def text(self, text: str | bytes) -> set[str]:
+        """Probes newly found in one text."""
+        return self._add(self._candidates(text.encode() if isinstance(text, str) else text))
+
+    def leaf(self, arr: pa.Array) -> set[str]:
+        """Probes newly found in one string or binary array: its values buffer is searched as it
+        is (no copy); a hit there is confirmed on the values joined by line breaks (no probe
+        holds one), so a probe made by two adjacent values does not count."""
+        maybe = self._candidates(_values_buffer(arr))
+        if not maybe:
+            return set()
+        joined = _joined(arr, "\n" if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type) else b"\n")
+        hits = _Search(sorted(maybe)).text(joined)
+        return self._add(hits)
+
+
+@functools.lru_cache(maxsize=64)
+def _automaton(patterns: tuple[bytes, ...]) -> Any:
+    """A leftmost-first automaton over these patterns (built once per probe set: files share it): a
+    DFA (twice the NFA's speed) for a proof's few hundred probes, the library's choice for a plan's
+    thousands of candidates (a DFA of those takes longer to build than to use)."""
+    if not patterns:
+        return None
+    dfa = ahocorasick_rs.Implementation.DFA if len(patterns) <= _DFA_PATTERNS else None
+    return ahocorasick_rs.BytesAhoCorasick(list(patterns), matchkind=ahocorasick_rs.MatchKind.LeftmostFirst,
+                                          implementation=dfa)
+
+
+_DFA_PATTERNS = 1_000
+
+
+def _values_buffer(arr: pa.Array) -> memoryview:
+    buf = arr.buffers()[2]
+    return memoryview(buf).cast("B") if buf is not None else memoryview(b"")
+
+
+def _leaves(arr: pa.Array | pa.ChunkedArray):
+    """The string and binary leaf arrays in ``arr`` (lists, structs and dictionaries descended;
+    string views cast to plain strings)."""
     if isinstance(arr, pa.ChunkedArray):
         for chunk in arr.chunks:
-            yield from _leaf_texts(chunk)
+            yield from _leaves(chunk)
         return
     t = arr.type
     if not len(arr):
         return
     if pa.types.is_dictionary(t):
-        yield from _leaf_texts(arr.dictionary)
-    elif pa.types.is_string(t) or pa.types.is_large_string(t):
-        yield _joined(arr.cast(pa.large_string()), "\n")
-    elif pa.types.is_binary(t) or pa.types.is_large_binary(t):  # a raw payload: JSON may write "/" as "\/"
-        yield _joined(arr.cast(pa.large_binary()), b"\n").replace(b"\\/", b"/").decode("utf-8", "replace")
+        yield from _leaves(arr.dictionary)
+    elif pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        yield arr
+    elif pa.types.is_string_view(t):
+        yield arr.cast(pa.large_string())
+    elif pa.types.is_binary_view(t):
+        yield arr.cast(pa.large_binary())
     elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        yield from _leaf_texts(arr.flatten())
+        yield from _leaves(arr.flatten())
     elif pa.types.is_struct(t):
         for child in arr.flatten():
-            yield from _leaf_texts(child)
+            yield from _leaves(child)
+
+
+def _leaf_text(arr: pa.Array) -> str:
+    """A leaf's values as one text (line breaks between them); binary as UTF-8 with JSON's "\\/"
+    read as "/" (the fingerprint path hashes decoded windows)."""
+    if pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type):
+        return _joined(arr, b"\n").replace(b"\\/", b"/").decode("utf-8", "replace")
+    return _joined(arr, "\n")
+
+
+def _find_in_table(t: pa.Table, names: list[str], matcher: _Matcher, search: _Search | None) -> set[str]:
+    """Fingerprints of the probes in these columns of ``t``."""
+    hits: set[str] = set()
+    for name in names:
+        for leaf in _leaves(t[name]):
+            if search is not None:
+                hits |= {matcher.key(p) for p in search.leaf(leaf)}
+            else:
+                hits |= matcher.find_text(_leaf_text(leaf))
+    return hits
 
 
 def _joined(arr: pa.Array, sep: str | bytes) -> Any:
-    filled = pc.fill_null(arr, pa.scalar(sep[:0], arr.type))
+    large = pa.large_binary() if isinstance(sep, bytes) else pa.large_string()
+    filled = pc.fill_null(arr.cast(large), pa.scalar(sep[:0], large))
     whole = pa.LargeListArray.from_arrays(pa.array([0, len(filled)], pa.int64()), filled)
-    return pc.binary_join(whole, pa.scalar(sep, arr.type))[0].as_py()
+    return pc.binary_join(whole, pa.scalar(sep, large))[0].as_py()
 
 
 def _has_text(t: pa.DataType) -> bool:
@@ -415,16 +541,16 @@ def _scan_parquet(path: str, matcher: _Matcher) -> set[str]:
     hits: set[str] = set()
     pf = pq.ParquetFile(path)
     names = [f.name for f in pf.schema_arrow if _has_text(f.type)]
+    search = _Search(matcher.probes) if matcher.plain else None
     for i in range(pf.num_row_groups):
-        t = pf.read_row_group(i, columns=names)
-        for name in names:
-            for text in _leaf_texts(t[name]):
-                hits |= matcher.find(text)
+        hits |= _find_in_table(pf.read_row_group(i, columns=names), names, matcher, search)
+        if search is not None and search.done:
+            break
     return hits
 
 
 def _scan_bytes(path: str, matcher: _Matcher) -> set[str]:
-    """A file's bytes as text; a gzip file (a `.jsonl.gz` export) decompressed."""
+    """A file's bytes; a gzip file (a `.jsonl.gz` export) decompressed."""
     with open(path, "rb") as f:
         data = f.read()
     if data[:2] == b"\x1f\x8b":
@@ -434,7 +560,9 @@ def _scan_bytes(path: str, matcher: _Matcher) -> set[str]:
             data = gzip.decompress(data)
         except (OSError, EOFError):
             pass
-    return matcher.find(data.decode("latin-1"))
+    if matcher.plain:
+        return {matcher.key(p) for p in _Search(matcher.probes).text(data)}
+    return matcher.find_text(data.replace(b"\\/", b"/").decode("latin-1"))
 
 
 def _scan_file(path: str, matcher: _Matcher) -> set[str]:
@@ -445,32 +573,40 @@ def _scan_file(path: str, matcher: _Matcher) -> set[str]:
         return _scan_bytes(path, matcher)
 
 
+#: below this many bytes of files the proof reads them in this process (a worker costs a second)
+_PARALLEL_SCAN_BYTES = 64 * 2**20
+
+
+def _scan_files(task: tuple[list[str], _Matcher]) -> dict[str, set[str]]:
+    paths, matcher = task
+    return {path: hits for path in paths if (hits := _scan_file(path, matcher))}
+
+
 def _scan(wh: Warehouse, matcher: _Matcher) -> dict[str, set[str]]:
     """Fingerprints of the probes found, by file, over every file under the warehouse: Parquet
     decoded, anything else (the catalog and its WAL, vault salt, caches, logs) as bytes; the
-    catalog's own tables are read through DuckDB too (its strings may be compressed on disk)."""
-    found: dict[str, set[str]] = {}
-    for dirpath, _, names in os.walk(wh.root):
-        for name in names:
-            path = os.path.join(dirpath, name)
-            hits = _scan_file(path, matcher)
-            if hits:
-                found[os.path.relpath(path, wh.root)] = hits
+    catalog's own tables are read through DuckDB too (its strings may be compressed on disk).
+    The files are shared out by size over the cores (``lineage.parallel``)."""
     from trajwh.lineage.exports import paths as export_paths
+    from trajwh.lineage.parallel import parts_within, run_parts, workers_wanted
 
+    paths = [os.path.join(d, n) for d, _, names in os.walk(wh.root) for n in names]
     for top in export_paths(wh):  # what the tool wrote elsewhere (a file or a folder)
-        for path in ([top] if os.path.isfile(top) else
-                     [os.path.join(d, n) for d, _, names in os.walk(top) for n in names]):
-            hits = _scan_file(path, matcher)
-            if hits:
-                found[path] = hits
+        paths += [top] if os.path.isfile(top) else [os.path.join(d, n) for d, _, names in os.walk(top) for n in names]
+    sizes = {p: os.path.getsize(p) if os.path.isfile(p) else 0 for p in paths}
+    n = parts_within(workers_wanted(), part_mb=400) if sum(sizes.values()) >= _PARALLEL_SCAN_BYTES else 1
+    found: dict[str, set[str]] = {}
+    for part in run_parts(_scan_files, [(part, matcher) for part in _by_size(sizes, n)]):
+        for path, hits in part.items():
+            inside = os.path.abspath(path).startswith(os.path.abspath(wh.root) + os.sep)
+            found[os.path.relpath(path, wh.root) if inside else path] = hits
     con = wh.connect(read_only=True)
     try:
         for table in ("table_files", "meta", "batches", "ingested_files", "runs"):
             for row in con.execute(f"SELECT * FROM {table}").fetchall():
                 for v in row:
                     if isinstance(v, str | bytes):
-                        hits = matcher.find(v if isinstance(v, str) else v.decode("utf-8", "replace"))
+                        hits = matcher.find_text(v if isinstance(v, str) else v.decode("utf-8", "replace"))
                         if hits:
                             found.setdefault(f"catalog:{table}", set()).update(hits)
     finally:
@@ -478,31 +614,66 @@ def _scan(wh: Warehouse, matcher: _Matcher) -> dict[str, set[str]]:
     return found
 
 
-def _shared(wh: Warehouse, matcher: _Matcher, *, exclude: list[str] | None = None, plain: bool = False) -> set[str]:
-    """Probes the surviving raw records hold too (shared text, e.g. a system prompt): not evidence.
-    Fingerprints, or with ``plain`` the probe strings themselves; ``exclude``: records not to read."""
+def _shared(wh: Warehouse, matcher: _Matcher, *, exclude: list[str] | None = None) -> set[str]:
+    """The probes (fingerprints) the surviving raw records hold too (shared text, e.g. a system
+    prompt): not evidence. ``exclude``: records not to read. The raw layer's files are read column
+    by column (ids and payloads), not through a query, shared out by size over the cores; a probe
+    found once is not sought again."""
+    from trajwh.lineage.parallel import parts_within, run_parts, workers_wanted
+
+    paths = _table_paths(wh, "raw_records")
+    sizes = {p: os.path.getsize(p) for p in paths}
+    n = parts_within(workers_wanted(), part_mb=400) if sum(sizes.values()) >= _PARALLEL_SCAN_BYTES else 1
+    return set().union(*run_parts(_shared_part, [(part, matcher, exclude or []) for part in _by_size(sizes, n)]))
+
+
+def _shared_part(task: tuple[list[str], _Matcher, list[str]]) -> set[str]:
+    paths, matcher, exclude = task
     shared: set[str] = set()
-    sql, params = "SELECT payload FROM raw_records", []
-    if exclude:
-        sql, params = sql + " WHERE NOT list_contains(?, record_id)", [exclude]
-    for rb in wh.stream(sql, params, batch_rows=1_000, arrow=True):
-        for payload in rb.column(0).to_pylist():
-            text = "\n".join(_strings(payload))
-            shared |= matcher.find_plain(text) if plain else matcher.find(text)
+    search = _Search(matcher.probes) if matcher.plain else None
+    skip = pa.array(exclude, pa.string())
+    for path in paths:
+        pf = pq.ParquetFile(path)
+        for i in range(pf.num_row_groups):
+            t = pf.read_row_group(i, columns=["record_id", "payload"])
+            if len(skip):
+                t = t.filter(pc.invert(pc.is_in(t["record_id"], skip)))
+            shared |= _find_in_table(t, ["payload"], matcher, search)
+            if search is not None and search.done:
+                return shared
     return shared
 
 
+def _by_size(sizes: dict[str, int], n: int) -> list[list[str]]:
+    """The paths in ``n`` parts of about equal bytes (the biggest file to the lightest part); no empty part."""
+    parts: list[list[str]] = [[] for _ in range(max(1, n))]
+    load = [0] * len(parts)
+    for p in sorted(sizes, key=lambda p: (-sizes[p], p)):
+        i = load.index(min(load))
+        parts[i].append(p)
+        load[i] += sizes[p]
+    return [part for part in parts if part]
+
+
+def _table_paths(wh: Warehouse, table: str) -> list[str]:
+    rows = wh.query("SELECT path FROM table_files WHERE table_name = ? ORDER BY path", [table]).column(0).to_pylist()
+    return [p if os.path.isabs(p) else str(wh.root / p) for p in rows]
+
+
 def verify_request(wh: Warehouse, req: dict[str, Any], probes: list[str] | None = None) -> dict[str, Any]:
-    """The proof: forgotten ids left per table, and probe hits per file outside shared text (the
-    surviving raw records are read again: data ingested since the forget may share a probe)."""
+    """The proof: forgotten ids left per table, and probe hits per file outside shared text. Only
+    the probes some file holds are sought in the surviving raw records (read again: data ingested
+    since the forget may share one)."""
     salt = _salt(wh)
     fingerprints = set(req["probe_fingerprints"])
     matcher = _Matcher(probes, fingerprints, salt)
     left = _leftover_rows(wh, req)
-    shared = _shared(wh, matcher)
-    leaks = {f: sorted(h - shared) for f, h in _scan(wh, matcher).items() if h - shared}
+    found = _scan(wh, matcher)
+    hit = set().union(*found.values()) if found else set()
+    shared = _shared(wh, matcher.only(hit)) if hit else set()
+    leaks = {f: sorted(h - shared) for f, h in found.items() if h - shared}
     return {"ok": not left and not leaks, "rows_left": left, "files_with_probes": leaks,
-            "probes": len(fingerprints), "probes_shared": len(shared & fingerprints)}
+            "probes": len(fingerprints), "probes_found": len(hit), "probes_shared": len(shared & fingerprints)}
 
 
 # --- the request -----------------------------------------------------------------------------

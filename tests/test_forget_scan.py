@@ -1,0 +1,71 @@
+"""The proof's probe search (lineage.forget._Search): exact whatever the text repeats or where a
+probe falls, on the cases a leftmost-first automaton over slices of a buffer could miss."""
+
+from __future__ import annotations
+
+import gzip
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from trajwh.lineage import forget as F
+
+A = "alpha bravo charlie delta echo f"  # 32 characters, as the plan draws them
+B = "charlie delta echo foxtrot golf "  # starts inside A: a leftmost-first pass sees only A
+C = "path/to/some/file_name.py and 12"  # holds "/": JSON may write it "\/"
+
+
+def test_probes_are_32_characters():
+    assert {len(A), len(B), len(C)} == {F._PROBE_LEN}
+
+
+def test_a_probe_that_overlaps_another_is_found_too():
+    text = "xx alpha bravo charlie delta echo foxtrot golf yy"
+    assert A in text and B in text
+    assert F._Search([A, B]).text(text) == {A, B}
+
+
+def test_a_probe_across_slices_is_found(monkeypatch):
+    monkeypatch.setattr(F, "_SLICE", 40)
+    for at in range(0, 60):  # every offset across the first slice boundaries
+        text = "." * at + B + "." * 50
+        assert F._Search([A, B]).text(text) == {B}, at
+
+
+def test_text_that_repeats_a_probe_still_finds_the_others(monkeypatch):
+    monkeypatch.setattr(F, "_SLICE", 64)
+    text = (A + " ") * 500 + B
+    assert F._Search([A, B]).text(text) == {A, B}
+
+
+def test_json_escaped_slashes_are_found():
+    escaped = C.replace("/", "\\/").encode()
+    assert F._Search([C]).text(b'{"x": "' + escaped + b'"}') == {C}
+
+
+def test_two_values_that_make_a_probe_together_do_not_count_one_that_holds_it_does():
+    half = F._PROBE_LEN // 2
+    apart = pa.array([A[:half], A[half:], "other"])
+    assert F._Search([A]).leaf(apart) == set()
+    assert F._Search([A]).leaf(pa.array(["x", "yy " + A + " zz", None])) == {A}
+    assert F._Search([A]).leaf(pa.array([b"x", b"yy " + A.encode()], pa.binary())) == {A}
+
+
+def test_a_found_probe_is_not_reported_again_by_the_same_search():
+    search = F._Search([A, B])
+    assert search.text(A) == {A}
+    assert search.text(A + B) == {B}
+    assert search.done
+
+
+@pytest.mark.parametrize("plain", [True, False])
+def test_files_are_scanned_decoded_nested_and_compressed(tmp_path, plain):
+    salt = b"s" * 32
+    matcher = F._Matcher([A, C] if plain else None, {F.fingerprint(A, salt), F.fingerprint(C, salt)}, salt)
+    nested = pa.table({"n": [1, 2], "steps": [[{"text": "x", "tags": ["y"]}], [{"text": "q", "tags": [A]}]]})
+    pq.write_table(nested, tmp_path / "t.parquet")
+    (tmp_path / "e.jsonl.gz").write_bytes(gzip.compress(('{"p": "' + C.replace("/", "\\/") + '"}').encode()))
+    (tmp_path / "clean.parquet").write_bytes(b"")  # unreadable as Parquet: read as bytes, no hit
+    assert F._scan_file(str(tmp_path / "t.parquet"), matcher) == {F.fingerprint(A, salt)}
+    assert F._scan_file(str(tmp_path / "e.jsonl.gz"), matcher) == {F.fingerprint(C, salt)}
+    assert F._scan_file(str(tmp_path / "clean.parquet"), matcher) == set()
