@@ -45,7 +45,8 @@ def main() -> None:
         assert build(str(a.root), full=True).success
         rebuild = time.perf_counter() - t0
         t0 = time.perf_counter()
-        r = forget(b, selector, "benchmark", progress=lambda m: print(m, file=sys.stderr))
+        r = forget(b, selector, "benchmark", progress=lambda m: print(f"[{time.perf_counter() - t0:7.1f} s] {m}",
+                                                                     file=sys.stderr))
         took = time.perf_counter() - t0
     out = {"episodes": episodes, "selector": selector, "forgotten_episodes": r.counts.get("episodes"),
            "full_rebuild_s": round(rebuild, 1), "forget_s": round(took, 1), "ratio": round(took / rebuild, 3),
