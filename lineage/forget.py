@@ -57,6 +57,9 @@ _KEYED = frozenset({"raw_records", "quarantine", *_BY_EPISODE, "tool_schemas", "
                     "packs"})
 _PROBE_LEN = 32
 _PROBES_PER_TEXT = 4
+#: candidate windows drawn per record and per episode's redacted text (those that surviving raw data
+#: also holds are dropped; up to 4 and 2 kept): every candidate is sought in every surviving payload
+_CANDIDATES_PER_RECORD, _CANDIDATES_PER_EPISODE = 16, 8
 #: a probe: 32 characters that JSON escaping leaves as they are, starting a word (every start, overlapping)
 _SAFE = re.compile(rf"(?<![A-Za-z0-9])(?=([A-Za-z0-9][A-Za-z0-9 ,.:;_()/=+-]{{{_PROBE_LEN - 1}}}))")
 #: deletes a probe's punctuation (what is left: its letters and digits)
@@ -136,13 +139,13 @@ def _plan_probes(wh: Warehouse, plan: Impact) -> tuple[list[str], list[str]]:
                             [plan.records], batch_rows=500, arrow=True):
             for rid, payload in zip(rb.column(0).to_pylist(), rb.column(1).to_pylist(), strict=True):
                 digests.append(hashlib.sha256(payload).hexdigest())
-                candidates[rid] = (probe_windows("\n".join(_strings(payload)), rid, 16), _PROBES_PER_TEXT)
+                candidates[rid] = (probe_windows("\n".join(_strings(payload)), rid, _CANDIDATES_PER_RECORD), _PROBES_PER_TEXT)
     if plan.episodes:
         for rb in wh.stream("SELECT trajectory_key, string_agg(coalesce(text, '') || chr(10) || coalesce(observation, ''), "
                             "chr(10) ORDER BY step_index) FROM redacted_steps WHERE trajectory_key IN (SELECT unnest(?::VARCHAR[])) "
                             "GROUP BY 1", [plan.episodes], batch_rows=200, arrow=True):
             for key, text in zip(rb.column(0).to_pylist(), rb.column(1).to_pylist(), strict=True):
-                candidates[key] = (probe_windows(text or "", key, 8), 2)
+                candidates[key] = (probe_windows(text or "", key, _CANDIDATES_PER_EPISODE), 2)
     every = sorted({w for ws, _ in candidates.values() for w in ws})
     matcher = _Matcher(every, set(), b"plan")
     shared_keys = _shared(wh, matcher, exclude=plan.records) if every else set()
@@ -384,90 +387,99 @@ class _Matcher:
 #: text is searched in slices of this many bytes (a probe found in one is not sought in the next:
 #: text that repeats one costs one slice's matches), overlapping by more than a pattern's length
 _SLICE, _OVERLAP = 4 * 2**20, 2 * _PROBE_LEN
+#: a slice with more matches than this rebuilds the automaton without the probes it found
+_REBUILD_MATCHES = 2_000
 
 
 class _Search:
-    """One pass of plain probes over many buffers (Rust Aho-Corasick, ``ahocorasick_rs``: about 10x
+    """Plain probes sought over many buffers (Rust Aho-Corasick, ``ahocorasick_rs``: about 10x
     pyahocorasick here, and it reads Arrow buffers without a copy). ``found`` grows as buffers are
-    fed; a probe found leaves the automaton, so text that repeats one (a shared system prompt)
-    costs one match, not one per copy. A probe with "/" is also sought as JSON may write it, "\\/"."""
+    fed. Matches overlap, so one pass is exact; once found probes make up many patterns or many
+    matches, the automaton is built again without them, so text that repeats one (a shared system
+    prompt) is not matched over and over. A probe with "/" is also sought as JSON may write it, "\\/".
 
-    def __init__(self, probes: list[str]):
-        self.probes, self.found = probes, set()
-        self._build()
+    ``confirm``: a hit in an array's values buffer counts only if it is in one value (the values
+    joined by line breaks, which no probe holds), not made by two adjacent ones. The proof's files
+    confirm; the search of surviving raw payloads (JSON objects: a probe cannot span "}{") does not."""
 
-    def _build(self) -> None:
-        patterns, self._owner = [], []
-        for p in self.probes:
-            if p in self.found:
-                continue
+    def __init__(self, probes: list[str], *, confirm: bool = True):
+        self.probes, self.confirm, self.found = probes, confirm, set()
+        patterns, owner = [], []
+        for p in probes:
             for variant in dict.fromkeys((p, p.replace("/", "\\/"))):
                 patterns.append(variant.encode())
-                self._owner.append(p)
-        self._patterns = tuple(patterns)
+                owner.append(p)
+        self._patterns, self._owner, self._stale = tuple(patterns), owner, 0
         self._ac = _automaton(self._patterns)
 
     @property
     def done(self) -> bool:
         return self._ac is None
 
-    def _candidates(self, data: Any) -> set[str]:
-        """Leftmost-first matches (the fast kind: a prefilter skips text no probe can start in),
-        searched again without the probes found until none is new: a probe that overlaps one found
-        first is found in a later pass."""
-        found: set[str] = set()
-        ac, patterns, owner = self._ac, self._patterns, self._owner
-        view = memoryview(data).cast("B") if not isinstance(data, bytes) else data
-        for at in range(0, max(1, len(view)), _SLICE):  # slices overlap by a pattern's length
-            piece = view[at:at + _SLICE + _OVERLAP]
-            while ac is not None:
-                new = {owner[i] for i, _, _ in ac.find_matches_as_indexes(piece)} - found
-                if not new:
-                    break
-                found |= new
-                left = [(pat, o) for pat, o in zip(patterns, owner, strict=True) if o not in found]
-                patterns, owner = tuple(pat for pat, _ in left), [o for _, o in left]
-                ac = _automaton(patterns)
-            if ac is None:
-                break
-        return found
+    def _drop_found(self) -> None:
+        left = [(pat, o) for pat, o in zip(self._patterns, self._owner, strict=True) if o not in self.found]
+        self._patterns, self._owner = tuple(pat for pat, _ in left), [o for _, o in left]
+        self._ac, self._stale = _automaton(self._patterns), 0
 
-    def _add(self, new: set[str]) -> set[str]:
-        new -= self.found
+    def _matches(self, data: Any) -> set[str]:
+        """The probes (not found before) in ``data``, searched slice by slice; with ``keep`` they
+        count as found as soon as they are seen (no confirmation)."""
+        seen: set[str] = set()
+        view = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+        for at in range(0, max(1, len(view)), _SLICE):  # slices overlap by more than a pattern
+            if self._ac is None:
+                break
+            matches = self._ac.find_matches_as_indexes(view[at:at + _SLICE + _OVERLAP], overlapping=True)
+            new = {self._owner[i] for i, _, _ in matches} - seen - self.found
+            seen |= new
+            if not self.confirm and new:
+                self._count(new, many=len(matches) > _REBUILD_MATCHES)
+        return seen
+
+    def _count(self, new: set[str], *, many: bool = False) -> set[str]:
+        new = new - self.found
         if new:
             self.found |= new
-            self._build()
+            self._stale += sum(o in new for o in self._owner)
+            if many or self._stale > len(self._owner) // 20:
+                self._drop_found()
         return new
 
     def text(self, text: str | bytes) -> set[str]:
         """Probes newly found in one text."""
-        return self._add(self._candidates(text.encode() if isinstance(text, str) else text))
+        confirm, self.confirm = self.confirm, False  # one text: nothing to confirm
+        try:
+            before = set(self.found)
+            self._matches(text.encode() if isinstance(text, str) else text)
+            return self.found - before
+        finally:
+            self.confirm = confirm
 
     def leaf(self, arr: pa.Array) -> set[str]:
-        """Probes newly found in one string or binary array: its values buffer is searched as it
-        is (no copy); a hit there is confirmed on the values joined by line breaks (no probe
-        holds one), so a probe made by two adjacent values does not count."""
-        maybe = self._candidates(_values_buffer(arr))
+        """Probes newly found in one string or binary array (its values buffer searched as it is)."""
+        if not self.confirm:
+            before = set(self.found)
+            self._matches(_values_buffer(arr))
+            return self.found - before
+        maybe = self._matches(_values_buffer(arr))
         if not maybe:
             return set()
         joined = _joined(arr, "\n" if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type) else b"\n")
-        hits = _Search(sorted(maybe)).text(joined)
-        return self._add(hits)
+        return self._count(_Search(sorted(maybe)).text(joined))
 
 
 @functools.lru_cache(maxsize=64)
 def _automaton(patterns: tuple[bytes, ...]) -> Any:
-    """A leftmost-first automaton over these patterns (built once per probe set: files share it): a
+    """An automaton over these patterns (built once per probe set: files share it): a
     DFA (twice the NFA's speed) for a proof's few hundred probes, the library's choice for a plan's
     thousands of candidates (a DFA of those takes longer to build than to use)."""
     if not patterns:
         return None
     dfa = ahocorasick_rs.Implementation.DFA if len(patterns) <= _DFA_PATTERNS else None
-    return ahocorasick_rs.BytesAhoCorasick(list(patterns), matchkind=ahocorasick_rs.MatchKind.LeftmostFirst,
-                                          implementation=dfa)
+    return ahocorasick_rs.BytesAhoCorasick(list(patterns), implementation=dfa)
 
 
-_DFA_PATTERNS = 1_000
+_DFA_PATTERNS = 20_000
 
 
 def _values_buffer(arr: pa.Array) -> memoryview:
@@ -573,6 +585,9 @@ def _scan_file(path: str, matcher: _Matcher) -> set[str]:
         return _scan_bytes(path, matcher)
 
 
+#: a part's working set: the proof's scan of the 108,070-episode warehouse in one process peaked
+#: at 497 MB, 400 over its libraries (reading a column at a time instead was no smaller)
+_PART_MB = 400
 #: below this many bytes of files the proof reads them in this process (a worker costs a second)
 _PARALLEL_SCAN_BYTES = 64 * 2**20
 
@@ -594,7 +609,7 @@ def _scan(wh: Warehouse, matcher: _Matcher) -> dict[str, set[str]]:
     for top in export_paths(wh):  # what the tool wrote elsewhere (a file or a folder)
         paths += [top] if os.path.isfile(top) else [os.path.join(d, n) for d, _, names in os.walk(top) for n in names]
     sizes = {p: os.path.getsize(p) if os.path.isfile(p) else 0 for p in paths}
-    n = parts_within(workers_wanted(), part_mb=400) if sum(sizes.values()) >= _PARALLEL_SCAN_BYTES else 1
+    n = parts_within(workers_wanted(), part_mb=_PART_MB) if sum(sizes.values()) >= _PARALLEL_SCAN_BYTES else 1
     found: dict[str, set[str]] = {}
     for part in run_parts(_scan_files, [(part, matcher) for part in _by_size(sizes, n)]):
         for path, hits in part.items():
@@ -623,14 +638,14 @@ def _shared(wh: Warehouse, matcher: _Matcher, *, exclude: list[str] | None = Non
 
     paths = _table_paths(wh, "raw_records")
     sizes = {p: os.path.getsize(p) for p in paths}
-    n = parts_within(workers_wanted(), part_mb=400) if sum(sizes.values()) >= _PARALLEL_SCAN_BYTES else 1
+    n = parts_within(workers_wanted(), part_mb=_PART_MB) if sum(sizes.values()) >= _PARALLEL_SCAN_BYTES else 1
     return set().union(*run_parts(_shared_part, [(part, matcher, exclude or []) for part in _by_size(sizes, n)]))
 
 
 def _shared_part(task: tuple[list[str], _Matcher, list[str]]) -> set[str]:
     paths, matcher, exclude = task
     shared: set[str] = set()
-    search = _Search(matcher.probes) if matcher.plain else None
+    search = _Search(matcher.probes, confirm=False) if matcher.plain else None
     skip = pa.array(exclude, pa.string())
     for path in paths:
         pf = pq.ParquetFile(path)
