@@ -294,11 +294,21 @@ def _forget_vault(wh: Warehouse, keys: pa.Array, removed: dict[str, int]) -> Non
 # --- stages 3 and 4 --------------------------------------------------------------------------
 
 
-def _rebuild(wh: Warehouse, before: dict[str, str], keys: set[str]) -> list[dict[str, Any]]:
+def _build_derived(root: str) -> bool:
     from trajwh.pipelines.definitions import build
 
-    result = build(str(wh.root), job="forget")
-    if not result.success:
+    return build(root, job="forget").success
+
+
+def _rebuild(wh: Warehouse, before: dict[str, str], keys: set[str]) -> list[dict[str, Any]]:
+    """The derived layers built again, in a process of its own: a build leaves its process holding
+    about a gigabyte at 107,000 episodes, which would leave the proof no room for a second part."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        success = pool.submit(_build_derived, str(wh.root)).result()
+    if not success:
         raise ConfigError("the rebuild after the deletion failed; the request stays open",
                           valid="fix the build, then run `trajwh forget --resume`")
     after = {r["trajectory_key"]: r["split"] for r in wh.query("SELECT trajectory_key, split FROM splits").to_pylist()}
