@@ -478,11 +478,11 @@ class _Search:
         return self._count(_Search(sorted(maybe)).text(joined))
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=4)
 def _automaton(patterns: tuple[bytes, ...]) -> Any:
-    """An automaton over these patterns (built once per probe set: files share it): a
-    DFA (twice the NFA's speed) for a proof's few hundred probes, the library's choice for a plan's
-    thousands of candidates (a DFA of those takes longer to build than to use)."""
+    """An automaton over these patterns (built once per probe set: the proof's files share it): a
+    DFA (twice the NFA's speed) up to 20,000 patterns, else the library's choice. Only the last few
+    are kept: a DFA of 30,000 patterns holds about 100 MB (a cache of 64 held 1.6 GB after a plan)."""
     if not patterns:
         return None
     dfa = ahocorasick_rs.Implementation.DFA if len(patterns) <= _DFA_PATTERNS else None
@@ -770,6 +770,7 @@ def resume(wh: Warehouse, req: dict[str, Any], *, probes: list[str] | None = Non
         req = _save(wh, req, status="compacted")
         _maybe_crash("compacted")
         status = req["status"]
+    progress("forget: the proof: every file the warehouse holds searched for the probes ...")
     result = verify_request(wh, req, probes)
     req = _save(wh, req, status="verified" if result["ok"] else "verify_failed",
                 verify_result=orjson.dumps(result).decode())
