@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-import ahocorasick
+import ahocorasick_rs
 from trajwh.redaction.detectors import entropy, is_placeholder, merge_spans
 
 #: words that make a name secret (matched inside the name, case-insensitively)
@@ -144,10 +144,7 @@ _QUERY_NAMES = {"key", "sig", "signature", "code_verifier", "x-amz-signature", "
 #: a secret name holds one of these (lower-cased); names are looked for only around them
 _NEEDLES = ("pass", "pwd", "secret", "token", "key", "auth", "credential", "session", "sessid", "cookie", "csrf",
             "xsrf", "sig", "connection", "verifier")
-_NEEDLE_AUTOMATON = ahocorasick.Automaton()
-for _n in _NEEDLES:
-    _NEEDLE_AUTOMATON.add_word(_n, len(_n))
-_NEEDLE_AUTOMATON.make_automaton()
+_NEEDLE_AUTOMATON = ahocorasick_rs.AhoCorasick(list(_NEEDLES))
 #: the characters a name (or a flag with its dashes) is made of, and what may stand before it
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-$@")
 _NAME_RUN_RIGHT = re.compile(r"[A-Za-z0-9_.\-]{0,80}")
@@ -164,14 +161,13 @@ def _name_windows(text: str) -> list[tuple[int, int]]:
     if len(lower) != len(text):  # a character whose lower case is longer ("İ"): offsets would shift
         return [(0, len(text))]
     spans = []
-    for end, length in _NEEDLE_AUTOMATON.iter(lower):
-        i = end + 1 - length
+    for _, i, after in _NEEDLE_AUTOMATON.find_matches_as_indexes(lower, overlapping=True):  # overlaps too
         start, floor = i, max(0, i - 80)
         while start > floor and text[start - 1] in _NAME_CHARS:
             start -= 1
         start = max(0, start - _LEFT_MARGIN)
         line_start = text.rfind("\n", 0, i) + 1
-        right = _NAME_RUN_RIGHT.match(text, end + 1).end()
+        right = _NAME_RUN_RIGHT.match(text, after).end()
         line_end = text.find("\n", right)
         stop = min(len(text) if line_end < 0 else line_end, right + _RIGHT_MARGIN)
         spans.append((max(start, line_start), stop))
