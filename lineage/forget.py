@@ -613,15 +613,14 @@ def _scan(wh: Warehouse, matcher: _Matcher) -> dict[str, set[str]]:
     catalog's own tables are read through DuckDB too (its strings may be compressed on disk).
     The files are shared out by size over the cores (``lineage.parallel``)."""
     from trajwh.lineage.exports import paths as export_paths
-    from trajwh.lineage.parallel import parts_within, run_parts, workers_wanted
+    from trajwh.lineage.parallel import run_parts
 
     paths = [os.path.join(d, n) for d, _, names in os.walk(wh.root) for n in names]
     for top in export_paths(wh):  # what the tool wrote elsewhere (a file or a folder)
         paths += [top] if os.path.isfile(top) else [os.path.join(d, n) for d, _, names in os.walk(top) for n in names]
     sizes = {p: os.path.getsize(p) if os.path.isfile(p) else 0 for p in paths}
-    n = parts_within(workers_wanted(), part_mb=_PART_MB) if sum(sizes.values()) >= _PARALLEL_SCAN_BYTES else 1
     found: dict[str, set[str]] = {}
-    for part in run_parts(_scan_files, [(part, matcher) for part in _by_size(sizes, n)]):
+    for part in run_parts(_scan_files, [(part, matcher) for part in _by_size(sizes)]):
         for path, hits in part.items():
             inside = os.path.abspath(path).startswith(os.path.abspath(wh.root) + os.sep)
             found[os.path.relpath(path, wh.root) if inside else path] = hits
@@ -644,12 +643,11 @@ def _shared(wh: Warehouse, matcher: _Matcher, *, exclude: list[str] | None = Non
     prompt): not evidence. ``exclude``: records not to read. The raw layer's files are read column
     by column (ids and payloads), not through a query, shared out by size over the cores; a probe
     found once is not sought again."""
-    from trajwh.lineage.parallel import parts_within, run_parts, workers_wanted
+    from trajwh.lineage.parallel import run_parts
 
     paths = _table_paths(wh, "raw_records")
     sizes = {p: os.path.getsize(p) for p in paths}
-    n = parts_within(workers_wanted(), part_mb=_PART_MB) if sum(sizes.values()) >= _PARALLEL_SCAN_BYTES else 1
-    return set().union(*run_parts(_shared_part, [(part, matcher, exclude or []) for part in _by_size(sizes, n)]))
+    return set().union(*run_parts(_shared_part, [(part, matcher, exclude or []) for part in _by_size(sizes)]))
 
 
 def _shared_part(task: tuple[list[str], _Matcher, list[str]]) -> set[str]:
@@ -669,8 +667,12 @@ def _shared_part(task: tuple[list[str], _Matcher, list[str]]) -> set[str]:
     return shared
 
 
-def _by_size(sizes: dict[str, int], n: int) -> list[list[str]]:
-    """The paths in ``n`` parts of about equal bytes (the biggest file to the lightest part); no empty part."""
+def _by_size(sizes: dict[str, int]) -> list[list[str]]:
+    """The paths in parts of about equal bytes (the biggest file to the lightest part), one per core
+    the memory budget allows (one below ``_PARALLEL_SCAN_BYTES`` in all); no empty part."""
+    from trajwh.lineage.parallel import parts_within, workers_wanted
+
+    n = parts_within(workers_wanted(), part_mb=_PART_MB) if sum(sizes.values()) >= _PARALLEL_SCAN_BYTES else 1
     parts: list[list[str]] = [[] for _ in range(max(1, n))]
     load = [0] * len(parts)
     for p in sorted(sizes, key=lambda p: (-sizes[p], p)):
