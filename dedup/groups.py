@@ -21,17 +21,17 @@ import textwrap
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from trajwh.dedup.components import components_sql
+import numpy as np
+import polars as pl
+from trajwh.dedup.components import components_array
 from trajwh.dedup.features import EpisodeFeatures
+from trajwh.dedup.frame import feature_frame, nonblank
 from trajwh.schemas import ids
 from trajwh.schemas.repository import normalize_repository
 
 DEFAULT_KEYS = ("repository_task", "base_commit", "task", "failing_test", "touched_file", "patch_symbol", "near_dup")
 
 
-#: keys that name one task (or the whole repository on purpose) are never capped; the others can
-#: be shared by unrelated tasks (README.md, conftest.py, a common test, a generic action pattern)
-WEAK_KEY_PREFIXES = ("commit:", "test:", "file:", "symbol:", "cluster:")
 
 
 @dataclass(frozen=True)
@@ -95,98 +95,121 @@ class GroupResult:
     cut_keys: set[str] = field(default_factory=set)  # weak keys left spanning groups (size cap)
 
 
-def _task_of(f: EpisodeFeatures) -> str:
-    return f.instance_id or f.task_id or f"episode:{f.key}"
+@dataclass
+class GroupFrame:
+    """Groups of a ``dedup.frame``: ``rows`` has one row per episode in the frame's order
+    (trajectory_key, group_id, group_size, repository, keys, flags, task)."""
+    rows: pl.DataFrame
+    dropped_keys: dict[str, int]
+    cut_keys: set[str]
 
 
-def weak_keys_to_drop(features: list[EpisodeFeatures], keys_of: dict[str, list[str]], repo_of: dict[str, str | None],
-                      cfg: GroupConfig) -> set[str]:
+# key kinds are numbered in the order an episode lists its keys: repository + task 0, task 1,
+# then the weak ones, and the whole repository 7. Keys that name one task (or the whole
+# repository on purpose) are strong: unioned without limit, never capped. The weak ones can be
+# shared by unrelated tasks (README.md, conftest.py, a common test, a generic action pattern).
+_STRONG = {0, 1, 7}
+_WEAK_NAME = {2: "commit", 3: "test", 4: "file", 5: "symbol", 6: "cluster"}
+
+
+def _repositories(df: pl.DataFrame) -> pl.Series:
+    """Each episode's normalized repository (``normalize_repository`` of each distinct pair once)."""
+    pairs = df.select("repository", "instance_id").unique()
+    normal = [normalize_repository(u, i) for u, i in pairs.iter_rows()]
+    return (df.select("repository", "instance_id")
+            .join(pairs.with_columns(pl.Series("repo", normal, dtype=pl.String)),
+                  on=["repository", "instance_id"], how="left", nulls_equal=True, maintain_order="left")["repo"])
+
+
+def _episode_keys(ep: pl.DataFrame, cfg: GroupConfig) -> pl.DataFrame:
+    """Every episode's grouping keys, long: (i, kind, key), in the order an episode lists them."""
+    parts = []
+
+    def scalar(kind: int, cond: pl.Expr, key: pl.Expr) -> None:
+        parts.append(ep.filter(cond).select("i", pl.lit(kind, dtype=pl.Int8).alias("kind"), key.alias("key")))
+
+    def listed(kind: int, col: str, prefix: str) -> None:
+        parts.append(ep.select("i", "scope", col).explode(col).drop_nulls(col).select(
+            "i", pl.lit(kind, dtype=pl.Int8).alias("kind"), pl.format(prefix + ":{}:{}", "scope", col).alias("key")))
+
+    has_task = pl.col("task").is_not_null()
+    if "repository_task" in cfg.keys:
+        scalar(0, pl.col("repo_ok") & has_task, pl.format("repo-task:{}:{}", "repo", "task"))
+    if "task" in cfg.keys:
+        scalar(1, has_task, pl.format("task:{}", "task"))
+    if "base_commit" in cfg.keys:
+        scalar(2, pl.col("commit").is_not_null(), pl.format("commit:{}", "commit"))
+    for kind, name, col, prefix in ((3, "failing_test", "failing_tests", "test"), (4, "touched_file", "touched_files", "file"),
+                                    (5, "patch_symbol", "patch_symbols", "symbol")):
+        if name in cfg.keys:
+            listed(kind, col, prefix)
+    if "near_dup" in cfg.keys:
+        scalar(6, pl.col("cluster").is_not_null() & (pl.col("cluster") != ""), pl.format("cluster:{}", "cluster"))
+    whole = pl.lit(cfg.whole_repository) | (pl.lit(cfg.repository_fallback) & ~has_task & pl.col("commit").is_null())
+    scalar(7, pl.col("repo_ok") & whole, pl.format("repo:{}", "repo"))
+    return pl.concat(parts).sort(["i", "kind"], maintain_order=True)
+
+
+def _weak_keys_to_drop(long: pl.DataFrame, ep: pl.DataFrame, cfg: GroupConfig) -> pl.DataFrame:
     """Weak keys shared by more than ``max_key_share`` of the tasks of the repositories they
-    appear in (and by more than ``min_key_tasks`` tasks)."""
-    repo_tasks: dict[str | None, set[str]] = {}
-    key_tasks: dict[str, set[str]] = {}
-    key_repos: dict[str, set[str | None]] = {}
-    for f in features:
-        task, repo = _task_of(f), repo_of[f.key]
-        repo_tasks.setdefault(repo, set()).add(task)
-        for k in keys_of[f.key]:
-            if k.startswith(WEAK_KEY_PREFIXES):
-                key_tasks.setdefault(k, set()).add(task)
-                key_repos.setdefault(k, set()).add(repo)
-    drop = set()
-    for k, tasks in key_tasks.items():
-        total = sum(len(repo_tasks[r]) for r in key_repos[k])
-        if len(tasks) > cfg.min_key_tasks and len(tasks) > cfg.max_key_share * total:
-            drop.add(k)
-    return drop
+    appear in (and by more than ``min_key_tasks`` tasks): (key, kind)."""
+    ep = ep.select("i", "task_of", pl.col("repo").fill_null("\x00"))  # no repository is a repository here
+    repo_tasks = ep.group_by("repo").agg(pl.col("task_of").n_unique().alias("repo_tasks"))
+    weak = long.filter(pl.col("kind").is_in(list(_WEAK_NAME))).join(ep, on="i")
+    tasks = weak.group_by("key").agg(pl.col("task_of").n_unique().alias("tasks"), pl.col("kind").first())
+    total = (weak.select("key", "repo").unique().join(repo_tasks, on="repo")
+             .group_by("key").agg(pl.col("repo_tasks").sum().alias("total")))
+    return (tasks.join(total, on="key")
+            .filter((pl.col("tasks") > cfg.min_key_tasks) & (pl.col("tasks") > cfg.max_key_share * pl.col("total")))
+            .select("key", "kind"))
 
 
-def episode_keys(f: EpisodeFeatures, repo: str | None, cfg: GroupConfig, cluster: str | None) -> list[str]:
-    scope = repo or "no-repository"
-    keys = []
-    task = f.instance_id or f.task_id
-    if "repository_task" in cfg.keys and repo and task:
-        keys.append(f"repo-task:{repo}:{task}")
-    if "task" in cfg.keys and task:
-        keys.append(f"task:{task}")
-    if "base_commit" in cfg.keys and f.base_commit:
-        keys.append(f"commit:{f.base_commit}")
-    if "failing_test" in cfg.keys:
-        keys += [f"test:{scope}:{t}" for t in f.failing_tests]
-    if "touched_file" in cfg.keys:
-        keys += [f"file:{scope}:{p}" for p in f.touched_files]
-    if "patch_symbol" in cfg.keys:
-        keys += [f"symbol:{scope}:{s}" for s in (f.symbols if f.symbols is not None else patch_symbols(f.patch))]
-    if "near_dup" in cfg.keys and cluster:
-        keys.append(f"cluster:{cluster}")
-    if repo and (cfg.whole_repository or (cfg.repository_fallback and not (task or f.base_commit))):
-        keys.append(f"repo:{repo}")
-    return keys
-
-
-def _merge_weak(strong: dict[str, str], task_of: dict[str, str], keys_of: dict[str, list[str]], cap: int,
-                era_of: dict[str, str]) -> tuple[dict[str, str], set[str]]:
+def _merge_weak(long: pl.DataFrame, ep: pl.DataFrame, cap: int) -> tuple[np.ndarray, set[str]]:
     """Union strong groups through weak keys, most specific key first, never past ``cap`` tasks
-    and never across eras (before / after the cutoff); returns the final label per strong group
-    and the keys left spanning groups."""
-    tasks: dict[str, set[str]] = {}
-    era: dict[str, frozenset[str]] = {}
-    for ep, g in strong.items():
-        tasks.setdefault(g, set()).add(task_of[ep])
-        era[g] = era.get(g, frozenset()) | {era_of.get(ep, "")}
-    size = {g: len(t) for g, t in tasks.items()}  # a task is one strong group: the sets are disjoint
-    key_groups: dict[str, set[str]] = {}
-    for ep, keys in keys_of.items():
-        for k in keys:
-            if k.startswith(WEAK_KEY_PREFIXES):
-                key_groups.setdefault(k, set()).add(strong[ep])
-    parent = {g: g for g in size}
-
-    def find(g: str) -> str:
-        while parent[g] != g:
-            parent[g] = parent[parent[g]]
-            g = parent[g]
-        return g
-
+    and never across eras (before / after the cutoff); returns each episode's final group (named
+    by its smallest strong group) and the keys left spanning groups."""
+    n = ep.height
+    strong = ep["strong"].to_numpy()
+    per_group = ep.group_by("strong").agg(pl.col("task_of").n_unique().alias("tasks"),
+                                          ((pl.col("era") == 1).any().cast(pl.Int8)
+                                           + 2 * (pl.col("era") == 2).any().cast(pl.Int8)).alias("eras"))
+    size = np.zeros(n, dtype=np.int64)  # a task is one strong group: the sets are disjoint
+    era = np.zeros(n, dtype=np.int8)
+    g = per_group["strong"].to_numpy()
+    size[g] = per_group["tasks"].to_numpy()
+    era[g] = per_group["eras"].to_numpy()
     # a key of one strong group merges nothing and spans nothing: only the shared ones are walked
-    key_groups = {k: gs for k, gs in key_groups.items() if len(gs) > 1}
-    for k in sorted(key_groups, key=lambda k: (len(key_groups[k]), k)):
-        members = sorted(key_groups[k])
-        for g in members[1:]:
-            a, b = find(members[0]), find(g)
+    shared = (long.filter(pl.col("kind").is_in(list(_WEAK_NAME))).join(ep.select("i", "strong"), on="i")
+              .select("key", "strong").unique()
+              .group_by("key").agg(pl.col("strong").sort()).filter(pl.col("strong").list.len() > 1)
+              .sort([pl.col("strong").list.len(), "key"]))
+    parent = np.arange(n)
+
+    def find(x: int) -> int:
+        root = x
+        while parent[root] != root:
+            root = parent[root]
+        while parent[x] != root:
+            parent[x], x = root, parent[x]
+        return root
+
+    for members in shared["strong"].to_list():
+        first = members[0]
+        for other in members[1:]:
+            a, b = find(first), find(other)
             if a != b and size[a] + size[b] <= cap and era[a] == era[b]:
                 a, b = min(a, b), max(a, b)
                 parent[b] = a
                 size[a] += size[b]
-    label = {g: find(g) for g in parent}
-    cut = {k for k, gs in key_groups.items() if len({label[g] for g in gs}) > 1}
-    return label, cut
+    final = np.fromiter((find(x) for x in range(n)), dtype=np.int64, count=n)
+    cut = {k for k, members in shared.iter_rows() if len({final[m] for m in members}) > 1}
+    return final[strong], cut
 
 
-def assign_groups(features: list[EpisodeFeatures], cfg: GroupConfig = GroupConfig(),
-                  clusters: dict[str, str] | None = None, cutoff: datetime | None = None) -> GroupResult:
+def group_frame(df: pl.DataFrame, cfg: GroupConfig = GroupConfig(), clusters: pl.Series | None = None,
+                cutoff: datetime | None = None) -> GroupFrame:
     """Groups in two passes. Strong keys (task, repository + task, a whole repository when asked
-    or when nothing else tells its tasks apart) are unioned without limit, in SQL. Weak keys then
+    or when nothing else tells its tasks apart) are unioned without limit. Weak keys then
     merge those groups, the most specific key first, as long as the merged group holds at most
     ``max(min_merge_tasks, max_merge_share x tasks)`` tasks: unioning
     every weak link chains a repository's tasks into one group (percolation: 20 small corpora
@@ -195,59 +218,76 @@ def assign_groups(features: list[EpisodeFeatures], cfg: GroupConfig = GroupConfi
     pair shares a key either way. With a ``cutoff``, a weak key never merges a group of tasks from
     before it with one from after it: the merge would make the later tasks a mixed group's
     held-out members (evaluation is the scarce side), while a cut costs only the train episodes
-    that share the key."""
-    clusters = clusters or {}
-    keys_of, flags_of, repo_of = {}, {}, {}
-    for f in features:
-        repo = normalize_repository(f.repository, f.instance_id)
-        repo_of[f.key] = repo
-        keys_of[f.key] = episode_keys(f, repo, cfg, clusters.get(f.key))
-    drop = weak_keys_to_drop(features, keys_of, repo_of, cfg)
+    that share the key. ``df`` is a ``dedup.frame``; ``clusters``: each row's near-duplicate
+    cluster id."""
+    n = df.height
+    repo = _repositories(df)
+    task = pl.coalesce(nonblank("instance_id"), nonblank("task_id"))
+    ep = df.select(
+        pl.int_range(n, dtype=pl.Int64).alias("i"), "trajectory_key", repo.alias("repo"),
+        task.alias("task"), nonblank("base_commit").alias("commit"), "failing_tests", "touched_files", "patch_symbols",
+        (pl.Series("cluster", clusters, dtype=pl.String) if clusters is not None
+         else pl.lit(None, dtype=pl.String).alias("cluster")),
+        pl.coalesce(task, pl.format("episode:{}", "trajectory_key")).alias("task_of"),
+        (pl.when(pl.col("issue_created_at") > cutoff).then(pl.lit(2, dtype=pl.Int8)).otherwise(pl.lit(1, dtype=pl.Int8))
+         if cutoff is not None else pl.lit(1, dtype=pl.Int8)).alias("era"),
+    ).with_columns((pl.col("repo").fill_null("") != "").alias("repo_ok")).with_columns(
+        pl.when("repo_ok").then("repo").otherwise(pl.lit("no-repository")).alias("scope"))
+    long = _episode_keys(ep, cfg)
+    drop = _weak_keys_to_drop(long, ep, cfg)
     dropped: dict[str, int] = {}
-    for k in drop:
-        kind = k.split(":", 1)[0]
-        dropped[kind] = dropped.get(kind, 0) + 1
-    edges = []
-    for f in features:
-        keys = [k for k in keys_of[f.key] if k not in drop]
-        lost = len(keys) < len(keys_of[f.key])
-        keys_of[f.key] = keys
-        flags = ["weak_key_dropped"] if lost else []
-        if not repo_of[f.key]:
-            flags.append("no_repository")
-        if not [k for k in keys if not k.startswith("cluster:")]:
-            flags.append("no_grouping_key")
-        flags_of[f.key] = flags
-        edges += [(f"ep:{f.key}", f"key:{k}") for k in keys if not k.startswith(WEAK_KEY_PREFIXES)]
-    nodes = [f"ep:{f.key}" for f in features] + [b for _, b in edges]
-    label = components_sql(nodes, edges)
-    strong = {f.key: label[f"ep:{f.key}"] for f in features}
-    task_of = {f.key: _task_of(f) for f in features}
-    cap = max(cfg.min_merge_tasks, math.ceil(cfg.max_merge_share * len(set(task_of.values()))))
-    era_of = {f.key: "post" if cutoff and f.issue_created_at and f.issue_created_at > cutoff else "pre"
-              for f in features}
-    merged, cut = _merge_weak(strong, task_of, keys_of, cap, era_of)
-    for f in features:
-        if any(k in cut for k in keys_of[f.key]):
-            flags_of[f.key].append("weak_link_cut")
+    for kind, count in drop.group_by("kind").len().iter_rows():
+        dropped[_WEAK_NAME[kind]] = count
+    lost = long.join(drop.select("key"), on="key", how="semi")["i"].unique()
+    long = long.join(drop.select("key"), on="key", how="anti", maintain_order="left")
+    # strong groups: components of the episode-key graph over the strong keys
+    strong_keys = long.filter(pl.col("kind").is_in(list(_STRONG)))
+    names = strong_keys["key"].unique()
+    node = strong_keys.join(pl.DataFrame({"key": names, "node": np.arange(n, n + len(names))}), on="key")
+    label = components_array(n + len(names), node["i"].to_numpy(), node["node"].to_numpy())
+    ep = ep.with_columns(pl.Series("strong", label[:n]))
+    tasks = ep["task_of"].n_unique()
+    cap = max(cfg.min_merge_tasks, math.ceil(cfg.max_merge_share * tasks))
+    final, cut = _merge_weak(long, ep, cap)
+    ep = ep.with_columns(pl.Series("final", final))
     # a group's id: digest of its smallest task (independent of input order, and stable when new
     # attempts of its tasks arrive: only a merge with a task that sorts first renames a group);
     # groups that would share it (tasks that are not a grouping key) take their smallest member too
-    group_of = {}
-    members = list(_members({k: merged[g] for k, g in strong.items()}).values())
-    first_task = [min(task_of[k] for k in keys) for keys in members]
-    taken: dict[str, int] = {}
-    for t in first_task:
-        taken[t] = taken.get(t, 0) + 1
-    for keys, t in zip(members, first_task, strict=True):
-        gid = "g-" + ids.digest(t if taken[t] == 1 else f"{t}\x1f{min(keys)}")[:16]
-        for k in keys:
-            group_of[k] = gid
-    return GroupResult(group_of, keys_of, flags_of, repo_of, dropped, cut)
+    named = (ep.group_by("final").agg(pl.col("task_of").min().alias("first_task"), pl.col("trajectory_key").min().alias("first_key"),
+                                      pl.len().alias("group_size"))
+             .with_columns(pl.len().over("first_task").alias("taken")))
+    named = named.with_columns(pl.Series("group_id", [
+        "g-" + ids.digest(t if taken == 1 else f"{t}\x1f{k}")[:16]
+        for t, k, taken in named.select("first_task", "first_key", "taken").iter_rows()], dtype=pl.String))
+    keys = long.group_by("i", maintain_order=True).agg(pl.col("key").alias("keys"))
+    has_key = long.filter(pl.col("kind") != 6)["i"].unique()
+    cut_eps = long.filter(pl.col("key").is_in(list(cut)))["i"].unique() if cut else pl.Series([], dtype=pl.Int64)
+    rows = (ep.select("i", "trajectory_key", "final", "repo_ok", pl.col("repo").alias("repository"), "task_of")
+            .join(named.select("final", "group_id", "group_size"), on="final", how="left")
+            .join(keys, on="i", how="left").sort("i")
+            .with_columns(pl.col("keys").fill_null(pl.lit([], dtype=pl.List(pl.String))),
+                          pl.col("i").is_in(lost.implode()).alias("lost"), pl.col("i").is_in(has_key.implode()).alias("has_key"),
+                          pl.col("i").is_in(cut_eps.implode()).alias("cut")))
+    none = pl.lit([], dtype=pl.List(pl.String))
+    rows = rows.with_columns(pl.concat_list([pl.when(on).then(pl.lit([flag], dtype=pl.List(pl.String))).otherwise(none)
+                                             for flag, on in (("weak_key_dropped", pl.col("lost")),
+                                                              ("no_repository", ~pl.col("repo_ok")),
+                                                              ("no_grouping_key", ~pl.col("has_key")),
+                                                              ("weak_link_cut", pl.col("cut")))]).alias("flags"))
+    return GroupFrame(rows.select("trajectory_key", "group_id", pl.col("group_size").cast(pl.Int64), "repository", "keys",
+                                  "flags", pl.col("task_of").alias("task")), dropped, cut)
 
 
-def _members(label_of: dict[str, str]) -> dict[str, list[str]]:
-    members: dict[str, list[str]] = {}
-    for key, label in label_of.items():
-        members.setdefault(label, []).append(key)
-    return members
+def assign_groups(features: list[EpisodeFeatures], cfg: GroupConfig = GroupConfig(),
+                  clusters: dict[str, str] | None = None, cutoff: datetime | None = None) -> GroupResult:
+    """``group_frame`` of a list of features (``clusters``: near-duplicate cluster per key)."""
+    df = feature_frame(features)
+    clusters = clusters or {}
+    result = group_frame(df, cfg, pl.Series([clusters.get(k) for k in df["trajectory_key"].to_list()], dtype=pl.String),
+                         cutoff)
+    r = result.rows
+    keys = r["trajectory_key"].to_list()
+    return GroupResult(dict(zip(keys, r["group_id"].to_list(), strict=True)),
+                       dict(zip(keys, r["keys"].to_list(), strict=True)),
+                       dict(zip(keys, r["flags"].to_list(), strict=True)),
+                       dict(zip(keys, r["repository"].to_list(), strict=True)), result.dropped_keys, result.cut_keys)

@@ -15,26 +15,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 import orjson
+import polars as pl
 import pyarrow as pa
-from trajwh.dedup.components import components_uf
+from trajwh.dedup.components import components_array
 from trajwh.dedup.features import EpisodeFeatures, action_shingles, stream_features, text_shingles
-from trajwh.dedup.groups import GroupConfig, assign_groups, patch_symbols
+from trajwh.dedup.frame import conform, feature_frame, sig_bytes, signature_matrix
+from trajwh.dedup.groups import GroupConfig, group_frame, patch_symbols
 from trajwh.dedup.leaks import RULE_VERSION, LeakFlag, episode_leaks
-from trajwh.dedup.minhash import MinHashParams, lsh_pairs, signatures
-from trajwh.dedup.splits import SPLIT_VERSION, SplitConfig, assign_splits
+from trajwh.dedup.minhash import MinHashParams, lsh_pairs, pair_similarity, signatures
+from trajwh.dedup.splits import SPLIT_VERSION, SplitConfig, split_frame
 from trajwh.lineage.catalog import Warehouse, now_utc, write_table_file
 from trajwh.lineage.parallel import PARALLEL_MIN_ITEMS, run_parts, workers_wanted
 from trajwh.lineage.rebuild import (
+    TableSetWriter,
     batch_fingerprints,
     inputs_fingerprint,
     is_current,
     mark_running,
-    replace_tables,
     run_row,
 )
 from trajwh.schemas import ids
@@ -99,90 +100,113 @@ def sign(features: list[EpisodeFeatures], cfg: CurateConfig = CurateConfig()) ->
         f.signed = True
 
 
+_SIGNALS = ("actions", "exact", "text")  # what links two episodes, coded in the order of the names
+
+
+def cluster_frame(df: pl.DataFrame, cfg: CurateConfig = CurateConfig()) -> pl.DataFrame:
+    """Exact duplicates, near-duplicate action sequences and near-duplicate text, as clusters: one
+    row per episode of ``df`` (a ``dedup.frame``), in its order, with the cluster's id and size,
+    whether the episode is its representative, its weight, the signals that linked it and its
+    highest similarity to a linked episode."""
+    n = df.height
+    a_parts, b_parts, signal_parts, sim_parts = [], [], [], []
+    exact = (df.select(pl.int_range(n, dtype=pl.Int64).alias("i"), "exact_digest").drop_nulls("exact_digest")
+             .with_columns(pl.col("i").min().over("exact_digest").alias("first")).filter(pl.col("i") != pl.col("first")))
+    a_parts.append(exact["first"].to_numpy())
+    b_parts.append(exact["i"].to_numpy())
+    signal_parts.append(np.full(exact.height, _SIGNALS.index("exact"), dtype=np.int8))
+    sim_parts.append(np.ones(exact.height))
+    for signal, col in ((_SIGNALS.index("actions"), "action_signature"), (_SIGNALS.index("text"), "text_signature")):
+        present, sigs = signature_matrix(df[col], cfg.minhash.num_perm)
+        if len(present) < 2:
+            continue
+        pairs = lsh_pairs(sigs, cfg.minhash)
+        a_parts.append(present[pairs[:, 0]])
+        b_parts.append(present[pairs[:, 1]])
+        signal_parts.append(np.full(len(pairs), signal, dtype=np.int8))
+        sim_parts.append(pair_similarity(sigs, pairs))
+    a, b = np.concatenate(a_parts).astype(np.int64), np.concatenate(b_parts).astype(np.int64)
+    root = components_array(n, a, b)
+    keys = df["trajectory_key"]
+    roots = np.unique(root)
+    cluster_of_root = pl.DataFrame({"root": roots, "cluster_id": ["c-" + ids.digest(k)[:16] for k in
+                                                                   keys.gather(roots).to_list()]})
+    signals = np.concatenate(signal_parts)
+    sims = np.concatenate(sim_parts)
+    linked = (pl.DataFrame({"i": np.concatenate([a, b]), "signal": np.concatenate([signals, signals]),
+                            "sim": np.concatenate([sims, sims])})
+              .group_by("i").agg(pl.col("signal").unique().sort()  # codes sort as the names do
+                                 .replace_strict(dict(enumerate(_SIGNALS)), return_dtype=pl.String).alias("linked_by"),
+                                 pl.col("sim").max().alias("max_similarity")))
+    out = (df.select("trajectory_key", "resolved", "n_steps", "started_at")
+           .with_columns(pl.int_range(n, dtype=pl.Int64).alias("i"), pl.Series("root", root))
+           .join(cluster_of_root, on="root", how="left")
+           .join(linked, on="i", how="left"))
+    # the representative: resolved first, then the fewest steps, then the earliest start, then the key
+    rep = (out.sort([pl.col("resolved").fill_null(False).not_(), "n_steps", "started_at", "trajectory_key"],
+                    nulls_last=True)
+           .group_by("root").agg(pl.col("i").first().alias("rep")))
+    out = out.join(rep, on="root", how="left").sort("i").with_columns(pl.len().over("root").alias("cluster_size"))
+    return out.select(
+        "trajectory_key", "cluster_id", "cluster_size", (pl.col("i") == pl.col("rep")).alias("is_representative"),
+        (1.0 / pl.col("cluster_size") if cfg.weight == "inverse_size" else pl.lit(1.0)).cast(pl.Float64).alias("weight"),
+        pl.col("linked_by").fill_null(pl.lit([], dtype=pl.List(pl.String))), "max_similarity")
+
+
 def near_duplicates(features: list[EpisodeFeatures], cfg: CurateConfig = CurateConfig()) -> Clusters:
     """Exact duplicates, near-duplicate action sequences and near-duplicate text, as clusters."""
     sign(features, cfg)
-    keys = [f.key for f in features]
-    edges: list[tuple[str, str, str, float]] = []
-    exact: dict[str, list[str]] = {}
-    for f in features:
-        if f.exact:
-            exact.setdefault(f.exact, []).append(f.key)
-    for group in exact.values():
-        edges += [(group[0], k, "exact", 1.0) for k in group[1:]]
-    for signal, attr in (("actions", "action_sig"), ("text", "text_sig")):
-        present = [i for i, f in enumerate(features) if getattr(f, attr) is not None]
-        if len(present) < 2:
-            continue
-        sigs = np.stack([getattr(features[i], attr) for i in present])
-        for i, j in lsh_pairs(sigs, cfg.minhash):
-            sim = float((sigs[i] == sigs[j]).mean())
-            edges.append((keys[present[i]], keys[present[j]], signal, sim))
-    label = components_uf(keys, [(a, b) for a, b, _, _ in edges])
-    clusters = Clusters({k: "c-" + ids.digest(label[k])[:16] for k in keys})
-    for a, b, signal, sim in edges:
-        for k in (a, b):
-            clusters.linked_by.setdefault(k, set()).add(signal)
-            clusters.similarity[k] = max(clusters.similarity.get(k, 0.0), sim)
+    rows = cluster_frame(feature_frame(features), cfg)
+    clusters = Clusters(dict(zip(rows["trajectory_key"].to_list(), rows["cluster_id"].to_list(), strict=True)))
+    for key, linked, sim in rows.select("trajectory_key", "linked_by", "max_similarity").iter_rows():
+        if linked:
+            clusters.linked_by[key] = set(linked)
+            clusters.similarity[key] = sim
     return clusters
 
 
-def _representatives(features: list[EpisodeFeatures], cluster_of: dict[str, str]) -> dict[str, str]:
-    far = datetime.max.replace(tzinfo=UTC)
-    best: dict[str, tuple[Any, ...]] = {}
-    for f in features:
-        rank = (0 if f.resolved else 1, f.n_steps, f.started_at or far, f.key)
-        c = cluster_of[f.key]
-        if c not in best or rank < best[c]:
-            best[c] = rank
-    return {c: r[-1] for c, r in best.items()}
-
-
-def curate(features: list[EpisodeFeatures], leaks: list, cfg: CurateConfig, run_id: str) -> dict[str, list[dict]]:
-    """All four tables' rows from the features (a pure function: the tests call it directly)."""
-    version = cfg.version()
-    lineage = {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": version}
-    clusters = near_duplicates(features, cfg)
-    size = {}
-    for c in clusters.cluster_of.values():
-        size[c] = size.get(c, 0) + 1
-    reps = _representatives(features, clusters.cluster_of)
-    groups = assign_groups(features, cfg.groups, clusters.cluster_of, cutoff=cfg.splits.cutoff)
-    gsize = {}
-    for g in groups.group_of.values():
-        gsize[g] = gsize.get(g, 0) + 1
+def _leak_evidence(leaks: list[LeakFlag]) -> dict[str, list[str]]:
     leaked: dict[str, list[str]] = {}
     for leak in leaks:
         leaked.setdefault(leak.trajectory_key, []).append(f"{leak.kind}@{leak.step_index}")
-    splits = assign_splits(features, groups.group_of, cfg.splits, repository_of=groups.repository_of, leaks=leaked,
-                           keys_of=groups.keys_of, cut_keys=groups.cut_keys)
-    rows: dict[str, list[dict]] = {t: [] for t in TABLES}
-    for f in features:
-        c = clusters.cluster_of[f.key]
-        rows["near_dup_clusters"].append({
-            "trajectory_key": f.key, "cluster_id": c, "cluster_size": size[c], "is_representative": reps[c] == f.key,
-            "weight": 1.0 / size[c] if cfg.weight == "inverse_size" else 1.0,
-            "linked_by": sorted(clusters.linked_by.get(f.key, set())),
-            "max_similarity": clusters.similarity.get(f.key), **lineage})
-        g = groups.group_of[f.key]
-        rows["task_groups"].append({
-            "trajectory_key": f.key, "group_id": g, "group_size": gsize[g], "repository": groups.repository_of[f.key],
-            "keys": groups.keys_of[f.key], "flags": groups.flags_of[f.key], **lineage})
-    for s in splits:
-        rows["splits"].append({"trajectory_key": s.trajectory_key, "group_id": s.group_id,
-                               "cluster_id": clusters.cluster_of[s.trajectory_key], "split": s.split, "reason": s.reason,
-                               "eligible_for_eval": s.eligible_for_eval, "flags": s.flags, **lineage})
-    for leak in leaks:
-        rows["leak_flags"].append({"trajectory_key": leak.trajectory_key, "step_id": leak.step_id,
-                                   "step_index": leak.step_index, "kind": leak.kind, "evidence": leak.evidence,
-                                   "rule_version": RULE_VERSION, **lineage})
-    for s in splits:
-        for flag in s.flags:
-            if flag == "fix_after_cutoff":
-                rows["leak_flags"].append({"trajectory_key": s.trajectory_key, "step_id": None, "step_index": None,
-                                           "kind": flag, "evidence": "issue created before the cutoff, fix merged after it",
-                                           "rule_version": RULE_VERSION, **lineage})
-    return rows
+    return leaked
+
+
+def curate_frames(df: pl.DataFrame, leaks: list[LeakFlag], cfg: CurateConfig) -> dict[str, pl.DataFrame]:
+    """The four tables (without lineage columns) from a ``dedup.frame`` of every episode and the
+    leak flags: clusters, then groups (a cluster is a grouping key), then splits."""
+    clusters = cluster_frame(df, cfg)
+    groups = group_frame(df, cfg.groups, clusters["cluster_id"], cutoff=cfg.splits.cutoff)
+    g = groups.rows
+    splits = split_frame(df.with_columns(g["group_id"], g["repository"], g["keys"]), cfg.splits, _leak_evidence(leaks),
+                         groups.cut_keys)
+    splits = splits.join(clusters.select("trajectory_key", "cluster_id"), on="trajectory_key", how="left",
+                         maintain_order="left").select("trajectory_key", "group_id", "cluster_id", "split", "reason",
+                                                       "eligible_for_eval", "flags")
+    leak_schema = {"trajectory_key": pl.String, "step_id": pl.String, "step_index": pl.Int64, "kind": pl.String,
+                   "evidence": pl.String}
+    flagged = pl.DataFrame([(x.trajectory_key, x.step_id, x.step_index, x.kind, x.evidence) for x in leaks],
+                           schema=leak_schema, orient="row")
+    late_fix = splits.filter(pl.col("flags").list.contains("fix_after_cutoff")).select(
+        "trajectory_key", pl.lit(None, dtype=pl.String).alias("step_id"), pl.lit(None, dtype=pl.Int64).alias("step_index"),
+        pl.lit("fix_after_cutoff").alias("kind"), pl.lit("issue created before the cutoff, fix merged after it").alias("evidence"))
+    return {"near_dup_clusters": clusters,
+            "task_groups": g.select("trajectory_key", "group_id", "group_size", "repository", "keys", "flags"),
+            "splits": splits,
+            "leak_flags": pl.concat([flagged, late_fix]).with_columns(pl.lit(RULE_VERSION).alias("rule_version"))}
+
+
+def _with_lineage(frame: pl.DataFrame, table: str, lineage: dict[str, Any]) -> pa.Table:
+    schema = arrow_schema(_MODELS[table])
+    data = frame.with_columns([pl.lit(v, dtype=pl.String).alias(k) for k, v in lineage.items()]).to_arrow()
+    return data.select(schema.names).cast(schema)
+
+
+def curate(features: list[EpisodeFeatures], leaks: list, cfg: CurateConfig, run_id: str) -> dict[str, list[dict]]:
+    """All four tables' rows from a list of features (a pure function: the tests call it)."""
+    sign(features, cfg)
+    lineage = {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": cfg.version()}
+    return {t: _with_lineage(f, t, lineage).to_pylist() for t, f in curate_frames(feature_frame(features), leaks, cfg).items()}
 
 
 _FEATURE_SCHEMA = arrow_schema(EpisodeFeatureRow)
@@ -217,49 +241,24 @@ def features_version(cfg: CurateConfig) -> str:
             f"min_actions={cfg.min_actions};leaks={RULE_VERSION}")
 
 
-def _sig_bytes(sig: Any) -> bytes | None:
-    return None if sig is None else np.asarray(sig, dtype="<u4").tobytes()
-
-
 def feature_row(f: EpisodeFeatures, leaks: list[LeakFlag], lineage: dict[str, Any]) -> dict[str, Any]:
     return {"trajectory_key": f.key, "repository": f.repository, "base_commit": f.base_commit,
             "base_commit_at": f.base_commit_at, "task_id": f.task_id, "instance_id": f.instance_id,
             "failing_tests": f.failing_tests, "touched_files": f.touched_files, "patch_symbols": f.symbols or [],
             "issue_created_at": f.issue_created_at, "fix_merged_at": f.fix_merged_at, "started_at": f.started_at,
             "resolved": f.resolved, "n_steps": f.n_steps, "exact_digest": f.exact,
-            "action_signature": _sig_bytes(f.action_sig), "text_signature": _sig_bytes(f.text_sig),
+            "action_signature": sig_bytes(f.action_sig), "text_signature": sig_bytes(f.text_sig),
             "leaks": orjson.dumps([[x.step_id, x.step_index, x.kind, x.evidence] for x in leaks]).decode()
             if leaks else None, **lineage}
 
 
-def stored_features(wh: Warehouse) -> tuple[list[EpisodeFeatures], list[LeakFlag]]:
-    """Every episode's stored features (signed, without text) and leak flags, by trajectory key."""
-    features: list[EpisodeFeatures] = []
-    leaks: list[LeakFlag] = []
-    for rb in wh.stream("SELECT * EXCLUDE (_batch_id, _run_id, _transform, _transform_version) "
-                        "FROM episode_features ORDER BY trajectory_key", batch_rows=5_000, arrow=True):
-        # column by column: a dict per row cost 2.5 of the 4.3 s at 107,000 episodes
-        c = {name: rb.column(name).to_pylist() for name in rb.schema.names}
-        for (key, repository, base_commit, base_commit_at, task_id, instance_id, failing_tests, touched_files,
-             issue_created_at, fix_merged_at, started_at, resolved, n_steps, symbols, exact, action_sig, text_sig,
-             leak_json) in zip(
-                c["trajectory_key"], c["repository"], c["base_commit"], c["base_commit_at"], c["task_id"],
-                c["instance_id"], c["failing_tests"], c["touched_files"], c["issue_created_at"], c["fix_merged_at"],
-                c["started_at"], c["resolved"], c["n_steps"], c["patch_symbols"], c["exact_digest"],
-                c["action_signature"], c["text_signature"], c["leaks"], strict=True):
-            f = EpisodeFeatures(
-                key, repository=repository, base_commit=base_commit, base_commit_at=base_commit_at, task_id=task_id,
-                instance_id=instance_id, failing_tests=failing_tests, touched_files=touched_files,
-                issue_created_at=issue_created_at, fix_merged_at=fix_merged_at, started_at=started_at,
-                resolved=resolved, n_steps=n_steps, symbols=symbols, exact=exact, signed=True)
-            if action_sig is not None:
-                f.action_sig = np.frombuffer(action_sig, dtype="<u4")
-            if text_sig is not None:
-                f.text_sig = np.frombuffer(text_sig, dtype="<u4")
-            features.append(f)
-            if leak_json:
-                leaks += [LeakFlag(key, *x) for x in orjson.loads(leak_json)]
-    return features, leaks
+def stored_frame(wh: Warehouse) -> tuple[pl.DataFrame, list[LeakFlag]]:
+    """Every episode's stored features as a ``dedup.frame`` and their leak flags, by trajectory key."""
+    data = pl.from_arrow(wh.query("SELECT * EXCLUDE (_batch_id, _run_id, _transform, _transform_version) "
+                                  "FROM episode_features ORDER BY trajectory_key"))
+    leaks = [LeakFlag(key, *x) for key, text in data.select("trajectory_key", "leaks").drop_nulls("leaks").iter_rows()
+             for x in orjson.loads(text)]
+    return conform(data), leaks
 
 
 def _feature_files(wh: Warehouse, batch_id: str, lineage: dict[str, Any], cfg: CurateConfig,
@@ -384,23 +383,29 @@ def curate_warehouse(wh: Warehouse, *, run_id: str, cfg: CurateConfig = CurateCo
             return summary
         if progress:
             progress("reading stored features")
-        features, leaks = stored_features(wh)
+        df, leaks = stored_frame(wh)
         if progress:
             progress("clustering, grouping, splitting")
-        rows = curate(features, leaks, cfg, run_id)
-        del features
-        summary.moved = count_moves(_previous_splits(wh), {r["trajectory_key"]: r["split"] for r in rows["splits"]})
-        replace_tables(session, rows, _MODELS, run_id=run_id, version=version)
-        summary.episodes = len(rows["splits"])
-        summary.clusters = len({r["cluster_id"] for r in rows["near_dup_clusters"]})
-        summary.duplicates = sum(1 for r in rows["near_dup_clusters"] if r["cluster_size"] > 1)
-        summary.groups = len({r["group_id"] for r in rows["task_groups"]})
-        summary.largest_group = max((r["group_size"] for r in rows["task_groups"]), default=0)
-        summary.weak_key_episodes = sum("weak_key_dropped" in r["flags"] for r in rows["task_groups"])
-        summary.held_out = sum(r["split"] == "held_out" for r in rows["splits"])
-        for r in rows["splits"]:
-            summary.splits[r["split"]] = summary.splits.get(r["split"], 0) + 1
-        summary.leaks = len(rows["leak_flags"])
+        frames = curate_frames(df, leaks, cfg)
+        del df
+        splits = frames["splits"]
+        summary.moved = count_moves(_previous_splits(wh), dict(zip(splits["trajectory_key"].to_list(),
+                                                                   splits["split"].to_list(), strict=True)))
+        lineage = {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": cfg.version()}
+        writer = TableSetWriter(session, _MODELS)
+        for t, frame in frames.items():
+            writer.add_arrow(t, _with_lineage(frame, t, lineage))
+        writer.commit(run_id=run_id, version=version)
+        clusters, groups = frames["near_dup_clusters"], frames["task_groups"]
+        summary.episodes = splits.height
+        summary.clusters = clusters["cluster_id"].n_unique()
+        summary.duplicates = int((clusters["cluster_size"] > 1).sum())
+        summary.groups = groups["group_id"].n_unique()
+        summary.largest_group = int(groups["group_size"].max() or 0)
+        summary.weak_key_episodes = int(groups["flags"].list.contains("weak_key_dropped").sum())
+        summary.held_out = int((splits["split"] == "held_out").sum())
+        summary.splits = dict(sorted(splits["split"].value_counts().iter_rows()))
+        summary.leaks = frames["leak_flags"].height
         sp = cfg.splits
         requested = {"fractions": {"train": sp.train, "valid": sp.valid, "test": sp.test},
                      "cutoff": sp.cutoff.isoformat() if sp.cutoff else None, "hold_out_leaks": sp.hold_out_leaks,

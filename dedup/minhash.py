@@ -229,30 +229,39 @@ def optimal_bands(threshold: float, num_perm: int, fp_weight: float = 0.5, fn_we
 
 
 def lsh_pairs(sigs: np.ndarray, params: MinHashParams = MinHashParams()) -> np.ndarray:
-    """Candidate pairs (i < j) sharing a band bucket, verified by estimated Jaccard >= threshold."""
+    """Candidate pairs (i < j) sharing a band bucket, verified by estimated Jaccard >= threshold;
+    sorted. A bucket of more than 64 documents is a star around its smallest member (linear)."""
     bands, rows = params.bands
     n = len(sigs)
     if n < 2:
         return np.empty((0, 2), dtype=np.int64)
-    pairs = set()
+    codes = []
     for band in range(bands):
         block = np.ascontiguousarray(sigs[:, band * rows:(band + 1) * rows])
         keys = block.view(np.dtype((np.void, block.dtype.itemsize * rows))).ravel()
-        order = np.argsort(keys, kind="stable")
+        order = np.argsort(keys, kind="stable")  # members of a bucket come in index order
         sorted_keys = keys[order]
         starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
-        ends = np.r_[starts[1:], n]
-        shared = np.flatnonzero(ends - starts > 1)  # buckets of one document pair with nobody
-        for s, e in zip(starts[shared].tolist(), ends[shared].tolist(), strict=True):
-            members = np.sort(order[s:e]).tolist()
-            if len(members) > 64:  # a huge bucket: a star around its smallest member keeps it linear
-                pairs.update((members[0], m) for m in members[1:])
+        sizes = np.diff(np.r_[starts, n])
+        for m in np.unique(sizes[sizes > 1]).tolist():
+            first = starts[sizes == m]
+            if m > 64:  # a huge bucket: a star around its smallest member keeps it linear
+                members = np.concatenate([order[s:s + m] for s in first.tolist()])
+                hub = np.repeat(order[first], m)
+                keep = members != hub
+                codes.append(hub[keep] * n + members[keep])
                 continue
-            for i in range(len(members)):
-                for j in range(i + 1, len(members)):
-                    pairs.add((members[i], members[j]))
-    if not pairs:
+            members = order[first[:, None] + np.arange(m)[None, :]]  # buckets x m, each row ascending
+            i, j = np.triu_indices(m, 1)
+            codes.append((members[:, i] * n + members[:, j]).ravel())
+    if not codes:
         return np.empty((0, 2), dtype=np.int64)
-    arr = np.array(sorted(pairs), dtype=np.int64)
-    sim = (sigs[arr[:, 0]] == sigs[arr[:, 1]]).mean(axis=1)
-    return arr[sim >= params.threshold]
+    code = np.unique(np.concatenate(codes).astype(np.int64))
+    arr = np.stack([code // n, code % n], axis=1)
+    return arr[pair_similarity(sigs, arr) >= params.threshold]
+
+
+def pair_similarity(sigs: np.ndarray, pairs: np.ndarray, chunk: int = 65_536) -> np.ndarray:
+    """Estimated Jaccard (share of equal MinHash values) of each pair, a chunk of pairs at a time."""
+    return np.concatenate([(sigs[pairs[s:s + chunk, 0]] == sigs[pairs[s:s + chunk, 1]]).mean(axis=1)
+                           for s in range(0, len(pairs), chunk)] or [np.empty(0)])

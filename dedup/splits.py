@@ -34,7 +34,9 @@ import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import polars as pl
 from trajwh.dedup.features import EpisodeFeatures
+from trajwh.dedup.frame import feature_frame, nonblank
 
 SPLIT_VERSION = "2.0.1"  # 2.0: mixed groups, leak flags, weak links and repository state hold episodes out; 2.0.1: a weak link's reason names the evaluation episode
 EVAL_SPLITS = ("valid", "test")
@@ -84,117 +86,134 @@ def fix_time(f: EpisodeFeatures) -> datetime | None:
     return f.fix_merged_at or f.issue_created_at
 
 
-def _after_cutoff(f: EpisodeFeatures, cutoff: datetime) -> bool:
-    return f.issue_created_at is not None and f.issue_created_at > cutoff
-
-
-def _group_split(eps: list[EpisodeFeatures], gid: str, cfg: SplitConfig) -> tuple[str, str, bool]:
+def _group_split(gid: str, cfg: SplitConfig, eligible: bool, missing: bool) -> tuple[str, str, bool]:
+    """Rule 1 for one group: ``eligible`` when every episode's issue and generation are after the
+    cutoff, ``missing`` when an episode lacks either time."""
     u = unit_hash(f"{cfg.salt}:{gid}")
     if cfg.cutoff is None:
         split = "train" if u < cfg.train else "valid" if u < cfg.train + cfg.valid else "test"
         return split, f"hash {u:.4f} by fractions {cfg.train}/{cfg.valid}/{cfg.test}", True
-    eligible = all(f.issue_created_at and f.started_at and f.issue_created_at > cfg.cutoff
-                   and f.started_at > cfg.cutoff for f in eps)
     if eligible and cfg.valid + cfg.test > 0:
         share = cfg.valid / (cfg.valid + cfg.test)
         return ("valid" if u < share else "test"), f"issue and generation after cutoff {cfg.cutoff.date()}; hash {u:.4f}", True
-    missing = any(f.issue_created_at is None or f.started_at is None for f in eps)
     reason = ("no usable times: not eligible for evaluation" if missing else
               f"issue or generation on/before cutoff {cfg.cutoff.date()}")
     return "train", reason, eligible
+
+
+_FLAGS = pl.List(pl.String)
+
+
+def _hold_out(rows: pl.DataFrame, which: pl.DataFrame, reason: pl.Expr, flag: str) -> pl.DataFrame:
+    """``rows`` with the episodes of ``which`` (trajectory_key and what ``reason`` reads) held out."""
+    which = which.select("trajectory_key", reason.alias("_reason"), pl.lit(True).alias("_out"))
+    return (rows.join(which, on="trajectory_key", how="left", maintain_order="left")
+            .with_columns(pl.when("_out").then(pl.lit(HELD_OUT)).otherwise("split").alias("split"),
+                          pl.when("_out").then("_reason").otherwise("reason").alias("reason"),
+                          pl.when("_out").then(pl.col("flags").list.concat(pl.lit([flag], dtype=_FLAGS)))
+                          .otherwise("flags").alias("flags"))
+            .drop("_reason", "_out"))
+
+
+def split_frame(df: pl.DataFrame, cfg: SplitConfig = SplitConfig(), leaks: dict[str, list[str]] | None = None,
+                cut_keys: set[str] | None = None) -> pl.DataFrame:
+    """One row per episode (trajectory_key, group_id, split, reason, eligible_for_eval, flags),
+    by group id then key. ``df``: a ``dedup.frame`` with the group's columns (group_id,
+    repository: normalized, for rule 5; keys: grouping keys, for rule 4); ``leaks``: leak
+    evidence per trajectory key (rule 3); ``cut_keys``: the weak keys left spanning groups."""
+    cfg.validate()
+    leaks, cut_keys = leaks or {}, cut_keys or set()
+    c = cfg.cutoff
+    issue, started = pl.col("issue_created_at"), pl.col("started_at")
+    after = issue.is_not_null() & (issue > c) if c is not None else pl.lit(False)
+    per_group = df.group_by("group_id").agg(
+        ((issue > c) & (started > c)).fill_null(False).all().alias("eligible") if c is not None else pl.lit(True).alias("eligible"),
+        (issue.is_null() | started.is_null()).any().alias("missing"),
+        after.any().alias("any_after"), after.all().alias("all_after"))
+    decided = [(gid, *_group_split(gid, cfg, eligible, missing), any_after and not all_after)
+               for gid, eligible, missing, any_after, all_after in per_group.iter_rows()]
+    groups = pl.DataFrame(decided, schema={"group_id": pl.String, "split": pl.String, "reason": pl.String,
+                                           "eligible_for_eval": pl.Boolean, "mixed": pl.Boolean}, orient="row")
+    groups = groups.with_columns((pl.col("mixed") & (pl.col("split") == "train") & pl.lit(c is not None)).alias("mixed"))
+    flag_exprs = []
+    if c is not None:
+        flag_exprs = [pl.when(issue.is_not_null() & (issue <= c) & pl.col("fix_merged_at").is_not_null()
+                              & (pl.col("fix_merged_at") > c)).then(pl.lit(["fix_after_cutoff"], dtype=_FLAGS))
+                      .otherwise(pl.lit([], dtype=_FLAGS)),
+                      pl.when(issue.is_null() | started.is_null()).then(pl.lit(["no_usable_times"], dtype=_FLAGS))
+                      .otherwise(pl.lit([], dtype=_FLAGS))]
+    rows = (df.join(groups, on="group_id", how="left", maintain_order="left")
+            .with_columns((pl.concat_list(flag_exprs) if flag_exprs else pl.lit([], dtype=_FLAGS)).alias("flags"),
+                          after.alias("after")))
+    # rule 2: post-cutoff tasks of a mixed group
+    if c is not None:
+        rows = _hold_out(rows, rows.filter(pl.col("mixed") & pl.col("after")), pl.lit(
+            f"held out: post-cutoff task in a group that also holds tasks from on/before cutoff {c.date()} (mixed group)"),
+            "mixed_group_post_cutoff")
+    # rule 3: leak-flagged episodes never enter an evaluation split
+    if cfg.hold_out_leaks and leaks:
+        evidence = pl.DataFrame({"trajectory_key": list(leaks), "evidence": [", ".join(sorted(v)) for v in leaks.values()]},
+                                schema={"trajectory_key": pl.String, "evidence": pl.String}).filter(pl.col("evidence") != "")
+        leaked = (rows.filter(pl.col("split").is_in(EVAL_SPLITS) & ~(pl.col("mixed") & pl.col("after")))
+                  .join(evidence, on="trajectory_key"))
+        rows = _hold_out(rows, leaked, pl.format("held out of {}: leak flag {}", "split", "evidence"), "leak_held_out")
+    rows = _hold_out_weak_links(rows, cut_keys)
+    rows = _hold_out_future_states(rows)
+    return rows.sort(["group_id", "trajectory_key"]).select(
+        "trajectory_key", "group_id", "split", "reason", "eligible_for_eval", "flags")
 
 
 def assign_splits(features: list[EpisodeFeatures], group_of: dict[str, str], cfg: SplitConfig = SplitConfig(),
                   *, repository_of: dict[str, str | None] | None = None,
                   leaks: dict[str, list[str]] | None = None, keys_of: dict[str, list[str]] | None = None,
                   cut_keys: set[str] | None = None) -> list[SplitRow]:
-    """One row per episode. ``repository_of``: normalized repository per trajectory key (rule 5);
-    ``leaks``: leak evidence per trajectory key (rule 3); ``keys_of`` and ``cut_keys``: grouping
-    keys per episode and the weak keys left spanning groups (rule 4)."""
-    cfg.validate()
-    repository_of, leaks = repository_of or {}, leaks or {}
-    members: dict[str, list[EpisodeFeatures]] = {}
-    for f in features:
-        members.setdefault(group_of[f.key], []).append(f)
-    rows: dict[str, SplitRow] = {}
-    feats = {f.key: f for f in features}
-    for gid in sorted(members):
-        eps = members[gid]
-        split, reason, eligible = _group_split(eps, gid, cfg)
-        mixed = (cfg.cutoff is not None and split == "train" and any(_after_cutoff(f, cfg.cutoff) for f in eps)
-                 and not all(_after_cutoff(f, cfg.cutoff) for f in eps))
-        for f in eps:
-            flags = []
-            if cfg.cutoff and f.issue_created_at and f.issue_created_at <= cfg.cutoff and f.fix_merged_at \
-                    and f.fix_merged_at > cfg.cutoff:
-                flags.append("fix_after_cutoff")
-            if cfg.cutoff and (f.issue_created_at is None or f.started_at is None):
-                flags.append("no_usable_times")
-            row = SplitRow(f.key, gid, split, reason, eligible, flags)
-            if mixed and _after_cutoff(f, cfg.cutoff):
-                row.split, row.reason = HELD_OUT, (f"held out: post-cutoff task in a group that also holds tasks from "
-                                                   f"on/before cutoff {cfg.cutoff.date()} (mixed group)")
-                row.flags.append("mixed_group_post_cutoff")
-            elif split in EVAL_SPLITS and cfg.hold_out_leaks and leaks.get(f.key):
-                row.split, row.reason = HELD_OUT, f"held out of {split}: leak flag {', '.join(sorted(leaks[f.key]))}"
-                row.flags.append("leak_held_out")
-            rows[f.key] = row
-    _hold_out_weak_links(rows, feats, keys_of or {}, cut_keys or set())
-    _hold_out_future_states(rows, feats, repository_of)
-    return [rows[k] for k in sorted(rows, key=lambda k: (rows[k].group_id, k))]
+    """``split_frame`` of a list of features. ``repository_of``: normalized repository per
+    trajectory key (rule 5); ``leaks``: leak evidence per trajectory key (rule 3); ``keys_of`` and
+    ``cut_keys``: grouping keys per episode and the weak keys left spanning groups (rule 4)."""
+    repository_of, keys_of = repository_of or {}, keys_of or {}
+    df = feature_frame(features)
+    keys = df["trajectory_key"].to_list()
+    df = df.with_columns(pl.Series("group_id", [group_of[k] for k in keys], dtype=pl.String),
+                         pl.Series("repository", [repository_of.get(k) for k in keys], dtype=pl.String),
+                         pl.Series("keys", [keys_of.get(k, []) for k in keys], dtype=_FLAGS))
+    return [SplitRow(*r) for r in split_frame(df, cfg, leaks, cut_keys).iter_rows()]
 
 
-def _hold_out_weak_links(rows: dict[str, SplitRow], feats: dict[str, EpisodeFeatures], keys_of: dict[str, list[str]],
-                         cut_keys: set[str]) -> None:
+def _hold_out_weak_links(rows: pl.DataFrame, cut_keys: set[str]) -> pl.DataFrame:
     """Rule 4: a train episode holding a cut key that an evaluation episode also holds, unless
     the train episode's repository state predates that evaluation task's issue (it cannot have
     seen the task: a shared file or test is not a leak then). A near-duplicate cluster is
     contamination whatever the times: always held out."""
-    in_eval: dict[str, tuple[datetime | None, str]] = {}  # key -> (earliest issue, None if unknown; episode)
-    for key, row in sorted(rows.items()):
-        if row.split not in EVAL_SPLITS:
-            continue
-        issued = feats[key].issue_created_at
-        for k in keys_of.get(key, []):
-            if k in cut_keys:
-                known = in_eval.get(k, (issued, key))
-                earliest = None if known[0] is None or issued is None else min(known[0], issued)
-                in_eval[k] = (earliest, known[1])
-
-    def leaks(train_key: str, k: str) -> bool:
-        issued, state = in_eval[k][0], state_time(feats[train_key])
-        return k.startswith("cluster:") or issued is None or state is None or state >= issued
-
-    for key, row in rows.items():
-        if row.split != "train":
-            continue
-        shared = sorted(k for k in keys_of.get(key, []) if k in in_eval and leaks(key, k))
-        if shared:
-            row.split = HELD_OUT
-            row.reason = f"held out of train: shares {shared[0]} with evaluation episode {in_eval[shared[0]][1][:12]}"
-            row.flags.append("weak_link_to_eval")
+    if not cut_keys:
+        return rows
+    cut = pl.Series(list(cut_keys), dtype=pl.String).implode()
+    held = rows.select("trajectory_key", "split", "keys", "issue_created_at",
+                       pl.coalesce("base_commit_at", "issue_created_at").alias("state")).explode("keys") \
+        .filter(pl.col("keys").is_in(cut))
+    # per cut key held in evaluation: the earliest issue (unknown if any is) and the first episode
+    in_eval = (held.filter(pl.col("split").is_in(EVAL_SPLITS)).group_by("keys")
+               .agg(pl.when(pl.col("issue_created_at").is_null().any()).then(None)
+                    .otherwise(pl.col("issue_created_at").min()).alias("issued"),
+                    pl.col("trajectory_key").min().alias("eval_key")))
+    shared = (held.filter(pl.col("split") == "train").join(in_eval, on="keys")
+              .filter(pl.col("keys").str.starts_with("cluster:") | pl.col("issued").is_null() | pl.col("state").is_null()
+                      | (pl.col("state") >= pl.col("issued")))
+              .sort(["trajectory_key", "keys"]).group_by("trajectory_key").first())
+    return _hold_out(rows, shared, pl.format("held out of train: shares {} with evaluation episode {}", "keys",
+                                             pl.col("eval_key").str.slice(0, 12)), "weak_link_to_eval")
 
 
-def _hold_out_future_states(rows: dict[str, SplitRow], feats: dict[str, EpisodeFeatures],
-                            repository_of: dict[str, str | None]) -> None:
+def _hold_out_future_states(rows: pl.DataFrame) -> pl.DataFrame:
     """Rule 5: a train episode whose repository state is later than the earliest fix of an
     evaluation task of the same repository is held out."""
-    earliest: dict[str, tuple[datetime, str]] = {}
-    for key, row in rows.items():
-        repo, f = repository_of.get(key), feats[key]
-        t = fix_time(f)
-        if row.split in EVAL_SPLITS and repo and t is not None:
-            task = f.instance_id or f.task_id or key
-            if repo not in earliest or (t, task) < earliest[repo]:
-                earliest[repo] = (t, task)
-    for key, row in rows.items():
-        repo = repository_of.get(key)
-        if row.split != "train" or repo not in earliest:
-            continue
-        t = state_time(feats[key])
-        fixed_at, task = earliest[repo]
-        if t is not None and t > fixed_at:
-            row.split = HELD_OUT
-            row.reason = (f"held out of train: repository state {t.date()} is later than the fix of evaluation task "
-                          f"{task} ({fixed_at.date()}) of {repo}")
-            row.flags.append("state_after_eval_fix")
+    repo_ok = pl.col("repository").fill_null("") != ""
+    fixes = (rows.filter(pl.col("split").is_in(EVAL_SPLITS) & repo_ok)
+             .select("repository", pl.coalesce("fix_merged_at", "issue_created_at").alias("fixed_at"),
+                     pl.coalesce(nonblank("instance_id"), nonblank("task_id"), "trajectory_key").alias("task"))
+             .drop_nulls("fixed_at").sort(["repository", "fixed_at", "task"]).group_by("repository").first())
+    late = (rows.filter((pl.col("split") == "train") & repo_ok).join(fixes, on="repository")
+            .with_columns(pl.coalesce("base_commit_at", "issue_created_at").alias("state"))
+            .filter(pl.col("state") > pl.col("fixed_at")))
+    return _hold_out(rows, late, pl.format("held out of train: repository state {} is later than the fix of evaluation "
+                                           "task {} ({}) of {}", pl.col("state").dt.date(), "task",
+                                           pl.col("fixed_at").dt.date(), "repository"), "state_after_eval_fix")

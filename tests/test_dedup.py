@@ -15,12 +15,12 @@ from conftest import trajwh_cmd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from trajwh.dedup.audit import audit
-from trajwh.dedup.components import components_sql, components_uf
+from trajwh.dedup.components import components_array, components_sql, components_uf
 from trajwh.dedup.features import EpisodeFeatures, load_features
 from trajwh.dedup.groups import GroupConfig, assign_groups, normalize_repository, patch_symbols
 from trajwh.dedup.layer import CurateConfig, curate, curate_warehouse
 from trajwh.dedup.leaks import find_leaks
-from trajwh.dedup.minhash import MinHashParams, optimal_bands, shingle_hash32, signatures
+from trajwh.dedup.minhash import MinHashParams, lsh_pairs, optimal_bands, shingle_hash32, signatures
 from trajwh.dedup.splits import SplitConfig, assign_splits
 from trajwh.dedup.stats import binomial_ci, task_clustered_ci
 from trajwh.ingest.normalize import normalize_warehouse
@@ -63,6 +63,49 @@ def test_star_loop_components_equal_union_find(edges):
     nodes = [f"n{i:02d}" for i in range(41)]
     e = [(f"n{a:02d}", f"n{b:02d}") for a, b in edges]
     assert components_sql(nodes, e) == components_uf(nodes, e)
+    # the build's numbered form: each node labelled by its component's smallest node
+    a = np.array([x for x, _ in edges], dtype=np.int64)
+    b = np.array([y for _, y in edges], dtype=np.int64)
+    assert [nodes[i] for i in components_array(41, a, b)] == [components_uf(nodes, e)[v] for v in nodes]
+
+
+def _lsh_pairs_reference(sigs, params):
+    """Every pair sharing a band bucket (a bucket of more than 64: a star around its smallest
+    member), then verified by estimated Jaccard: the rule, pair by pair."""
+    bands, rows = params.bands
+    pairs = set()
+    for band in range(bands):
+        buckets = {}
+        for i, sig in enumerate(sigs):
+            buckets.setdefault(sig[band * rows:(band + 1) * rows].tobytes(), []).append(i)
+        for members in buckets.values():
+            if len(members) > 64:
+                pairs.update((members[0], m) for m in members[1:])
+            else:
+                pairs.update((x, y) for k, x in enumerate(members) for y in members[k + 1:])
+    return sorted(p for p in pairs if (sigs[p[0]] == sigs[p[1]]).mean() >= params.threshold)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_lsh_pairs_equal_the_pairwise_rule(seed):
+    """Buckets of every size, a bucket of 70 (a star), near copies above and below the threshold."""
+    params = MinHashParams()
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 2**32, size=(40, 128), dtype=np.uint32)
+    copies = []
+    for i in range(120):
+        sig = base[i % 40].copy()
+        changed = rng.choice(128, size=int(rng.integers(0, 60)), replace=False)
+        sig[changed] = rng.integers(0, 2**32, size=len(changed), dtype=np.uint32)
+        copies.append(sig)
+    star = np.tile(base[0], (70, 1))
+    star[:, 116:] = rng.integers(0, 2**32, size=(70, 12), dtype=np.uint32)  # similar, sharing the first bands
+    sigs = np.concatenate([base, np.array(copies), star])[rng.permutation(230)]
+    got = [tuple(p) for p in lsh_pairs(sigs, params).tolist()]
+    assert got == _lsh_pairs_reference(sigs, params)
+    assert len(got) > 100
+    hub = int(np.flatnonzero((sigs[:, :116] == base[0][:116]).all(axis=1)).min())
+    assert sum(hub in p for p in got) >= 69  # the star's pairs are its hub's
 
 
 def test_repository_spellings_and_forks_collapse():
