@@ -76,7 +76,7 @@ def pack_config(settings: Settings, **overrides: Any) -> PackConfig:
     """The ``[packing]`` section, with command-line values (None leaves the file's) on top."""
     pk = settings.packing
     base = {"tokenizer": pk.tokenizer, "seq_len": pk.seq_len, "policy": pk.policy, "dedup": pk.dedup,
-            "packer": pk.packer, "evaluation": pk.evaluation}
+            "packer": pk.packer, "evaluation": pk.evaluation, "window": pk.window}
     cfg = PackConfig(**{**base, **{k: v for k, v in overrides.items() if v is not None}})
     cfg.validate()
     return cfg

@@ -145,6 +145,7 @@ class PackingSettings(_Section):
     dedup: str = "representative"
     packer: str = "min-slack"
     evaluation: bool = True
+    window: int = Field(500, ge=1, le=1_000_000)  # units packed together: what an incremental build repacks
 
     @field_validator("policy")
     @classmethod
