@@ -63,16 +63,16 @@ def nonblank(col: str) -> pl.Expr:
     return pl.when(pl.col(col) == "").then(None).otherwise(pl.col(col))
 
 
-def signature_matrix(col: pl.Series, num_perm: int) -> tuple[np.ndarray, np.ndarray]:
-    """(row numbers that have a signature, their signatures as an ``uint32`` matrix)."""
-    present = np.flatnonzero(col.is_not_null().to_numpy())
-    values = col.gather(present).to_list()
+def signature_matrix(df: pl.DataFrame, col: str, num_perm: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row numbers that have a signature in ``col``, their signatures as an ``uint32`` matrix)."""
+    present = np.flatnonzero(df[col].is_not_null().to_numpy())
+    values = df[col].gather(present).to_list()
     width = 4 * num_perm
-    bad = next((i for i, v in zip(present.tolist(), values, strict=True) if len(v) != width), None)
-    if bad is not None:
-        raise ValueError(f"episode features: a {col.name} of row {bad} holds {len(values[present.tolist().index(bad)])} "
-                         f"bytes, not {width} ({num_perm} permutations): features of another MinHash setting; "
-                         f"rebuild them with `trajwh build --full`")
+    for row, v in zip(present.tolist(), values, strict=True):
+        if len(v) != width:
+            raise ValueError(f"episode features: the {col} of {df['trajectory_key'][row]!r} holds {len(v)} bytes, not "
+                             f"{width} ({num_perm} permutations): features of another MinHash setting; rebuild them "
+                             f"with `trajwh build --full`")
     matrix = np.frombuffer(b"".join(values), dtype="<u4").reshape(len(present), num_perm) if values else \
         np.empty((0, num_perm), dtype=np.uint32)
     return present, matrix

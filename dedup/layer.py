@@ -117,7 +117,7 @@ def cluster_frame(df: pl.DataFrame, cfg: CurateConfig = CurateConfig()) -> pl.Da
     signal_parts.append(np.full(exact.height, _SIGNALS.index("exact"), dtype=np.int8))
     sim_parts.append(np.ones(exact.height))
     for signal, col in ((_SIGNALS.index("actions"), "action_signature"), (_SIGNALS.index("text"), "text_signature")):
-        present, sigs = signature_matrix(df[col], cfg.minhash.num_perm)
+        present, sigs = signature_matrix(df, col, cfg.minhash.num_perm)
         if len(present) < 2:
             continue
         pairs = lsh_pairs(sigs, cfg.minhash)

@@ -145,6 +145,25 @@ def test_missing_fields_are_handled_conservatively():
     assert not splits["nothing"].eligible_for_eval
 
 
+def test_blank_ids_count_as_missing_and_bad_frames_are_refused():
+    """An empty instance id is no id (the task id decides), as a blank repository is none; two
+    rows of one trajectory key, or a signature of another MinHash width, are refused by name."""
+    eps = [EpisodeFeatures("a", repository="", instance_id="", task_id="t-1"),
+           EpisodeFeatures("b", repository="github.com/o/r", instance_id="", task_id="t-1", base_commit=""),
+           EpisodeFeatures("c", instance_id="", task_id="")]
+    g = assign_groups(eps)
+    assert g.group_of["a"] == g.group_of["b"] != g.group_of["c"]
+    assert g.keys_of["a"] == ["task:t-1"] and "no_repository" in g.flags_of["a"]
+    assert g.keys_of["b"] == ["repo-task:github.com/o/r:t-1", "task:t-1"] and g.flags_of["b"] == []
+    assert g.keys_of["c"] == [] and g.flags_of["c"] == ["no_repository", "no_grouping_key"]
+    with pytest.raises(ValueError, match="trajectory key 'a' appears more than once"):
+        curate([*eps, EpisodeFeatures("a", task_id="t-2")], [], CurateConfig(), "r")
+    odd = EpisodeFeatures("d", task_id="t-3", actions=["run:a", "run:b", "run:c"], text="x", signed=True,
+                          action_sig=np.zeros(64, dtype=np.uint32))
+    with pytest.raises(ValueError, match="action_signature of 'd' holds 256 bytes, not 512"):
+        curate([*eps, odd], [], CurateConfig(), "r")
+
+
 def test_time_rule_and_flags():
     cut = datetime(2025, 6, 1, tzinfo=UTC)
     before, after = datetime(2025, 1, 1, tzinfo=UTC), datetime(2025, 9, 1, tzinfo=UTC)
