@@ -36,6 +36,7 @@ from trajwh.packing.windows import (
     Plan,
     batch_versions,
     copied_packs,
+    kept_files,
     plan_windows,
     read_drops,
     stored_state,
@@ -301,7 +302,7 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
     schema = arrow_schema(PackRow)
     with wh.write_session("packs", timeout=lock_timeout) as session:
         mark_running(session, run_id, "packs", started)
-        mine = wh.query("SELECT path, transform_version FROM table_files WHERE table_name = 'packs' AND "
+        mine = wh.query("SELECT path, sha256, rows, bytes, transform_version FROM table_files WHERE table_name = 'packs' AND "
                         "starts_with(transform_version, ?)", [f"{TRANSFORM}@{PACKS_VERSION};set={summary.pack_set};"]
                         ).to_pylist()
         old_versions = {r["transform_version"] for r in mine}
@@ -321,7 +322,11 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
             lineage = {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": version}
             files: list[Any] = []
             seen: set[str] = set()
-            for table, segments in copied_packs(wh, summary.pack_set, plan, schema, lineage):
+            kept, rewrite = kept_files(wh, summary.pack_set, plan, mine)
+            for written, table, segments in kept:  # committed again with this run's version, not rewritten
+                files.append(written)
+                _count_copied(summary, table, segments, seen)
+            for table, segments in copied_packs(wh, summary.pack_set, plan, schema, lineage, rewrite):
                 files.append(session.write("packs", table))
                 _count_copied(summary, table, segments, seen)
             _count_dropped_in_copies(summary, plan, seen)

@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from trajwh.lineage.catalog import Warehouse
-from trajwh.lineage.storage import ensure_dir, write_bytes_atomic
+from trajwh.lineage.storage import WrittenFile, ensure_dir, write_bytes_atomic
 from trajwh.schemas import ids
 
 #: units in packing order with their window (``bits``: ranges per split and batch, as a power of two)
@@ -213,27 +213,66 @@ def stored_tokens(wh: Warehouse, pack_set: str, windows: list[str]
         yield window, out
 
 
-def copied_packs(wh: Warehouse, pack_set: str, plan: Plan, schema: pa.Schema, lineage: dict[str, str]
-                 ) -> Iterator[tuple[pa.Table, list[dict[str, Any]]]]:
-    """The stored packs of the windows copied as they are, with each segment's dedup weight and
-    cluster brought up to date (rows whose segments changed take this run's lineage); yields
-    (table, its segments as Python) for the summary."""
-    if not plan.copy:
+def _segment_updates(segments: list[list[dict[str, Any]]], plan: Plan) -> list[bool]:
+    """Per pack: whether a segment's dedup weight or cluster (not packing inputs) changed; brings
+    them up to date in ``segments``."""
+    changed = []
+    for segs in segments:
+        moved = False
+        for s in segs:
+            weight, cluster = plan.meta[s["fragment_id"].partition("#")[0]]
+            if s["dedup_weight"] != weight or s["cluster_id"] != cluster:
+                s["dedup_weight"], s["cluster_id"], moved = weight, cluster, True
+        changed.append(moved)
+    return changed
+
+
+def kept_files(wh: Warehouse, pack_set: str, plan: Plan, stored: list[dict[str, Any]]
+               ) -> tuple[list[tuple[WrittenFile, pa.Table, list[list[dict[str, Any]]]]], list[Path]]:
+    """The stored set's files (manifest rows: path, sha256, rows, bytes) split in two: those whose
+    every pack is of a copied window and needs no segment update stay as they are (same bytes, so
+    the packs check trusts them; only their segment tables are read here), with their packs'
+    figures (split, n_tokens, n_trainable) and segments for the summary; the paths of the others,
+    whose packs of copied windows ``copied_packs`` rewrites."""
+    if not plan.copy or not stored:
+        return [], [wh.root / r["path"] for r in stored]
+    paths = {str(wh.root / r["path"]): r for r in stored}
+    data = wh.query("SELECT filename, window_id, split, n_tokens, n_trainable, segments FROM "
+                    "read_parquet(?, union_by_name = true, filename = true) WHERE pack_set = ?",
+                    [list(paths), pack_set])
+    rows_of: dict[str, list[int]] = {}
+    for i, name in enumerate(data.column("filename").to_pylist()):
+        rows_of.setdefault(name, []).append(i)
+    windows = data.column("window_id").to_pylist()
+    kept, rewrite = [], []
+    for name, r in paths.items():
+        mine = rows_of.get(name, [])
+        table = data.take(mine) if mine else None
+        segments = table.column("segments").to_pylist() if table is not None else []
+        if mine and all(windows[i] in plan.copy for i in mine) and not any(_segment_updates(segments, plan)):
+            kept.append((WrittenFile("packs", Path(name), r["sha256"], r["rows"], r["bytes"]),
+                         table.select(["split", "n_tokens", "n_trainable"]), segments))
+        else:
+            rewrite.append(Path(name))
+    return kept, rewrite
+
+
+def copied_packs(wh: Warehouse, pack_set: str, plan: Plan, schema: pa.Schema, lineage: dict[str, str],
+                 files: list[Path]) -> Iterator[tuple[pa.Table, list[dict[str, Any]]]]:
+    """The stored packs of the windows copied as they are, read from ``files`` (those
+    ``kept_files`` does not keep), with each segment's dedup weight and cluster brought up to date
+    (rows whose segments changed take this run's lineage); yields (table, its segments as Python)
+    for the summary."""
+    if not plan.copy or not files:
         return
-    for rb in wh.stream("SELECT * FROM packs WHERE pack_set = ? AND list_contains(?, window_id)",
-                        [pack_set, list(plan.copy)], batch_rows=256, arrow=True, memory_limit="512MB", threads=1):
+    for rb in wh.stream("SELECT * FROM read_parquet(?, union_by_name = true) WHERE pack_set = ? AND "
+                        "list_contains(?, window_id)", [[str(f) for f in files], pack_set, list(plan.copy)],
+                        batch_rows=256, arrow=True, memory_limit="512MB", threads=1):
         if not rb.num_rows:  # no empty files
             continue
         table = pa.Table.from_batches([rb]).select(schema.names).cast(schema)
         segments = table.column("segments").to_pylist()
-        changed = []
-        for segs in segments:
-            moved = False
-            for s in segs:
-                weight, cluster = plan.meta[s["fragment_id"].partition("#")[0]]
-                if s["dedup_weight"] != weight or s["cluster_id"] != cluster:
-                    s["dedup_weight"], s["cluster_id"], moved = weight, cluster, True
-            changed.append(moved)
+        changed = _segment_updates(segments, plan)
         if any(changed):
             table = table.set_column(schema.get_field_index("segments"), schema.field("segments"),
                                      pa.array(segments, type=schema.field("segments").type))

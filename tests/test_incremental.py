@@ -148,6 +148,12 @@ def test_pack_windows_copied_repacked_or_new_equal_a_full_pack_build(tmp_path: P
     first = build_packs(wh, run_id="w1", cfg=cfg)
     assert first.windows["new"] > 4 and first.units_rendered == first.fragments
     assert violations(verify_packs(wh, first.pack_set, scan_secrets=False, ledger=True)) == 0
+    def set_files() -> dict[str, str]:
+        return {r["path"]: r["transform_version"] for r in wh.query(
+            "SELECT path, transform_version FROM table_files WHERE table_name = 'packs' AND "
+            "contains(transform_version, ?)", [first.pack_set]).to_pylist()}
+
+    before = set_files()
     real = [SHARED_CORPUS / d for d in ("openhands-v1", "mini-swe-agent-2x", "swe-agent-traj")]
     ingest_paths(wh, [*shards[-1:], *(d for d in real if d.is_dir())], IngestOptions(source="later"))
     build(str(wh.root))
@@ -165,6 +171,11 @@ def test_pack_windows_copied_repacked_or_new_equal_a_full_pack_build(tmp_path: P
         assert inc.units_rendered < without.units_rendered, (inc.units_rendered, without.units_rendered)
         assert len(read_drops(wh, inc.pack_set)) == sum(inc.dropped.values())
     assert inc.windows["copied"] > 0 and inc.windows["new"] > 0 and inc.units_reused > 0, inc
+    # files of copied windows that need no update stay as they are (the check trusts their bytes),
+    # recorded with this build's version, so the next build finds the set up to date
+    after = set_files()
+    assert set(before) & set(after) and set(after) - set(before), (len(before), len(after))
+    assert len(set(after.values())) == 1 and build_packs(wh, run_id="w2b", cfg=cfg).skipped
     full = Warehouse(tmp_path / "full")
     shutil.copytree(wh.root, full.root)
     again = build_packs(full, run_id="w3", cfg=cfg, full=True)
