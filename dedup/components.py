@@ -11,6 +11,7 @@ Every node's label is the smallest node id of its component, so labels do not de
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -19,16 +20,21 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
 
+def find_root(parent: Any, x: Any) -> Any:
+    """The root of ``x`` in a union-find forest (``parent``: a dict or a list), compressing the path."""
+    root = x
+    while parent[root] != root:
+        root = parent[root]
+    while parent[x] != root:
+        parent[x], x = root, parent[x]
+    return root
+
+
 def components_uf(nodes: Iterable[str], edges: Iterable[tuple[str, str]]) -> dict[str, str]:
     parent: dict[str, str] = {n: n for n in nodes}
 
     def find(x: str) -> str:
-        root = x
-        while parent[root] != root:
-            root = parent[root]
-        while parent[x] != root:
-            parent[x], x = root, parent[x]
-        return root
+        return find_root(parent, x)
 
     for a, b in edges:
         parent.setdefault(a, a)

@@ -23,7 +23,7 @@ from datetime import datetime
 
 import numpy as np
 import polars as pl
-from trajwh.dedup.components import components_array
+from trajwh.dedup.components import components_array, find_root
 from trajwh.dedup.features import EpisodeFeatures
 from trajwh.dedup.frame import feature_frame, nonblank
 from trajwh.schemas import ids
@@ -183,25 +183,16 @@ def _merge_weak(long: pl.DataFrame, ep: pl.DataFrame, cap: int) -> tuple[np.ndar
               .select("key", "strong").unique()
               .group_by("key").agg(pl.col("strong").sort()).filter(pl.col("strong").list.len() > 1)
               .sort([pl.col("strong").list.len(), "key"]))
-    parent = np.arange(n)
-
-    def find(x: int) -> int:
-        root = x
-        while parent[root] != root:
-            root = parent[root]
-        while parent[x] != root:
-            parent[x], x = root, parent[x]
-        return root
-
+    parent = list(range(n))
     for members in shared["strong"].to_list():
         first = members[0]
         for other in members[1:]:
-            a, b = find(first), find(other)
+            a, b = find_root(parent, first), find_root(parent, other)
             if a != b and size[a] + size[b] <= cap and era[a] == era[b]:
                 a, b = min(a, b), max(a, b)
                 parent[b] = a
                 size[a] += size[b]
-    final = np.fromiter((find(x) for x in range(n)), dtype=np.int64, count=n)
+    final = np.fromiter((find_root(parent, x) for x in range(n)), dtype=np.int64, count=n)
     cut = {k for k, members in shared.iter_rows() if len({final[m] for m in members}) > 1}
     return final[strong], cut
 
