@@ -50,7 +50,6 @@ from trajwh.schemas.tables import (
 
 TRANSFORM = "curate"
 CURATE_VERSION = "2.1.0"  # 2.0: capped weak merges, held-out rules; 2.1: group id from its first task
-TABLES = ("near_dup_clusters", "task_groups", "splits", "leak_flags")
 
 
 @dataclass(frozen=True)
@@ -196,6 +195,10 @@ def curate_frames(df: pl.DataFrame, leaks: list[LeakFlag], cfg: CurateConfig) ->
             "leak_flags": pl.concat([flagged, late_fix]).with_columns(pl.lit(RULE_VERSION).alias("rule_version"))}
 
 
+def _lineage(cfg: CurateConfig, run_id: str) -> dict[str, str]:
+    return {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": cfg.version()}
+
+
 def _with_lineage(frame: pl.DataFrame, table: str, lineage: dict[str, Any]) -> pa.Table:
     schema = arrow_schema(_MODELS[table])
     data = frame.with_columns([pl.lit(v, dtype=pl.String).alias(k) for k, v in lineage.items()]).to_arrow()
@@ -205,7 +208,7 @@ def _with_lineage(frame: pl.DataFrame, table: str, lineage: dict[str, Any]) -> p
 def curate(features: list[EpisodeFeatures], leaks: list, cfg: CurateConfig, run_id: str) -> dict[str, list[dict]]:
     """All four tables' rows from a list of features (a pure function: the tests call it)."""
     sign(features, cfg)
-    lineage = {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": cfg.version()}
+    lineage = _lineage(cfg, run_id)
     return {t: _with_lineage(f, t, lineage).to_pylist() for t, f in curate_frames(feature_frame(features), leaks, cfg).items()}
 
 
@@ -391,7 +394,7 @@ def curate_warehouse(wh: Warehouse, *, run_id: str, cfg: CurateConfig = CurateCo
         splits = frames["splits"]
         summary.moved = count_moves(_previous_splits(wh), dict(zip(splits["trajectory_key"].to_list(),
                                                                    splits["split"].to_list(), strict=True)))
-        lineage = {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": cfg.version()}
+        lineage = _lineage(cfg, run_id)
         writer = TableSetWriter(session, _MODELS)
         for t, frame in frames.items():
             writer.add_arrow(t, _with_lineage(frame, t, lineage))

@@ -59,15 +59,6 @@ def is_current(wh: Warehouse, table: str, version: str) -> bool:
                     [table]).column(0).to_pylist() == [version]
 
 
-def replace_tables(session: WriteSession, rows: dict[str, list[dict[str, Any]]], models: dict[str, type[BaseModel]],
-                   *, run_id: str, version: str) -> None:
-    """Write every table's rows as new files and drop the old files of those tables, atomically."""
-    writer = TableSetWriter(session, {t: models[t] for t in rows})
-    for t, table_rows in rows.items():
-        writer.add(t, table_rows)
-    writer.commit(run_id=run_id, version=version)
-
-
 class TableSetWriter:
     """Rows of a set of tables written file by file as they come (bounded memory), then swapped in
     for the tables' old files in one catalog commit; a crash before it leaves the old tables."""
