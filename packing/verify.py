@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from trajwh.lineage.catalog import Warehouse
 from trajwh.lineage.rebuild import joined_by_key
 from trajwh.lineage.storage import ensure_dir, write_bytes_atomic
@@ -30,61 +33,61 @@ from trajwh.packing.layer import _STEPS_SQL, _UNITS, tools_by_digest
 from trajwh.packing.render import render, trained_text
 from trajwh.packing.tokenizers import tokenizer_of
 
-# one row per segment (its table entry, not its tokens), in trajectory-key order
-_SEGMENTS_SQL = """
-    SELECT p.pack_id, p.split AS pack_split, p.tokenizer_id, p.seq_len, t.s.fragment_id, t.s.start, t.s."end",
-           t.s.trajectory_key, t.s.split, t.s.piece, t.s.removed_step_ids, t.s.token_key, u.step_ids, u.span_step_ids,
-           u.kind AS unit_kind, u.split AS unit_split, sp.split AS episode_split, e.tool_schema_digest
-    FROM packs p, unnest(p.segments) AS t(s)
+# the segments to render again (``r``: fragment ids) of some pack files, with their units, in
+# trajectory-key order
+_RENDER_SQL = """
+    SELECT p.pack_id, p.tokenizer_id, p.seq_len, t.s.fragment_id, t.s.start, t.s.trajectory_key, t.s.piece,
+           t.s.removed_step_ids, t.s.token_key, u.step_ids, u.span_step_ids, u.kind AS unit_kind, e.tool_schema_digest
+    FROM read_parquet(?, union_by_name = true) p, unnest(p.segments) AS t(s)
+    JOIN (SELECT DISTINCT unnest(?::VARCHAR[]) AS fragment_id) r ON r.fragment_id = t.s.fragment_id
     LEFT JOIN ({units}) u ON u.unit_id = split_part(t.s.fragment_id, '#', 1)
-    LEFT JOIN splits sp ON sp.trajectory_key = t.s.trajectory_key
     LEFT JOIN redacted_episodes e ON e.trajectory_key = t.s.trajectory_key
     WHERE {where}
     ORDER BY t.s.trajectory_key, p.pack_id, t.s.start"""
+# every segment of the set beside its unit and its episode's split now: the split and unit checks
+# as one aggregate (a join of table entries, never the tokens)
+_SEGMENT_CHECKS_SQL = """
+    WITH j AS (
+        SELECT p.pack_id, p.split AS pack_split, t.s.fragment_id, t.s.split, u.kind AS unit_kind,
+               u.split AS unit_split, sp.split AS episode_split, g.train AS eligible
+        FROM (SELECT pack_id, split, segments FROM packs p WHERE {where}) p, unnest(p.segments) AS t(s)
+        LEFT JOIN ({units}) u ON u.unit_id = split_part(t.s.fragment_id, '#', 1)
+        LEFT JOIN splits sp ON sp.trajectory_key = t.s.trajectory_key
+        LEFT JOIN eligibility g ON g.trajectory_key = t.s.trajectory_key),
+    k AS (
+        SELECT *, unit_kind IS NULL AS unknown,
+               (split = pack_split AND split = episode_split AND split = unit_split) IS NOT TRUE AS mixed FROM j)
+    SELECT count(*) AS segments, count(*) FILTER (WHERE unknown) AS unknown_unit_violations,
+           count(*) FILTER (WHERE mixed) AS split_violations,
+           count(*) FILTER (WHERE eligible <> 'allow') AS not_eligible_violations,
+           (coalesce(list(struct_pack("check" := 'split_violations', pack_id, fragment_id,
+                                      why := 'segment ' || coalesce(split, 'NULL') || ', pack ' || coalesce(pack_split, 'NULL')
+                                             || ', episode ' || coalesce(episode_split, 'NULL') || ', unit '
+                                             || coalesce(unit_split, 'NULL')) ORDER BY pack_id, fragment_id)
+                          FILTER (WHERE mixed), [])
+            || coalesce(list(struct_pack("check" := 'unknown_unit_violations', pack_id, fragment_id,
+                                         why := 'no trainable fragment or evaluation episode of that id')
+                             ORDER BY pack_id, fragment_id) FILTER (WHERE unknown), []))[1:{examples}] AS examples
+    FROM k"""
 
 
 def _digest(ids: Any, mask: Any) -> bytes:
-    return hashlib.blake2b(np.asarray(ids, dtype="<i8").tobytes() + np.asarray(mask, dtype="<i1").tobytes(),
-                           digest_size=16).digest()
+    """A segment's tokens and loss mask (as little-endian int64 and int8) in 16 bytes; contiguous
+    numpy arrays of those types are hashed where they lie."""
+    h = hashlib.blake2b(np.ascontiguousarray(ids, dtype="<i8"), digest_size=16)
+    h.update(np.ascontiguousarray(mask, dtype="<i1"))
+    return h.digest()
 
 
-def _structure(wh: Warehouse, where: str, params: list[str], files: list[str] | None = None) -> dict[str, int]:
-    """Per pack: segments tile [0, n_tokens), lengths agree, one split (of the packs in ``files``
-    when given: the others' bytes passed before); no segment of an episode the license policy or
-    an opt-out keeps out of training (licenses.eligibility); counted violations."""
-    if files is not None and not files:
-        out = {"length_violations": 0, "mixed_split_violations": 0}
-    else:
-        out = _lengths(wh, where, params, files)
-    (row,) = _bounded(wh, f"""
-        SELECT count(*) AS n FROM (SELECT segments FROM packs p WHERE {where}) p, unnest(p.segments) AS t(s)
-        JOIN eligibility g ON g.trajectory_key = t.s.trajectory_key WHERE g.train <> 'allow'""", params)
-    out["not_eligible_violations"] = row["n"]
-    return out
-
-
-def _lengths(wh: Warehouse, where: str, params: list[str], files: list[str] | None) -> dict[str, int]:
-    source, params = ("packs", params) if files is None else (_READ_FILES, [files, *params])
-    # the token lists are measured per pack before the segments are unnested, and the queries run
-    # within a bounded memory limit: grouped with the lists, the first took 12.8 GB at 107,000 episodes
-    (out,) = _bounded(wh, f"""
-        WITH pk AS (
-            SELECT p.pack_id, p.split, p.n_tokens AS n, len(p.input_ids) AS n_ids, len(p.loss_mask) AS n_mask,
-                   len(p.position_ids) AS n_pos, p.seq_len, p.segments FROM {source} p WHERE {where}),
-        per AS (
-            SELECT pk.pack_id, any_value(n) AS n, any_value(n_ids) AS n_ids, any_value(n_mask) AS n_mask,
-                   any_value(n_pos) AS n_pos, any_value(seq_len) AS seq_len, sum(t.s."end" - t.s.start) AS covered,
-                   count(DISTINCT t.s.split) + count(*) FILTER (WHERE t.s.split <> pk.split) AS seg_splits
-            FROM pk, unnest(pk.segments) AS t(s) GROUP BY pk.pack_id)
-        SELECT count(*) FILTER (WHERE n <> n_ids OR n <> n_mask OR n <> n_pos OR n > seq_len OR covered <> n)
-                   AS length_violations,
-               count(*) FILTER (WHERE seg_splits > 1) AS mixed_split_violations
-        FROM per""", params)
-    return out
-
-
-#: some of a pack set's files, read directly (the ``packs`` view reads them all)
-_READ_FILES = "read_parquet(?, union_by_name = true, filename = true)"
+def _segment_checks(wh: Warehouse, where: str, params: list[str], examples: int) -> dict[str, Any]:
+    """Every segment's split (its own, its pack's, its episode's now and its unit's agree), unit
+    (a trainable fragment or an evaluation episode) and eligibility (no episode the license policy
+    or an opt-out keeps out of training: licenses.eligibility), counted over the whole set in one
+    query within a bounded memory."""
+    units = _UNITS.format(evaluation="true")
+    (row,) = _bounded(wh, _SEGMENT_CHECKS_SQL.format(where=where, units=units, examples=int(examples)), params)
+    row["examples"] = [dict(e) for e in row["examples"] or []]
+    return row
 
 
 def _bounded(wh: Warehouse, sql: str, params: list[Any]) -> list[dict[str, Any]]:
@@ -218,14 +221,14 @@ def verify_packs(wh: Warehouse, pack_set: str | None = None, *, scan_secrets: bo
 
     ``ledger`` (the build's check, one pack set): a segment whose stored tokens are exactly those
     a passing check already verified for the same token key (what the rendering is made from,
-    packing.windows) is not rendered again: an incremental build re-renders only what changed,
-    and its check does too. Splits, structure and positions are still checked for every segment.
-    After a passing check the ledger holds every segment of the set.
+    packing.windows) is not rendered again, and a file whose bytes a passing check verified is not
+    read token by token again: an incremental build's check renders and reads only what changed.
+    Splits, units and eligibility are checked for every segment (one query over the table
+    entries). After a passing check the ledger holds every segment of the set.
 
-    The packs are verified in ``workers`` parts (by pack id; default: the machine's cores for a
-    set of ``PARALLEL_MIN_PACKS`` sequences or more, else one part), the first in this process and
-    each other one in a worker process reading the warehouse itself: the same counts as one part,
-    on every core."""
+    The files are read in ``workers`` parts (default: the machine's cores for a set of
+    ``PARALLEL_MIN_PACKS`` sequences or more, else one part), the first in this process and each
+    other one in a worker process reading the warehouse itself: the same counts as one part."""
     from trajwh.lineage.parallel import parts_within, run_parts, workers_wanted
 
     where = "p.pack_set = ?" if pack_set else "true"
@@ -239,21 +242,28 @@ def verify_packs(wh: Warehouse, pack_set: str | None = None, *, scan_secrets: bo
     use_ledger = ledger and pack_set is not None
     # files a passing check verified and that still hold the same bytes: their tokens are not read
     # again (only their segments' splits, units and eligibility, which other tables decide)
-    trusted, unread = trusted_files(wh, pack_set) if use_ledger else ([], None)
-    out: dict[str, Any] = {"segments": 0, "tokens": 0, "packs": n_packs,
-                           **_structure(wh, where, params, unread),
-                           "round_trip_violations": 0, "trained_text_violations": 0, "position_violations": 0,
-                           "split_violations": 0, "unknown_unit_violations": 0, "secret_violations": 0, "secret_scanned": 0,
-                           "rendered": 0, "examples": []}
+    if use_ledger:
+        trusted, unread = trusted_files(wh, pack_set)
+    else:
+        trusted = []
+        unread = [str(p) for p, _ in set_files(wh, pack_set)] if pack_set else [str(p) for p in wh.files("packs")]
+    checks = _segment_checks(wh, where, params, examples)
+    out: dict[str, Any] = {"segments": checks.pop("segments"), "tokens": 0, "packs": n_packs,
+                           "length_violations": 0, "mixed_split_violations": 0, "round_trip_violations": 0,
+                           "trained_text_violations": 0, "position_violations": 0, "secret_violations": 0,
+                           "secret_scanned": 0, "rendered": 0, **checks}
     n = workers if workers is not None else (
         parts_within(workers_wanted(), PART_MB) if n_packs >= PARALLEL_MIN_PACKS else 1)
-    n = max(1, min(n, n_packs or 1))
+    n = max(1, min(n, len(trusted) + len(unread)))
     task = {"root": str(wh.root), "pack_set": pack_set, "scan_secrets": scan_secrets, "examples": examples,
-            "secret_sample": secret_sample, "ledger": use_ledger, "parts": n, "trusted": trusted, "unread": unread}
+            "secret_sample": secret_sample, "ledger": use_ledger, "parts": n}
+    shares = _deal(trusted, unread, n)
     if n == 1:
-        parts = [_verify_part({**task, "part": 0}, progress)]
+        parts = [_verify_part({**task, **shares[0]}, progress)]
     else:
-        parts = run_parts(_verify_in_worker, [{**task, "part": i} for i in range(n)])
+        parts = run_parts(_verify_in_worker, [{**task, **share} for share in shares])
+        if progress:
+            progress(out["segments"])
     verified: dict[str, list[str]] = {}
     for part in parts:
         verified.update(part.pop("verified"))
@@ -261,8 +271,6 @@ def verify_packs(wh: Warehouse, pack_set: str | None = None, *, scan_secrets: bo
         for k, v in part.items():
             out[k] += v
     out["examples"] = out["examples"][:examples]
-    if progress and n > 1:
-        progress(out["segments"])
     out["files_trusted"] = len(trusted)
     if use_ledger and violations(out) == 0:
         _write_ledger(wh, pack_set, verified)
@@ -270,23 +278,42 @@ def verify_packs(wh: Warehouse, pack_set: str | None = None, *, scan_secrets: bo
     return out
 
 
+def _deal(trusted: list[str], unread: list[str], n: int) -> list[dict[str, list[str]]]:
+    """The files dealt out to ``n`` parts, the largest first to the part holding the fewest bytes
+    to read token by token (a trusted file's segment table is a small read)."""
+    shares: list[dict[str, list[str]]] = [{"trusted": [], "unread": []} for _ in range(n)]
+    for i, path in enumerate(sorted(trusted)):
+        shares[i % n]["trusted"].append(path)
+    load = [0] * n
+    for size, path in sorted(((Path(p).stat().st_size, p) for p in unread), reverse=True):
+        i = load.index(min(load))
+        shares[i]["unread"].append(path)
+        load[i] += size
+    return shares
+
+
 def _verify_in_worker(task: dict[str, Any]) -> dict[str, Any]:
     """One part verified (``verify_packs``), without progress (in a worker, or beside one)."""
     return _verify_part(task, None)
 
 
+#: what the token pass reads of a pack file
+_TOKEN_COLUMNS = ["pack_id", "pack_set", "split", "seq_len", "n_tokens", "input_ids", "loss_mask", "position_ids",
+                  "segments"]
+
+
 def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -> dict[str, Any]:
-    """One part of a pack set (the packs whose id hashes to it) verified segment by segment: the
-    counts, the first examples and the segments verified (for the ledger)."""
+    """One part of a pack set (its share of the files) verified: the counts, the first examples and
+    the segments verified (for the ledger)."""
     from trajwh.redaction.engine import Detector
 
-    wh, pack_set, n = Warehouse(task["root"]), task["pack_set"], task["parts"]
-    where = ("p.pack_set = ?" if pack_set else "true") + (f" AND hash(p.pack_id) % {n} = {task['part']}" if n > 1 else "")
+    wh, pack_set = Warehouse(task["root"]), task["pack_set"]
+    where = "p.pack_set = ?" if pack_set else "true"
     params = [pack_set] if pack_set else []
-    memory = _PART_MEMORY.get(n, "256MB")
-    trusted = read_ledger(wh, pack_set) if task["ledger"] else {}
-    out: dict[str, Any] = {"segments": 0, "tokens": 0, "round_trip_violations": 0, "trained_text_violations": 0,
-                           "position_violations": 0, "split_violations": 0, "unknown_unit_violations": 0,
+    memory = _PART_MEMORY.get(task["parts"], "256MB")
+    ledger = read_ledger(wh, pack_set) if task["ledger"] else {}
+    out: dict[str, Any] = {"tokens": 0, "length_violations": 0, "mixed_split_violations": 0,
+                           "round_trip_violations": 0, "trained_text_violations": 0, "position_violations": 0,
                            "secret_violations": 0, "secret_scanned": 0, "rendered": 0, "examples": []}
 
     def bad(kind: str, seg: dict[str, Any], why: str) -> None:
@@ -295,57 +322,37 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
             out["examples"].append({"check": kind, "pack_id": seg["pack_id"], "fragment_id": seg["fragment_id"],
                                     "why": why})
 
-    # 1. the packs as stored: each segment's tokens digested, positions checked; a segment whose
-    # (token key, digest) the ledger holds needs no rendering
-    stored: dict[tuple[str, int], bytes] = {}
+    # 1. the packs as stored, file by file: lengths, tiling, one split per pack, positions; each
+    # segment's tokens digested, and a segment whose (token key, digest) the ledger holds needs no
+    # rendering
     verified: dict[str, list[str]] = {}
-    render_keys: set[str] = set()
-    unread = task.get("unread")
-    if task.get("trusted"):  # files verified before, bytes unchanged: their segments, not their tokens
-        again = _trusted_segments(wh, task["trusted"], where, params, memory, trusted, verified, out)
-        unread = [*(unread or []), *again]
-    source, read_params = ("packs", params) if unread is None else (_READ_FILES, [unread, *params])
-    batches = wh.stream(f"SELECT pack_id, input_ids, loss_mask, position_ids, segments FROM {source} p WHERE {where}",
-                        read_params, batch_rows=64, memory_limit=memory, threads=1, arrow=True) if unread != [] else ()
-    for rb in batches:
-        lists = [rb.column(c) for c in ("input_ids", "loss_mask", "position_ids")]
-        for i, (pack_id, segs) in enumerate(zip(rb.column("pack_id").to_pylist(), rb.column("segments").to_pylist(),
-                                                strict=True)):
-            tokens, mask, positions = (c[i].values.to_numpy(zero_copy_only=False) for c in lists)
-            for seg in segs:
-                a, b = seg["start"], seg["end"]
-                out["tokens"] += b - a
-                digest = stored[(pack_id, a)] = _digest(tokens[a:b], mask[a:b])
-                entry = [seg.get("token_key") or "", digest.hex()]
-                if seg.get("token_key") and trusted.get(seg["fragment_id"]) == entry:
-                    verified[seg["fragment_id"]] = entry
-                else:
-                    render_keys.add(seg["trajectory_key"])
-                if not np.array_equal(positions[a:b], np.arange(b - a)):
-                    bad("position_violations", {**seg, "pack_id": pack_id}, "positions do not restart at 0 and count up")
-    # 2. every segment's unit and split; the segments to render rendered again from the redacted
-    # steps and compared with what is stored
+    unread = list(task["unread"])
+    if task["trusted"]:  # files verified before, bytes unchanged: their segments, not their tokens
+        unread += _trusted_segments(wh, task["trusted"], where, params, memory, ledger, verified, out)
+    stored: dict[tuple[str, int], bytes] = {}
+    to_render: dict[str, str] = {}  # fragment id -> trajectory key
+    for path in unread:
+        for rb in pq.ParquetFile(path).iter_batches(batch_size=64, columns=_TOKEN_COLUMNS):
+            if pack_set and not pc.all(pc.equal(rb.column("pack_set"), pack_set)).as_py():  # a set's files are its own
+                rb = rb.filter(pc.equal(rb.column("pack_set"), pack_set))
+            n = _token_pass(rb, ledger, stored, verified, to_render, out, bad)
+            if progress and n:
+                progress(n)
+    # 2. the segments to render rendered again from the redacted steps and compared with what is stored
     # no memo: each rendering is scanned once (a memo of them would only hold up to 64 M characters)
     detector = Detector(memo_chars=0) if task["scan_secrets"] else None
     secret_sample = task["secret_sample"]
     toks: dict[str, Any] = {}
     units = _UNITS.format(evaluation="true")
-    tools_of = tools_by_digest(wh)
-    seg_stream = wh.stream(_SEGMENTS_SQL.format(where=where, units=units), params, memory_limit=memory, threads=1)
+    tools_of = tools_by_digest(wh) if to_render else {}
+    seg_stream = wh.stream(_RENDER_SQL.format(where=where, units=units), [unread, sorted(to_render), *params],
+                           memory_limit=memory, threads=1) if to_render else iter(())
     step_stream = wh.stream(_STEPS_SQL.format(units=units, dedup="list_contains(?, trajectory_key)"),
-                            [sorted(render_keys)], memory_limit=memory, threads=1, batch_rows=1_000)
+                            [sorted(set(to_render.values()))], memory_limit=memory, threads=1,
+                            batch_rows=1_000) if to_render else iter(())
     try:
         for seg, steps in joined_by_key(seg_stream, step_stream):
-            out["segments"] += 1
-            if progress:
-                progress(1)
-            if not (seg["split"] == seg["pack_split"] == seg["episode_split"] == seg["unit_split"]):
-                bad("split_violations", seg, f"segment {seg['split']}, pack {seg['pack_split']}, "
-                    f"episode {seg['episode_split']}, unit {seg['unit_split']}")
-            if seg["unit_kind"] is None:
-                bad("unknown_unit_violations", seg, "no trainable fragment or evaluation episode of that id")
-                continue
-            if seg["fragment_id"] in verified:
+            if seg["unit_kind"] is None:  # counted by the segment checks
                 continue
             out["rendered"] += 1
             tok = toks.get(seg["tokenizer_id"]) or toks.setdefault(seg["tokenizer_id"], tokenizer_of(seg["tokenizer_id"]))
@@ -381,10 +388,91 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
                 if found:
                     bad("secret_violations", seg, ", ".join(sorted({f"{f.entity} ({f.detector})" for f in found})))
     finally:
-        seg_stream.close()
-        step_stream.close()
+        for stream in (seg_stream, step_stream):
+            if hasattr(stream, "close"):
+                stream.close()
     out["verified"] = verified
     return out
+
+
+def _ints(array: pa.Array) -> np.ndarray:
+    return array.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+def _token_pass(rb: pa.RecordBatch, ledger: dict[str, list[str]], stored: dict[tuple[str, int], bytes],
+                verified: dict[str, list[str]], to_render: dict[str, str], out: dict[str, Any],
+                bad: Callable[[str, dict[str, Any], str], None]) -> int:
+    """One batch of packs as stored, checked with array operations: per pack, the lengths agree
+    (tokens, mask, positions, ``n_tokens`` <= ``seq_len``) and the segments tile [0, n_tokens)
+    (the first starts at 0, each next where the previous ended, together covering every token) and
+    share the pack's split; per segment, positions restart at 0 and count up. Each segment's
+    tokens and mask are digested into ``stored``; one whose (token key, digest) the ledger holds is
+    ``verified``, the others go ``to_render``. Returns the segments seen."""
+    n = rb.num_rows
+    if not n:
+        return 0
+    segs = rb.column("segments")
+    flat = segs.flatten()
+    parent = pc.list_parent_indices(segs).to_numpy(zero_copy_only=False).astype(np.int64)
+    start, end = _ints(flat.field("start")), _ints(flat.field("end"))
+    names = {f.name for f in flat.type}
+    fragment_ids = flat.field("fragment_id").to_pylist()
+    token_keys = flat.field("token_key").to_pylist() if "token_key" in names else [None] * len(flat)
+    keys = flat.field("trajectory_key").to_pylist()
+    pack_ids = rb.column("pack_id").to_pylist()
+    lists = {c: rb.column(c) for c in ("input_ids", "loss_mask", "position_ids")}
+    lens = {c: _ints(pc.list_value_length(a)) for c, a in lists.items()}
+    n_tokens, seq_len = _ints(rb.column("n_tokens")), _ints(rb.column("seq_len"))
+    # per pack: lengths and tiling
+    covered = np.bincount(parent, weights=end - start, minlength=n).astype(np.int64)
+    first = np.ones(len(parent), dtype=bool)
+    first[1:] = parent[1:] != parent[:-1]
+    prev_end = np.zeros_like(end)
+    prev_end[1:] = end[:-1]
+    prev_end[first] = 0
+    gaps = np.bincount(parent[start != prev_end], minlength=n)
+    wrong = ((n_tokens != lens["input_ids"]) | (n_tokens != lens["loss_mask"]) | (n_tokens != lens["position_ids"])
+             | (n_tokens > seq_len) | (covered != n_tokens) | (gaps > 0))
+    for i in np.flatnonzero(wrong):
+        bad("length_violations", {"pack_id": pack_ids[i], "fragment_id": ""},
+            f"{n_tokens[i]} tokens of at most {seq_len[i]}; ids, mask, positions {lens['input_ids'][i]}, "
+            f"{lens['loss_mask'][i]}, {lens['position_ids'][i]}; segments cover {covered[i]}, "
+            f"{'with' if gaps[i] else 'without'} a gap or overlap")
+    other = pc.fill_null(pc.not_equal(flat.field("split"), pc.take(rb.column("split"), pa.array(parent))), True)
+    other = other.to_numpy(zero_copy_only=False).astype(bool)
+    out["mixed_split_violations"] += int(np.unique(parent[other]).size)
+    # per segment: positions (a slice outside its pack's list is a violation), then digests
+    values = {c: a.flatten().to_numpy(zero_copy_only=False) for c, a in lists.items()}
+    base = {c: np.concatenate([[0], np.cumsum(lens[c])]) for c in lists}
+    size = lens["position_ids"][parent]
+    a = np.clip(start, 0, size)
+    b = np.clip(end, a, size)
+    span = b - a
+    rel = np.arange(span.sum()) - np.repeat(np.cumsum(span) - span, span)
+    got = values["position_ids"][np.repeat(base["position_ids"][parent] + a, span) + rel]
+    off = np.bincount(np.repeat(np.arange(len(parent)), span)[got != rel], minlength=len(parent))
+    moved = (off > 0) | (a != start) | (b != end)
+    ids = np.ascontiguousarray(values["input_ids"], dtype="<i8")
+    mask = np.ascontiguousarray(values["loss_mask"], dtype="<i1")
+    for k, i in enumerate(parent.tolist()):
+        s, e = int(start[k]), int(end[k])
+        pack = pack_ids[i]
+        out["tokens"] += e - s
+        if moved[k]:
+            bad("position_violations", {"pack_id": pack, "fragment_id": fragment_ids[k]},
+                "positions do not restart at 0 and count up")
+        lo, hi = max(s, 0), max(e, 0)
+        h = hashlib.blake2b(ids[base["input_ids"][i] + min(lo, lens["input_ids"][i]):
+                                base["input_ids"][i] + min(hi, lens["input_ids"][i])], digest_size=16)
+        h.update(mask[base["loss_mask"][i] + min(lo, lens["loss_mask"][i]):
+                      base["loss_mask"][i] + min(hi, lens["loss_mask"][i])])
+        digest = stored[(pack, s)] = h.digest()
+        entry = [token_keys[k] or "", digest.hex()]
+        if token_keys[k] and ledger.get(fragment_ids[k]) == entry:
+            verified[fragment_ids[k]] = entry
+        else:
+            to_render[fragment_ids[k]] = keys[k]
+    return len(parent)
 
 
 def _trusted_segments(wh: Warehouse, files: list[str], where: str, params: list[Any], memory: str,
@@ -394,8 +482,8 @@ def _trusted_segments(wh: Warehouse, files: list[str], where: str, params: list[
     again token by token)."""
     found: dict[str, list[tuple[str, list[str], int]]] = {}
     again: set[str] = set()
-    for rb in wh.stream(f"SELECT filename, segments FROM {_READ_FILES} p WHERE {where}", [files, *params],
-                        batch_rows=1_000, memory_limit=memory, threads=1):
+    for rb in wh.stream("SELECT filename, segments FROM read_parquet(?, union_by_name = true, filename = true) p "
+                        f"WHERE {where}", [files, *params], batch_rows=1_000, memory_limit=memory, threads=1):
         for r in rb:
             mine = found.setdefault(r["filename"], [])
             for seg in r["segments"]:

@@ -348,6 +348,38 @@ def test_verify_packs_catches_a_tampered_pack(built: Warehouse, tmp_path: Path):
     assert {e["check"] for e in parts["examples"]} >= {"round_trip_violations", "split_violations"}
 
 
+def test_verify_packs_catches_broken_structure(built: Warehouse, tmp_path: Path):
+    """Positions that do not restart, segments that overlap, a length that disagrees and a segment
+    of no known unit are each found, named in the examples, in one part and in two."""
+    import shutil
+
+    import pyarrow.parquet as pq
+    from trajwh.packing.verify import verify_packs, violations
+
+    wh = Warehouse(tmp_path / "copy")
+    shutil.copytree(built.root, wh.root)
+    ps = _pack_set(wh)
+    assert violations(verify_packs(wh, ps, scan_secrets=False)) == 0
+    rels = wh.query("SELECT path FROM table_files WHERE table_name = 'packs' AND contains(transform_version, ?) "
+                    "ORDER BY path", [ps]).column(0).to_pylist()
+    path = wh.root / next(r for r in rels if sum(len(p["segments"]) >= 2 for p in pq.read_table(wh.root / r).to_pylist()) >= 3)
+    t = pq.read_table(path)
+    rows = t.to_pylist()
+    multi = [i for i, r in enumerate(rows) if len(r["segments"]) >= 2]
+    a, b, c = multi[:3]
+    rows[a]["position_ids"][rows[a]["segments"][1]["start"] + 1] += 5  # positions of one segment
+    rows[b]["segments"][1]["start"] -= 1  # overlaps the first segment by one token
+    rows[b]["n_tokens"] += 1  # and the length disagrees with the lists
+    rows[c]["segments"][0]["fragment_id"] = "no-such-unit"
+    pq.write_table(type(t).from_pylist(rows, schema=t.schema), path)
+    r = verify_packs(wh, ps, scan_secrets=False)
+    assert r["position_violations"] >= 1 and r["length_violations"] == 1 and r["unknown_unit_violations"] == 1, r
+    assert {e["check"] for e in verify_packs(wh, ps, scan_secrets=False, examples=50)["examples"]} >= {
+        "position_violations", "length_violations", "unknown_unit_violations"}
+    two = verify_packs(wh, ps, scan_secrets=False, workers=2)
+    assert {k: v for k, v in two.items() if k != "examples"} == {k: v for k, v in r.items() if k != "examples"}
+
+
 def test_verify_packs_in_parts_counts_and_trusts_what_one_part_does(built: Warehouse, tmp_path: Path):
     """Verified in worker processes (a part of the packs each), a pack set gives the counts and the
     ledger that one process gives; the ledger a two-part check wrote spares the next one rendering."""
