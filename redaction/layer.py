@@ -20,9 +20,10 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from trajwh.lineage.catalog import Warehouse, now_utc
+from trajwh.lineage.catalog import Warehouse, now_utc, write_table_file
 from trajwh.lineage.parallel import PARALLEL_MIN_ITEMS, ordered_chunks, workers_wanted
 from trajwh.lineage.rebuild import mark_running, run_row
+from trajwh.lineage.storage import WrittenFile
 from trajwh.redaction.engine import (
     POLICY_VERSION,
     SCOPE_KINDS,
@@ -210,14 +211,15 @@ def _steps_table(source: pa.Table, order: list[int], columns: dict[str, list], r
 
 
 _SCHEMAS = {t: arrow_schema(m) for t, m in _OUT_MODELS}
-_worker_ids: tuple[str, str] = ("", "")
+_worker_ids: tuple[str, str, str] = ("", "", "")
 
 
-def _init_worker(salt: bytes, scope_kind: str, private_addresses: bool, batch_id: str, run_id: str) -> None:
+def _init_worker(salt: bytes, scope_kind: str, private_addresses: bool, batch_id: str, run_id: str,
+                 root: str) -> None:
     global _worker, _worker_ids
     _worker = EpisodeRedactor(Redactor(salt, scope_kind=scope_kind,
                                        detector=Detector(redact_private_ips=private_addresses)), scope_kind)
-    _worker_ids = (batch_id, run_id)
+    _worker_ids = (batch_id, run_id, root)
 
 
 @dataclass(frozen=True)
@@ -257,30 +259,43 @@ _STEP_CHANGED = (*_STEP_TEXT, *_STEP_JSON, "tool_calls")
 _STEP_READ = ("step_id", "trajectory_key", "step_index", *_STEP_CHANGED)
 
 
-def _task_items(task: _Task) -> tuple[pa.Table | None, Iterator[tuple[dict, list[dict]]]]:
-    """A task's normalized steps (Arrow) and (episode, its steps in order) for every episode of the
-    task, in the order of the steps file; a step holds only the fields redaction reads, and its
-    row in the table (``_row``)."""
+def _task_rounds(task: _Task) -> Iterator[tuple[pa.Table | None, list[tuple[dict, list[dict]]]]]:
+    """A task's episodes as (episode, its steps in order), a row group of its steps file at a time:
+    each round holds the episodes whose last step that row group reads (an episode whose steps go
+    on in the next row group waits for it), with the Arrow rows they come from (a step holds only
+    the fields redaction reads, and its row in that table, ``_row``). Only one row group's steps
+    (and the steps of episodes that span two) are ever Python objects."""
     episodes = {e["trajectory_key"]: e for path in task.episodes for e in pq.read_table(path).to_pylist()}
     if task.steps is None:
-        return None, ((episodes[key], []) for key in task.keys)
-    table = pq.read_table(task.steps)
-    by_key: dict[str, list[dict]] = {}
-    for i, s in enumerate(table.select(list(_STEP_READ)).to_pylist()):
-        s["_row"] = i
-        by_key.setdefault(s["trajectory_key"], []).append(s)
-    return table, ((episodes[key], sorted(steps, key=lambda s: s["step_index"])) for key, steps in by_key.items())
+        yield None, [(episodes[key], []) for key in task.keys]
+        return
+    source = pq.ParquetFile(task.steps)
+    last = {k: i for i, k in enumerate(source.read(columns=["trajectory_key"]).column(0).to_pylist())}
+    carried: pa.Table | None = None  # rows of episodes not complete yet
+    seen = 0
+    for g in range(source.num_row_groups):
+        group = source.read_row_group(g)
+        seen += group.num_rows
+        table = group if carried is None else pa.concat_tables([carried, group.select(carried.schema.names)])
+        by_key: dict[str, list[dict]] = {}
+        for i, step in enumerate(table.select(list(_STEP_READ)).to_pylist()):
+            step["_row"] = i
+            by_key.setdefault(step["trajectory_key"], []).append(step)
+        done = [k for k in by_key if last[k] < seen]
+        waiting = [s["_row"] for k in by_key if last[k] >= seen for s in by_key[k]]
+        carried = table.take(pa.array(waiting, pa.int64())) if waiting else None
+        yield table, [(episodes[k], sorted(by_key[k], key=lambda s: s["step_index"])) for k in done]
 
 
-def _redact_task(worker: EpisodeRedactor, task: _Task, batch_id: str,
-                 run_id: str) -> tuple[dict[str, pa.Table], dict[str, Any]]:
-    """A task's episodes redacted into the output tables (Arrow), in chunks of episodes; of the
-    steps only the fields redaction reads are Python objects (``_steps_table``). With the counts."""
-    parts: dict[str, list[pa.Table]] = {t: [] for t, _ in _OUT_MODELS if t != "redacted_steps"}
+def _redact_task(wh: Warehouse, worker: EpisodeRedactor, task: _Task, batch_id: str,
+                 run_id: str) -> tuple[list[WrittenFile], dict[str, Any]]:
+    """A task's episodes redacted and written, one file per output table (not yet visible: the
+    caller commits them), with the counts. Rows are redacted a row group of the steps file at a
+    time (``_task_rounds``) and kept as Arrow until written; of the steps only the fields redaction
+    reads are Python objects (``_steps_table``)."""
+    parts: dict[str, list[pa.Table]] = {t: [] for t, _ in _OUT_MODELS}
     counts: dict[str, Any] = {"episodes": 0, "steps": 0, "replacements": 0, "by_type": {}}
     chunk: list = []
-    order: list[int] = []
-    columns: dict[str, list] = {c: [] for c in _STEP_CHANGED}
 
     def close() -> None:
         tables, c = _chunk_tables(chunk, batch_id, run_id)
@@ -292,52 +307,61 @@ def _redact_task(worker: EpisodeRedactor, task: _Task, batch_id: str,
             counts["by_type"][k] = counts["by_type"].get(k, 0) + v
         chunk.clear()
 
-    source, items = _task_items(task)
-    for e, steps in items:
-        red_ep, red_steps, events = worker.redact(e, steps)
-        for s in red_steps:
-            order.append(s["_row"])
-            for c in _STEP_CHANGED:
-                columns[c].append(s[c])
-        chunk.append((red_ep, [s["step_id"] for s in red_steps], events))
-        if len(chunk) >= _CHUNK_EPISODES:
+    for source, items in _task_rounds(task):
+        order: list[int] = []
+        columns: dict[str, list] = {c: [] for c in _STEP_CHANGED}
+        for e, steps in items:
+            red_ep, red_steps, events = worker.redact(e, steps)
+            for s in red_steps:
+                order.append(s["_row"])
+                for c in _STEP_CHANGED:
+                    columns[c].append(s[c])
+            chunk.append((red_ep, [s["step_id"] for s in red_steps], events))
+            if len(chunk) >= _CHUNK_EPISODES:
+                close()
+        if chunk:
             close()
-    if chunk or not parts["redacted_episodes"]:
-        close()
-    out = {t: pa.concat_tables(p) for t, p in parts.items()}
-    out["redacted_steps"] = (_steps_table(source, order, columns, run_id) if source is not None
-                             else pa.Table.from_pylist([], schema=_SCHEMAS["redacted_steps"]))
-    return {t: out[t] for t, _ in _OUT_MODELS}, counts
+        if source is not None and order:
+            parts["redacted_steps"].append(_steps_table(source, order, columns, run_id))
+    files = []
+    for t, _ in _OUT_MODELS:  # one file per table and task (a steps file's worth of rows)
+        data = pa.concat_tables(parts[t]) if parts[t] else None
+        if data is not None and data.num_rows:
+            files.append(write_table_file(wh, t, data))
+    return files, counts
 
 
-def _redact_in_worker(tasks: list[_Task]) -> list[tuple[dict[str, pa.Table], dict[str, Any], list[dict]]]:
-    """In a worker: tasks redacted, each with its vault entries."""
+def _redact_in_worker(tasks: list[_Task]) -> list[tuple[list[WrittenFile], dict[str, Any], list[dict]]]:
+    """In a worker: tasks redacted and written, each with its vault entries."""
     assert _worker is not None
+    batch_id, run_id, root = _worker_ids
     out = []
     for task in tasks:
         _worker.scopes.clear()
-        tables, counts = _redact_task(_worker, task, *_worker_ids)
-        out.append((tables, counts, _worker.vault_entries()))
+        files, counts = _redact_task(Warehouse(root), _worker, task, batch_id, run_id)
+        out.append((files, counts, _worker.vault_entries()))
     return out
 
 
-def _redacted(tasks: list[_Task], worker: EpisodeRedactor, n_episodes: int,
+def _redacted(wh: Warehouse, tasks: list[_Task], worker: EpisodeRedactor, n_episodes: int,
               vault: list[dict], private_addresses: bool, batch_id: str,
-              run_id: str) -> Iterator[tuple[dict[str, pa.Table], dict[str, Any]]]:
-    """Redacted tasks (output tables and counts) in input order: in this process, or in worker
-    processes for big batches (a bounded number of tasks in flight, so memory stays flat)."""
+              run_id: str) -> Iterator[tuple[list[WrittenFile], dict[str, Any]]]:
+    """Redacted tasks (their written files and counts) in input order: in this process, or in
+    worker processes for big batches (a bounded number of tasks in flight; a worker writes its
+    own files, so only their names come back)."""
     n_workers = min(workers_wanted(), len(tasks))
     if n_workers < 2 or worker.scope_kind != "episode" or n_episodes < PARALLEL_MIN_EPISODES:
         for task in tasks:  # one redactor for them all: a repository or dataset scope spans files
-            yield _redact_task(worker, task, batch_id, run_id)
+            yield _redact_task(wh, worker, task, batch_id, run_id)
         vault.extend(worker.vault_entries())
         return
     red = worker.redactor
     for _, done in ordered_chunks(_redact_in_worker, tasks, chunk=1, workers=n_workers, initializer=_init_worker,
-                                  initargs=(red.salt, worker.scope_kind, private_addresses, batch_id, run_id)):
-        for tables, counts, entries in done:
+                                  initargs=(red.salt, worker.scope_kind, private_addresses, batch_id, run_id,
+                                            str(wh.root))):
+        for files, counts, entries in done:
             vault.extend(entries)
-            yield tables, counts
+            yield files, counts
 
 
 def _redact_tool_schemas(wh: Warehouse, batch_id: str, redactor: Redactor, run_id: str, scope_kind: str,
@@ -380,10 +404,8 @@ def _redact_batch(wh: Warehouse, session: Any, batch_id: str, run_id: str, redac
     worker = EpisodeRedactor(redactor, scope_kind)
     files: list = []
     vault: list[dict] = []
-    for tables, counts in _redacted(tasks, worker, n_episodes, vault, private_addresses, batch_id, run_id):
-        for table, data in tables.items():  # one file per table and task (a steps file's worth of rows)
-            if data.num_rows:
-                files.append(session.write(table, data))
+    for written, counts in _redacted(wh, tasks, worker, n_episodes, vault, private_addresses, batch_id, run_id):
+        files += written
         summary.episodes += counts["episodes"]
         summary.steps += counts["steps"]
         summary.replacements += counts["replacements"]
