@@ -27,10 +27,12 @@ def inputs_fingerprint(wh: Warehouse, tables: list[str], where: str = "") -> str
     return ids.digest(shas)[:16]
 
 
-def batch_fingerprints(wh: Warehouse, tables: list[str]) -> dict[str, str]:
-    """Per ingest batch, the digest of the content hashes of its files of ``tables``."""
+def batch_fingerprints(wh: Warehouse, tables: list[str], where: str = "") -> dict[str, str]:
+    """Per ingest batch, the digest of the content hashes of its files of ``tables`` (``where``: as
+    for ``inputs_fingerprint``)."""
     rows = wh.manifest_query("SELECT batch_id, string_agg(sha256, ',' ORDER BY sha256) AS shas FROM table_files "
-                    "WHERE list_contains(?, table_name) GROUP BY batch_id", [tables]).to_pylist()
+                             "WHERE list_contains(?, table_name)" + (f" AND ({where})" if where else "")
+                             + " GROUP BY batch_id", [tables]).to_pylist()
     return {r["batch_id"]: ids.digest(r["shas"])[:16] for r in rows}
 
 

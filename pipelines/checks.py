@@ -9,7 +9,13 @@ quarantined record is not a bad build)."""
 import dagster as dg
 from trajwh.dedup.audit import audit_cached
 from trajwh.ingest.adapters.registry import adapters
-from trajwh.lineage.checks import cached, lineage_gaps, passed, reconcile_normalized
+from trajwh.lineage.checks import (
+    cached,
+    cached_per_batch,
+    lineage_gaps,
+    passed,
+    reconcile_normalized,
+)
 from trajwh.packing.layer import PACK_INPUTS
 from trajwh.pipelines.resources import WarehouseResource
 from trajwh.redaction.audit import rescan_by_batch
@@ -25,6 +31,13 @@ def _counts(wh, sql: str) -> dict:
     return wh.query(sql).to_pylist()[0]
 
 
+def _lineage_by_batch(wh, table: str, where: str = "") -> dict:
+    """``lineage_gaps`` of ``table`` batch by batch, each batch's result reused while its files
+    of the table, its raw records and its edges are unchanged: a new batch is checked alone."""
+    return cached_per_batch(wh, f"lineage:{table}", [table, *_LINEAGE_INPUTS],
+                            lambda b: lineage_gaps(wh, table, b) if b else lineage_gaps(wh, table), where=where)
+
+
 def _result(counts: dict) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(passed=passed(counts), metadata={k: int(v) for k, v in counts.items()})
 
@@ -32,15 +45,13 @@ def _result(counts: dict) -> dg.AssetCheckResult:
 @dg.asset_check(asset="episodes", blocking=True, description="Every episode has lineage columns, a raw parent and an edge.")
 def episodes_have_lineage(warehouse: WarehouseResource) -> dg.AssetCheckResult:
     wh = warehouse.get()
-    return _result(cached(wh, "lineage:episodes", ["episodes", *_LINEAGE_INPUTS], lambda: lineage_gaps(wh, "episodes"),
-                          _NORMALIZED_EDGES))
+    return _result(_lineage_by_batch(wh, "episodes", _NORMALIZED_EDGES))
 
 
 @dg.asset_check(asset="steps", blocking=True, description="Every step has lineage columns, a raw parent and an edge.")
 def steps_have_lineage(warehouse: WarehouseResource) -> dg.AssetCheckResult:
     wh = warehouse.get()
-    return _result(cached(wh, "lineage:steps", ["steps", *_LINEAGE_INPUTS], lambda: lineage_gaps(wh, "steps"),
-                          _NORMALIZED_EDGES))
+    return _result(_lineage_by_batch(wh, "steps", _NORMALIZED_EDGES))
 
 
 @dg.asset_check(asset="episodes", description="Each raw record became episodes or was quarantined; "
@@ -66,8 +77,7 @@ def redacted_layer_has_no_secrets(warehouse: WarehouseResource) -> dg.AssetCheck
 @dg.asset_check(asset="redacted_steps", blocking=True, description="Every redacted step has lineage to its normalized step.")
 def redacted_steps_have_lineage(warehouse: WarehouseResource) -> dg.AssetCheckResult:
     wh = warehouse.get()
-    return _result(cached(wh, "lineage:redacted_steps", ["redacted_steps", *_LINEAGE_INPUTS],
-                          lambda: lineage_gaps(wh, "redacted_steps")))
+    return _result(_lineage_by_batch(wh, "redacted_steps"))
 
 
 @dg.asset_check(asset="splits", blocking=True,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dagster as dg
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 from trajwh.ingest.adapters.native import NativeAdapter
 from trajwh.ingest.raw_store import IngestOptions, ingest_paths
@@ -78,6 +80,36 @@ def test_lineage_check_fails_when_a_raw_parent_is_missing(wh, cases):
         s.commit(removed=wh.files("raw_records"))
     gaps = lineage_gaps(wh, "steps")
     assert gaps["missing_raw_parent_violations"] == 12 and not passed(gaps)
+    from trajwh.pipelines.checks import _lineage_by_batch
+
+    by_batch = _lineage_by_batch(wh, "steps")  # what the build's check computes, batch by batch
+    assert {k: by_batch[k] for k in gaps} == gaps and not by_batch["cached"]
+    assert _lineage_by_batch(wh, "steps")["cached"]  # nothing changed: the batch's result is reused
+
+
+def test_the_lineage_check_by_batch_adds_up_to_the_whole_check(wh, cases):
+    """Checked batch by batch, lineage gives the counts of the whole-table query, and a new batch
+    is checked alone; an edge lost in one batch is found there."""
+    from trajwh.pipelines.checks import _lineage_by_batch
+
+    ingest_paths(wh, [cases / "two_episodes.jsonl"], IngestOptions(source="cases"))
+    build(str(wh.root))
+    ingest_paths(wh, [cases / "crlf_blank_lines.jsonl"], IngestOptions(source="cases"))
+    build(str(wh.root))
+    batches = wh.query("SELECT DISTINCT batch_id FROM table_files WHERE table_name = 'steps'").column(0).to_pylist()
+    assert len(batches) == 2
+    for table in ("episodes", "steps", "redacted_steps"):
+        whole, parts = lineage_gaps(wh, table), _lineage_by_batch(wh, table)
+        assert passed(whole) and {k: parts[k] for k in whole} == whole and parts["rows"] > 0, table
+    rel = wh.query("SELECT path FROM table_files WHERE table_name = 'lineage_edges' AND batch_id = ? "
+                   "AND transform_version NOT LIKE 'redact@%' ORDER BY path LIMIT 1", [batches[0]]).column(0)[0].as_py()
+    t = pq.read_table(wh.root / rel)
+    keep = pc.invert(pc.equal(t.column("child_table"), "steps"))
+    with wh.write_session("test") as s:  # the batch's step edges lost behind the build's back
+        s.commit([s.write("lineage_edges", t.filter(keep))], removed=[wh.root / rel], batch_id=batches[0])
+    whole, parts = lineage_gaps(wh, "steps"), _lineage_by_batch(wh, "steps")
+    assert whole["missing_edge_violations"] > 0 and {k: parts[k] for k in whole} == whole
+    assert parts["batches_cached"] == 1  # the other batch's result reused
 
 
 def test_dagster_finds_the_definitions_from_the_repository_root():
