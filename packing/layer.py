@@ -34,11 +34,13 @@ from trajwh.packing.windows import (
     RENDER_STEPS_SQL,
     WINDOWED_SQL,
     Plan,
+    StoredSet,
     batch_versions,
     copied_packs,
     kept_files,
     plan_windows,
     read_drops,
+    read_stored,
     stored_state,
     stored_tokens,
     write_drops,
@@ -312,17 +314,20 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
                                                  counts=_counts(summary), code_version=f"{TRANSFORM}@{PACKS_VERSION}")])
             return summary
         reusable = not full and mine and {v.split(";inputs=")[0] for v in old_versions} == {rules}
-        stored_windows, stored_units = stored_state(wh, summary.pack_set) if reusable else ({}, {})
+        stored = read_stored(wh, summary.pack_set, mine) if reusable else StoredSet(mine)
+        stored_windows, stored_units = stored_state(stored)
         known_drops = read_drops(wh, summary.pack_set) if reusable else {}
         versions = batch_versions(wh)
         units = wh.root / ".tmp" / f"pack-units-{uuid.uuid4().hex}.parquet"
         try:
-            plan = plan_windows(_spooled(wh.stream(_windowed(cfg), batch_rows=5_000, threads=1, arrow=True), units),
+            # nothing else runs beside the plan: its query takes every core (107,000 episodes: 1.6 -> 1.1 s)
+            plan = plan_windows(_spooled(wh.stream(_windowed(cfg), batch_rows=5_000, arrow=True), units),
                                 versions, stored_windows, stored_units, known_drops)
             lineage = {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": version}
             files: list[Any] = []
             seen: set[str] = set()
-            kept, rewrite = kept_files(wh, summary.pack_set, plan, mine)
+            kept, rewrite = kept_files(wh, plan, stored)
+            del stored
             for written, table, segments in kept:  # committed again with this run's version, not rewritten
                 files.append(written)
                 _count_copied(summary, table, segments, seen)

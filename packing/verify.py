@@ -366,12 +366,14 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
             span = set(seg["span_step_ids"]) if seg["span_step_ids"] is not None else set(order)
             tools = tools_of.get(seg["tool_schema_digest"])
             r = render(kept, span, tok, tools=tools)
+            ids = np.fromiter(r.ids, dtype=np.int64, count=len(r.ids))
+            mask = np.fromiter(r.mask, dtype=np.int8, count=len(r.mask))
             have = stored.get((seg["pack_id"], seg["start"]))
             if seg["piece"] is not None:
                 a = seg["piece"] * seg["seq_len"]
-                want = _digest(r.ids[a:a + seg["seq_len"]], r.mask[a:a + seg["seq_len"]])
+                want = _digest(ids[a:a + seg["seq_len"]], mask[a:a + seg["seq_len"]])
             else:
-                want = _digest(r.ids, r.mask)
+                want = _digest(ids, mask)
             if want != have:
                 bad("round_trip_violations", seg, "tokens or mask differ from the unit's rendering")
             elif seg["token_key"]:
@@ -380,7 +382,7 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
                 continue
             if tok.decode(r.ids) != r.text:
                 bad("round_trip_violations", seg, "decoded tokens differ from the rendered text")
-            if tok.decode([t for t, m in zip(r.ids, r.mask, strict=True) if m]) != trained_text(kept, span, tok, tools):
+            if tok.decode(_trained(r.ids, mask)) != trained_text(kept, span, tok, tools):
                 bad("trained_text_violations", seg, "trained tokens do not decode to the span's model text")
             if detector is not None and (secret_sample <= 1 or _sampled(seg["fragment_id"], secret_sample)):
                 out["secret_scanned"] += 1
@@ -392,6 +394,18 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
             if hasattr(stream, "close"):
                 stream.close()
     out["verified"] = verified
+    return out
+
+
+def _trained(ids: list[int], mask: np.ndarray) -> list[int]:
+    """The tokens whose mask is set, in order: the runs of the mask sliced out of ``ids`` (a
+    filter token by token took 13 of the 185 s of a whole check at 107,000 episodes)."""
+    if len(ids) != len(mask):
+        raise ValueError(f"{len(ids)} tokens but {len(mask)} mask values")
+    edges = np.flatnonzero(np.diff(mask != 0, prepend=False, append=False)).tolist()
+    out: list[int] = []
+    for a, b in zip(edges[::2], edges[1::2], strict=True):
+        out += ids[a:b]
     return out
 
 

@@ -95,19 +95,40 @@ class Plan:
         return self.units - len(self.reuse) - len(self.meta) - len(self.dropped)
 
 
-def stored_state(wh: Warehouse, pack_set: str) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
+@dataclass
+class StoredSet:
+    """What an incremental build reads of the stored set, once: per pack its file, window, split,
+    token counts and segments (no tokens), in the files the manifest lists."""
+
+    files: list[dict[str, Any]]  # manifest rows: path, sha256, rows, bytes
+    table: pa.Table | None = None  # filename, window_id, window_digest, split, n_tokens, n_trainable
+    segments: list[list[dict[str, Any]]] = field(default_factory=list)  # per pack, as Python
+
+
+def read_stored(wh: Warehouse, pack_set: str, files: list[dict[str, Any]]) -> StoredSet:
+    """The stored set's table entries (``StoredSet``) from its ``files``."""
+    if not files:
+        return StoredSet(files)
+    data = wh.query("SELECT filename, window_id, window_digest, split, n_tokens, n_trainable, segments FROM "
+                    "read_parquet(?, union_by_name = true, filename = true) WHERE pack_set = ?",
+                    [[str(wh.root / r["path"]) for r in files], pack_set])
+    return StoredSet(files, data.drop_columns(["segments"]), data.column("segments").to_pylist())
+
+
+def stored_state(stored: StoredSet) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
     """The stored set's windows (id -> digest) and whole units (id -> (token key, window id)): the
     pieces of a split unit are never reused (a forget may have removed the pack of one of them)."""
-    windows = {r["window_id"]: r["window_digest"] for r in wh.query(
-        "SELECT DISTINCT window_id, window_digest FROM packs WHERE pack_set = ? AND window_id IS NOT NULL",
-        [pack_set]).to_pylist()}
+    windows: dict[str, str] = {}
     units: dict[str, tuple[str, str]] = {}
-    for batch in wh.stream("""SELECT DISTINCT split_part(t.s.fragment_id, '#', 1) AS unit_id, t.s.token_key, p.window_id
-                              FROM packs p, unnest(p.segments) AS t(s)
-                              WHERE p.pack_set = ? AND t.s.piece IS NULL""", [pack_set],
-                           batch_rows=50_000):
-        for r in batch:
-            units[r["unit_id"]] = (r["token_key"], r["window_id"])
+    if stored.table is None:
+        return windows, units
+    for window, digest, segs in zip(stored.table.column("window_id").to_pylist(),
+                                    stored.table.column("window_digest").to_pylist(), stored.segments, strict=True):
+        if window is not None:
+            windows[window] = digest
+        for seg in segs:
+            if seg["piece"] is None:
+                units[seg["fragment_id"].partition("#")[0]] = (seg["token_key"], window)
     return windows, units
 
 
@@ -227,31 +248,26 @@ def _segment_updates(segments: list[list[dict[str, Any]]], plan: Plan) -> list[b
     return changed
 
 
-def kept_files(wh: Warehouse, pack_set: str, plan: Plan, stored: list[dict[str, Any]]
+def kept_files(wh: Warehouse, plan: Plan, stored: StoredSet
                ) -> tuple[list[tuple[WrittenFile, pa.Table, list[list[dict[str, Any]]]]], list[Path]]:
-    """The stored set's files (manifest rows: path, sha256, rows, bytes) split in two: those whose
-    every pack is of a copied window and needs no segment update stay as they are (same bytes, so
-    the packs check trusts them; only their segment tables are read here), with their packs'
-    figures (split, n_tokens, n_trainable) and segments for the summary; the paths of the others,
-    whose packs of copied windows ``copied_packs`` rewrites."""
-    if not plan.copy or not stored:
-        return [], [wh.root / r["path"] for r in stored]
-    paths = {str(wh.root / r["path"]): r for r in stored}
-    data = wh.query("SELECT filename, window_id, split, n_tokens, n_trainable, segments FROM "
-                    "read_parquet(?, union_by_name = true, filename = true) WHERE pack_set = ?",
-                    [list(paths), pack_set])
+    """The stored set's files split in two: those whose every pack is of a copied window and needs
+    no segment update stay as they are (same bytes, so the packs check trusts them), with their
+    packs' figures (split, n_tokens, n_trainable) and segments for the summary; the paths of the
+    others, whose packs of copied windows ``copied_packs`` rewrites."""
+    if not plan.copy or stored.table is None:
+        return [], [wh.root / r["path"] for r in stored.files]
     rows_of: dict[str, list[int]] = {}
-    for i, name in enumerate(data.column("filename").to_pylist()):
+    for i, name in enumerate(stored.table.column("filename").to_pylist()):
         rows_of.setdefault(name, []).append(i)
-    windows = data.column("window_id").to_pylist()
+    windows = stored.table.column("window_id").to_pylist()
     kept, rewrite = [], []
-    for name, r in paths.items():
+    for r in stored.files:
+        name = str(wh.root / r["path"])
         mine = rows_of.get(name, [])
-        table = data.take(mine) if mine else None
-        segments = table.column("segments").to_pylist() if table is not None else []
+        segments = [stored.segments[i] for i in mine]  # brought up to date in place: a file that changes is read again
         if mine and all(windows[i] in plan.copy for i in mine) and not any(_segment_updates(segments, plan)):
             kept.append((WrittenFile("packs", Path(name), r["sha256"], r["rows"], r["bytes"]),
-                         table.select(["split", "n_tokens", "n_trainable"]), segments))
+                         stored.table.take(mine).select(["split", "n_tokens", "n_trainable"]), segments))
         else:
             rewrite.append(Path(name))
     return kept, rewrite

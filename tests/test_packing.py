@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import SHARED_CORPUS
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from trajwh.ingest.raw_store import IngestOptions, ingest_paths
 from trajwh.lineage.catalog import Warehouse
 from trajwh.packing.render import model_content, render, trained_text
@@ -754,3 +756,13 @@ def test_parts_fit_the_memory_budget(monkeypatch):
     assert parts_within(4, 500) == 1
     monkeypatch.delenv("TRAJWH_MEMORY_MB")
     assert memory_budget_mb() == 2_048
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 200_000), st.integers(0, 1)), max_size=60))
+def test_the_check_takes_the_trained_tokens_the_mask_marks(pairs):
+    """The check decodes the tokens whose mask is set; it slices them out by runs of the mask."""
+    from trajwh.packing.verify import _trained
+
+    ids, mask = [t for t, _ in pairs], [m for _, m in pairs]
+    assert _trained(ids, np.array(mask, dtype=np.int8)) == [t for t, m in pairs if m]

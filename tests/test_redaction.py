@@ -400,7 +400,7 @@ def test_redaction_reads_a_steps_file_a_row_group_at_a_time(wh, small_corpus, mo
     for path in other.files("steps"):
         f = pq.ParquetFile(path)
         keys = [f.read_row_group(g, columns=["trajectory_key"]).column(0).to_pylist() for g in range(f.num_row_groups)]
-        spanning += sum(a[-1] == b[0] for a, b in zip(keys, keys[1:]))
+        spanning += sum(a[-1] == b[0] for a, b in zip(keys, keys[1:], strict=False))
     assert spanning > 3  # the test has teeth: episodes go on across row groups
     redact_warehouse(other, run_id="groups")
     for table, cols in (("redacted_steps", "step_id, text, observation, tool_calls, metadata"),
