@@ -364,11 +364,7 @@ def test_worker_processes_give_the_same_redacted_layer(wh, small_corpus, monkeyp
 
     wh2 = Warehouse(other)
     redact_warehouse(wh2, run_id="parallel")
-    for table, cols in (("redacted_steps", "step_id, text, observation, tool_calls, metadata"),
-                        ("redacted_episodes", "trajectory_key, task_text, metadata"),
-                        ("redaction_events", "event_id, placeholder, entity_type, start, \"end\"")):
-        q = f"SELECT {cols} FROM {table} ORDER BY 1"
-        assert wh.query(q).to_pylist() == wh2.query(q).to_pylist(), table
+    _same_redacted_layer(wh, wh2)
     a = sorted((r["placeholder"], r["scope_id"]) for r in pq_rows(wh.root / "vault"))
     b = sorted((r["placeholder"], r["scope_id"]) for r in pq_rows(other / "vault"))
     assert a == b and a
@@ -403,11 +399,16 @@ def test_redaction_reads_a_steps_file_a_row_group_at_a_time(wh, small_corpus, mo
         spanning += sum(a[-1] == b[0] for a, b in zip(keys, keys[1:], strict=False))
     assert spanning > 3  # the test has teeth: episodes go on across row groups
     redact_warehouse(other, run_id="groups")
+    _same_redacted_layer(wh, other)
+
+
+def _same_redacted_layer(a, b) -> None:
+    """The redacted rows and their events of two warehouses are the same."""
     for table, cols in (("redacted_steps", "step_id, text, observation, tool_calls, metadata"),
                         ("redacted_episodes", "trajectory_key, task_text, metadata"),
                         ("redaction_events", "event_id, placeholder, entity_type, start, \"end\"")):
         q = f"SELECT {cols} FROM {table} ORDER BY 1"
-        assert wh.query(q).to_pylist() == other.query(q).to_pylist(), table
+        assert a.query(q).to_pylist() == b.query(q).to_pylist(), table
 
 
 def pq_rows(folder):
