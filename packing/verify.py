@@ -328,7 +328,7 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
     verified: dict[str, list[str]] = {}
     unread = list(task["unread"])
     if task["trusted"]:  # files verified before, bytes unchanged: their segments, not their tokens
-        unread += _trusted_segments(wh, task["trusted"], where, params, memory, ledger, verified, out)
+        unread += _trusted_segments(task["trusted"], pack_set, ledger, verified, out)
     stored: dict[tuple[str, int], bytes] = {}
     to_render: dict[str, str] = {}  # fragment id -> trajectory key
     for path in unread:
@@ -476,11 +476,9 @@ def _token_pass(rb: pa.RecordBatch, ledger: dict[str, list[str]], stored: dict[t
             bad("position_violations", {"pack_id": pack, "fragment_id": fragment_ids[k]},
                 "positions do not restart at 0 and count up")
         lo, hi = max(s, 0), max(e, 0)
-        h = hashlib.blake2b(ids[base["input_ids"][i] + min(lo, lens["input_ids"][i]):
-                                base["input_ids"][i] + min(hi, lens["input_ids"][i])], digest_size=16)
-        h.update(mask[base["loss_mask"][i] + min(lo, lens["loss_mask"][i]):
-                      base["loss_mask"][i] + min(hi, lens["loss_mask"][i])])
-        digest = stored[(pack, s)] = h.digest()
+        i0, m0 = base["input_ids"][i], base["loss_mask"][i]
+        digest = stored[(pack, s)] = _digest(ids[i0 + min(lo, lens["input_ids"][i]):i0 + min(hi, lens["input_ids"][i])],
+                                             mask[m0 + min(lo, lens["loss_mask"][i]):m0 + min(hi, lens["loss_mask"][i])])
         entry = [token_keys[k] or "", digest.hex()]
         if token_keys[k] and ledger.get(fragment_ids[k]) == entry:
             verified[fragment_ids[k]] = entry
@@ -489,26 +487,33 @@ def _token_pass(rb: pa.RecordBatch, ledger: dict[str, list[str]], stored: dict[t
     return len(parent)
 
 
-def _trusted_segments(wh: Warehouse, files: list[str], where: str, params: list[Any], memory: str,
-                      trusted: dict[str, list[str]], verified: dict[str, list[str]], out: dict[str, Any]) -> list[str]:
-    """The segments of trusted files (bytes a passing check verified): each one whose unit ledger
-    entry has its token key is verified as it was; returns the files holding one that has not (read
-    again token by token)."""
-    found: dict[str, list[tuple[str, list[str], int]]] = {}
-    again: set[str] = set()
-    for rb in wh.stream("SELECT filename, segments FROM read_parquet(?, union_by_name = true, filename = true) p "
-                        f"WHERE {where}", [files, *params], batch_rows=1_000, memory_limit=memory, threads=1):
-        for r in rb:
-            mine = found.setdefault(r["filename"], [])
-            for seg in r["segments"]:
-                entry = trusted.get(seg["fragment_id"])
-                if seg.get("token_key") and entry is not None and entry[0] == seg["token_key"]:
-                    mine.append((seg["fragment_id"], entry, seg["end"] - seg["start"]))
-                else:
-                    again.add(r["filename"])
-    for filename, segments in found.items():
-        if filename not in again:
-            for fragment_id, entry, n in segments:
+def _trusted_segments(files: list[str], pack_set: str | None, trusted: dict[str, list[str]],
+                      verified: dict[str, list[str]], out: dict[str, Any]) -> list[str]:
+    """The segments of trusted files (bytes a passing check verified), read with the same pyarrow
+    reader as the token pass but without the tokens: each one whose unit ledger entry has its token
+    key is verified as it was; returns the files holding one that has not (read again token by
+    token)."""
+    again: list[str] = []
+    for path in files:
+        mine: list[tuple[str, list[str], int]] = []
+        for rb in pq.ParquetFile(path).iter_batches(batch_size=1_000, columns=["pack_set", "segments"]):
+            if pack_set:
+                rb = rb.filter(pc.equal(rb.column("pack_set"), pack_set))
+            flat = rb.column("segments").flatten()
+            names = {f.name for f in flat.type}
+            token_keys = flat.field("token_key").to_pylist() if "token_key" in names else [None] * len(flat)
+            lengths = (_ints(flat.field("end")) - _ints(flat.field("start"))).tolist()
+            for fragment_id, token_key, n in zip(flat.field("fragment_id").to_pylist(), token_keys, lengths, strict=True):
+                entry = trusted.get(fragment_id)
+                if not token_key or entry is None or entry[0] != token_key:
+                    break
+                mine.append((fragment_id, entry, n))
+            else:
+                continue
+            again.append(path)
+            break
+        else:
+            for fragment_id, entry, n in mine:
                 verified[fragment_id] = entry
                 out["tokens"] += n
     return sorted(again)

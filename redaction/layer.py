@@ -272,18 +272,20 @@ def _task_rounds(task: _Task) -> Iterator[tuple[pa.Table | None, list[tuple[dict
     source = pq.ParquetFile(task.steps)
     last = {k: i for i, k in enumerate(source.read(columns=["trajectory_key"]).column(0).to_pylist())}
     carried: pa.Table | None = None  # rows of episodes not complete yet
+    carried_steps: list[dict] = []  # the same rows as Python objects, in the same order
     seen = 0
     for g in range(source.num_row_groups):
         group = source.read_row_group(g)
         seen += group.num_rows
         table = group if carried is None else pa.concat_tables([carried, group.select(carried.schema.names)])
         by_key: dict[str, list[dict]] = {}
-        for i, step in enumerate(table.select(list(_STEP_READ)).to_pylist()):
+        # the carried rows come first in ``table``: their objects are renumbered, not made again
+        for i, step in enumerate(carried_steps + group.select(list(_STEP_READ)).to_pylist()):
             step["_row"] = i
             by_key.setdefault(step["trajectory_key"], []).append(step)
         done = [k for k in by_key if last[k] < seen]
-        waiting = [s["_row"] for k in by_key if last[k] >= seen for s in by_key[k]]
-        carried = table.take(pa.array(waiting, pa.int64())) if waiting else None
+        carried_steps = [s for k in by_key if last[k] >= seen for s in by_key[k]]
+        carried = table.take(pa.array([s["_row"] for s in carried_steps], pa.int64())) if carried_steps else None
         yield table, [(episodes[k], sorted(by_key[k], key=lambda s: s["step_index"])) for k in done]
 
 
