@@ -49,7 +49,7 @@ schema: venv
 # `make lock UPGRADE=1` moves every pin to the newest release the ranges allow)
 lock: venv
 	$(PY) -m pip install -q 'uv>=0.4'
-	$(VENV)/bin/uv pip compile pyproject.toml --extra dev --python-version 3.11 --python-platform linux \
+	$(VENV)/bin/uv pip compile pyproject.toml --extra dev --extra scale --python-version 3.11 --python-platform linux \
 	    $(if $(UPGRADE),--upgrade) --quiet -o $(LOCK)
 
 clean:

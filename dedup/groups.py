@@ -23,7 +23,8 @@ from datetime import datetime
 
 import numpy as np
 import polars as pl
-from trajwh.dedup.components import components_array, find_root
+from trajwh.dedup.components import find_root
+from trajwh.dedup.engines import components
 from trajwh.dedup.features import EpisodeFeatures
 from trajwh.dedup.frame import feature_frame, nonblank
 from trajwh.schemas import ids
@@ -198,7 +199,7 @@ def _merge_weak(long: pl.DataFrame, ep: pl.DataFrame, cap: int) -> tuple[np.ndar
 
 
 def group_frame(df: pl.DataFrame, cfg: GroupConfig = GroupConfig(), clusters: pl.Series | None = None,
-                cutoff: datetime | None = None) -> GroupFrame:
+                cutoff: datetime | None = None, engine: str | None = None) -> GroupFrame:
     """Groups in two passes. Strong keys (task, repository + task, a whole repository when asked
     or when nothing else tells its tasks apart) are unioned without limit. Weak keys then
     merge those groups, the most specific key first, as long as the merged group holds at most
@@ -210,7 +211,7 @@ def group_frame(df: pl.DataFrame, cfg: GroupConfig = GroupConfig(), clusters: pl
     before it with one from after it: the merge would make the later tasks a mixed group's
     held-out members (evaluation is the scarce side), while a cut costs only the train episodes
     that share the key. ``df`` is a ``dedup.frame``; ``clusters``: each row's near-duplicate
-    cluster id."""
+    cluster id; ``engine``: what runs the components (``dedup.engines``)."""
     n = df.height
     repo = _repositories(df)
     task = pl.coalesce(nonblank("instance_id"), nonblank("task_id"))
@@ -235,7 +236,7 @@ def group_frame(df: pl.DataFrame, cfg: GroupConfig = GroupConfig(), clusters: pl
     strong_keys = long.filter(pl.col("kind").is_in(list(_STRONG)))
     names = strong_keys["key"].unique()
     node = strong_keys.join(pl.DataFrame({"key": names, "node": np.arange(n, n + len(names))}), on="key")
-    label = components_array(n + len(names), node["i"].to_numpy(), node["node"].to_numpy())
+    label = components(n + len(names), node["i"].to_numpy(), node["node"].to_numpy(), engine)
     ep = ep.with_columns(pl.Series("strong", label[:n]))
     tasks = ep["task_of"].n_unique()
     cap = max(cfg.min_merge_tasks, math.ceil(cfg.max_merge_share * tasks))

@@ -21,7 +21,7 @@ import numpy as np
 import orjson
 import polars as pl
 import pyarrow as pa
-from trajwh.dedup.components import components_array
+from trajwh.dedup.engines import DEFAULT_ENGINE, components
 from trajwh.dedup.features import EpisodeFeatures, action_shingles, stream_features, text_shingles
 from trajwh.dedup.frame import conform, feature_frame, sig_bytes, signature_matrix
 from trajwh.dedup.groups import GroupConfig, group_frame, patch_symbols
@@ -62,6 +62,7 @@ class CurateConfig:
     groups: GroupConfig = GroupConfig()
     splits: SplitConfig = SplitConfig()
     digest: str | None = None  # of the trajwh.toml the settings came from, recorded on the run
+    engine: str = DEFAULT_ENGINE  # runs the global graph steps (dedup.engines); not in the version: engines agree
 
     def version(self) -> str:
         s = self.splits
@@ -125,7 +126,7 @@ def cluster_frame(df: pl.DataFrame, cfg: CurateConfig = CurateConfig()) -> pl.Da
         signal_parts.append(np.full(len(pairs), signal, dtype=np.int8))
         sim_parts.append(pair_similarity(sigs, pairs))
     a, b = np.concatenate(a_parts).astype(np.int64), np.concatenate(b_parts).astype(np.int64)
-    root = components_array(n, a, b)
+    root = components(n, a, b, cfg.engine)
     keys = df["trajectory_key"]
     roots = np.unique(root)
     cluster_of_root = pl.DataFrame({"root": roots, "cluster_id": ["c-" + ids.digest(k)[:16] for k in
@@ -175,7 +176,7 @@ def curate_frames(df: pl.DataFrame, leaks: list[LeakFlag], cfg: CurateConfig) ->
     """The four tables (without lineage columns) from a ``dedup.frame`` of every episode and the
     leak flags: clusters, then groups (a cluster is a grouping key), then splits."""
     clusters = cluster_frame(df, cfg)
-    groups = group_frame(df, cfg.groups, clusters["cluster_id"], cutoff=cfg.splits.cutoff)
+    groups = group_frame(df, cfg.groups, clusters["cluster_id"], cutoff=cfg.splits.cutoff, engine=cfg.engine)
     g = groups.rows
     splits = split_frame(df.with_columns(g["group_id"], g["repository"], g["keys"]), cfg.splits, _leak_evidence(leaks),
                          groups.cut_keys)

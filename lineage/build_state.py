@@ -108,7 +108,9 @@ def build_params(scope: str = "episode", curate: dict[str, Any] | None = None,
                  pack: dict[str, Any] | None = None) -> dict[str, Any]:
     """The overrides of a build that its result depends on (the rest of its inputs are found by
     ``build_inputs_digest``): what tells one build's up-to-date state from another's."""
-    return {"scope": scope, "curate": {k: v for k, v in (curate or {}).items() if v is not None}, "pack": pack or {}}
+    # the engine that runs the global steps is left out: engines give the same tables
+    return {"scope": scope, "curate": {k: v for k, v in (curate or {}).items() if v is not None and k != "engine"},
+            "pack": pack or {}}
 
 
 def build_inputs_digest(wh: Warehouse, params: dict[str, Any], config: str | None = None) -> str:

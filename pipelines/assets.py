@@ -122,12 +122,13 @@ class CurateAssetConfig(dg.Config):
     fractions: str | None = None  # "train,valid,test", e.g. "0.8,0.1,0.1"
     threshold: float | None = None  # Jaccard threshold for near duplicates
     whole_repository: bool | None = None
+    engine: str | None = None  # what runs the global graph steps: duckdb or daft (same tables)
 
 
 def curate_config(config: CurateAssetConfig, warehouse: WarehouseResource) -> CurateConfig:
     return settings_mod.curate_config(settings_mod.with_overrides(
         warehouse.settings(), cutoff=config.cutoff, fractions=config.fractions,
-        whole_repository=config.whole_repository, threshold=config.threshold))
+        whole_repository=config.whole_repository, threshold=config.threshold, engine=config.engine))
 
 
 @dg.multi_asset(

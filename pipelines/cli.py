@@ -22,6 +22,7 @@ import orjson
 from rich.markup import escape
 from trajwh.lineage.catalog import Warehouse
 from trajwh.pipelines import render
+from trajwh.schemas.config import ENGINES
 from trajwh.schemas.errors import ConfigError, TrajwhError, WarehouseBusyError
 
 WAREHOUSE_HELP = "Warehouse folder (default: $TRAJWH_WAREHOUSE, else ./warehouse)."
@@ -138,6 +139,9 @@ def ingest(paths: tuple[str, ...], source: str, license_: str | None, format_: s
 @click.option("--fractions", default=None, metavar="TRAIN,VALID,TEST", help="Requested split shares, e.g. 0.8,0.1,0.1.")
 @click.option("--whole-repository", is_flag=True, default=None,
               help="Put every repository in one group (the most conservative split).")
+@click.option("--engine", type=click.Choice(ENGINES), default=None,
+              help="What runs the global graph steps (components of the near-duplicate and grouping graphs): "
+                   "duckdb in-process, or daft (docs/scale.md). Engines give identical tables. Overrides the config.")
 @click.option("--select", "select", default=None, metavar="SELECTION",
               help="Only these assets, in Dagster's syntax: splits, group:curated, +fragments, packs+ "
                    "(their inputs must be built).")
@@ -149,7 +153,7 @@ def ingest(paths: tuple[str, ...], source: str, license_: str | None, format_: s
 @warehouse_option
 @handle_errors
 def build(full: bool, scope: str, config_path: str | None, cutoff: str | None, fractions: str | None,
-          whole_repository: bool | None, select: str | None, force: bool, ephemeral: bool,
+          whole_repository: bool | None, engine: str | None, select: str | None, force: bool, ephemeral: bool,
           warehouse: str | None) -> None:
     """(Re)materialize the derived layers through the Dagster graph, in-process, with the
     settings of trajwh.toml (docs/config.md) and the overrides given here. When nothing a build
@@ -167,10 +171,10 @@ def build(full: bool, scope: str, config_path: str | None, cutoff: str | None, f
                                  "a later build with a key writes it for these batches")
     # validate the file and the overrides before anything runs: a bad key fails here, clearly
     settings = with_overrides(load_settings(config_path, wh.root), cutoff=cutoff, fractions=fractions,
-                              whole_repository=whole_repository)
+                              whole_repository=whole_repository, engine=engine)
     render.console.print(f"settings: {settings.source or 'defaults'} (digest {settings.digest()})")
     t0 = time.monotonic()
-    curate = {"cutoff": cutoff, "fractions": fractions, "whole_repository": whole_repository}
+    curate = {"cutoff": cutoff, "fractions": fractions, "whole_repository": whole_repository, "engine": engine}
     if not (full or select or force) and _report_up_to_date(wh, scope, curate, config_path, t0):
         return
     from trajwh.pipelines.definitions import build as run_build

@@ -24,7 +24,8 @@ from trajwh.schemas.errors import ConfigError
 
 
 def with_overrides(settings: Settings, *, cutoff: str | None = None, fractions: str | None = None,
-                   whole_repository: bool | None = None, threshold: float | None = None) -> Settings:
+                   whole_repository: bool | None = None, threshold: float | None = None,
+                   engine: str | None = None) -> Settings:
     """Command-line / run-config values win over the file; None leaves the file's value."""
     data: dict[str, Any] = settings.model_dump(exclude={"source"})
     try:
@@ -38,7 +39,9 @@ def with_overrides(settings: Settings, *, cutoff: str | None = None, fractions: 
         data["splits"]["whole_repository"] = whole_repository
     if threshold is not None:
         data["near_dup"]["threshold"] = threshold
-    changed = any(v is not None for v in (cutoff, fractions, whole_repository, threshold))
+    if engine is not None:
+        data["engine"]["name"] = engine
+    changed = any(v is not None for v in (cutoff, fractions, whole_repository, threshold, engine))
     where = settings.source or "defaults"
     return settings_from(data, f"{where} + command line" if changed else where)
 
@@ -52,7 +55,7 @@ def curate_config(settings: Settings) -> CurateConfig:
                            max_merge_share=g.max_merge_share, min_merge_tasks=g.min_merge_tasks),
         splits=SplitConfig(train=sp.fractions[0], valid=sp.fractions[1], test=sp.fractions[2], cutoff=sp.cutoff,
                            salt=sp.salt, hold_out_leaks=settings.leaks.hold_out_of_eval),
-        digest=settings.digest())
+        digest=settings.digest(), engine=settings.engine.name)
 
 
 def stats_config(settings: Settings) -> StatsConfig:

@@ -42,6 +42,9 @@ Example (all keys optional)::
     packer = "min-slack"           # min-slack, best-fit-decreasing or first-fit
     evaluation = true              # also pack the resolved episodes of valid / test (an evaluation loss)
 
+    [engine]
+    name = "duckdb"                # runs the global graph steps: duckdb, or daft (docs/scale.md)
+
     [licenses]                     # docs/licenses.md
     repositories = { "github.com/psf/requests" = "Apache-2.0" }   # task repository -> SPDX
     repository_file = "repo-licenses.csv"   # more of them: "repository,license" lines (relative to this file)
@@ -83,6 +86,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from trajwh.schemas.errors import ConfigError
 
 CONFIG_NAME = "trajwh.toml"
+ENGINES = ("duckdb", "daft")  # what can run the global graph steps (dedup.engines)
 GROUP_KEYS = ("repository_task", "base_commit", "task", "failing_test", "touched_file", "patch_symbol", "near_dup")
 
 
@@ -173,6 +177,20 @@ class OutcomeSettings(_Section):
     rules_version: str | None = None
 
 
+class EngineSettings(_Section):
+    # what runs the global graph steps (connected components of the near-duplicate and grouping
+    # graphs): "duckdb" in-process, or "daft" (its local runner, or Ray across machines). Engines
+    # give identical tables, so switching rebuilds nothing (docs/scale.md)
+    name: str = "duckdb"
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if v not in ENGINES:
+            raise ValueError(f"unknown engine {v!r}; valid: {', '.join(ENGINES)}")
+        return v
+
+
 class StatsSettings(_Section):
     prior: tuple[float, float] = (1.0, 1.0)
     level: float = Field(0.9, gt=0, lt=1)
@@ -248,10 +266,12 @@ class Settings(_Section):
     outcomes: OutcomeSettings = OutcomeSettings()
     stats: StatsSettings = StatsSettings()
     licenses: LicenseSettings = LicenseSettings()
+    engine: EngineSettings = EngineSettings()
     source: str | None = Field(None, exclude=True)  # the file it came from, if any
 
     def digest(self) -> str:
-        return hashlib.sha256(self.model_dump_json(exclude={"source"}).encode()).hexdigest()[:16]
+        # the engine is left out: engines give the same tables, so a switch is not a new setting
+        return hashlib.sha256(self.model_dump_json(exclude={"source", "engine"}).encode()).hexdigest()[:16]
 
 
 def parse_cutoff(v: Any) -> datetime | None:

@@ -15,7 +15,8 @@ from conftest import trajwh_cmd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from trajwh.dedup.audit import audit
-from trajwh.dedup.components import components_array, components_sql, components_uf
+from trajwh.dedup.components import components_array, components_uf
+from trajwh.dedup.engines import ENGINES, components, engine, star_components
 from trajwh.dedup.features import EpisodeFeatures, load_features
 from trajwh.dedup.groups import GroupConfig, assign_groups, normalize_repository, patch_symbols
 from trajwh.dedup.layer import CurateConfig, curate, curate_warehouse
@@ -57,16 +58,51 @@ def test_band_choice_matches_datasketch(threshold):
     assert optimal_bands(threshold, 128) == _optimal_param(threshold, 128, 0.5, 0.5)
 
 
-@settings(max_examples=30, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), max_size=80))
-def test_star_loop_components_equal_union_find(edges):
+@pytest.mark.parametrize("engine_name", ENGINES)
+@settings(max_examples=25, deadline=None)
+@given(edges=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), max_size=80))
+def test_star_loop_components_equal_union_find(engine_name, edges):
+    """The relational plan on each engine, scipy's numbered form and a union-find agree: each node
+    labelled by its component's smallest node."""
+    if engine_name == "daft":
+        pytest.importorskip("daft")
     nodes = [f"n{i:02d}" for i in range(41)]
     e = [(f"n{a:02d}", f"n{b:02d}") for a, b in edges]
-    assert components_sql(nodes, e) == components_uf(nodes, e)
-    # the build's numbered form: each node labelled by its component's smallest node
+    want = [components_uf(nodes, e)[v] for v in nodes]
     a = np.array([x for x, _ in edges], dtype=np.int64)
     b = np.array([y for _, y in edges], dtype=np.int64)
-    assert [nodes[i] for i in components_array(41, a, b)] == [components_uf(nodes, e)[v] for v in nodes]
+    assert [nodes[i] for i in components_array(41, a, b)] == want
+    assert [nodes[i] for i in components(41, a, b, engine_name)] == want
+
+
+@pytest.mark.parametrize("engine_name", ENGINES)
+def test_star_loop_takes_few_rounds_on_a_long_chain(engine_name):
+    """A path of 3,000 nodes numbered at random, plus stars and isolated nodes: the loop takes a
+    handful of rounds (min-label propagation would take thousands) and gives scipy's labels."""
+    if engine_name == "daft":
+        pytest.importorskip("daft")
+    rng = np.random.default_rng(7)
+    n = 5_000
+    perm = rng.permutation(n)
+    a, b = perm[:2_999], perm[1:3_000]  # the chain
+    hubs = rng.integers(3_000, n, 200)
+    leaves = rng.integers(3_000, n, 200)
+    a, b = np.r_[a, hubs, 17], np.r_[b, leaves, 17]  # and a self-loop
+    eng = engine(engine_name)
+    try:
+        label, rounds = star_components(eng, n, a, b)
+    finally:
+        eng.close()
+    assert np.array_equal(label, components_array(n, a, b))
+    assert label[perm[:3_000]].tolist() == [perm[:3_000].min()] * 3_000
+    assert 1 <= rounds <= 20
+
+
+def test_unknown_engine_is_a_clear_error():
+    from trajwh.schemas.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown engine 'spark'.*duckdb, daft"):
+        engine("spark")
 
 
 def _lsh_pairs_reference(sigs, params):
@@ -317,3 +353,42 @@ def test_features_in_worker_processes_equal_one_process(wh, small_corpus, monkey
     for table in ("episode_features", "near_dup_clusters", "task_groups", "splits", "leak_flags"):
         q = f"SELECT * EXCLUDE (_run_id) FROM {table} ORDER BY ALL"
         assert wh.query(q).to_pylist() == other.query(q).to_pylist(), table
+
+
+def test_curated_layer_is_the_same_on_duckdb_and_daft(wh, tmp_path, small_corpus):
+    """The global graph steps on Daft give the clusters, groups and splits DuckDB gives, row for
+    row (the engine is not part of the layer's version: switching rebuilds nothing)."""
+    pytest.importorskip("daft")
+    import shutil
+
+    from trajwh.lineage.catalog import Warehouse
+
+    ingest_paths(wh, [small_corpus], IngestOptions(source="synthetic"))
+    normalize_warehouse(wh, run_id="n")
+    redact_warehouse(wh, run_id="r")
+    other = Warehouse(tmp_path / "other")
+    shutil.copytree(wh.root, other.root)
+    curate_warehouse(wh, run_id="c", cfg=CurateConfig(engine="duckdb"))
+    curate_warehouse(other, run_id="c", cfg=CurateConfig(engine="daft"))
+    sizes = wh.query("SELECT max(cluster_size) AS c FROM near_dup_clusters").to_pylist()[0]
+    groups = wh.query("SELECT max(group_size) AS g FROM task_groups").to_pylist()[0]
+    assert sizes["c"] > 1 and groups["g"] > 1  # components with more than one node on both graphs
+    for table in ("near_dup_clusters", "task_groups", "splits", "leak_flags"):
+        q = f"SELECT * EXCLUDE (_run_id) FROM {table} ORDER BY ALL"
+        assert wh.query(q).to_pylist() == other.query(q).to_pylist(), table
+    assert CurateConfig(engine="daft").version() == CurateConfig().version()
+
+
+def test_engine_setting_is_checked_and_leaves_the_settings_digest(tmp_path):
+    from trajwh.pipelines.settings import curate_config, with_overrides
+    from trajwh.schemas.config import load_settings
+    from trajwh.schemas.errors import ConfigError
+
+    bad = tmp_path / "trajwh.toml"
+    bad.write_text('[engine]\nname = "spark"\n')
+    with pytest.raises(ConfigError, match=r"engine.name: unknown engine 'spark'; valid: duckdb, daft"):
+        load_settings(str(bad), tmp_path)
+    base = load_settings(None, tmp_path / "none")
+    daft = with_overrides(base, engine="daft")
+    assert curate_config(daft).engine == "daft" and curate_config(base).engine == "duckdb"
+    assert daft.digest() == base.digest()

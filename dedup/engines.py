@@ -1,0 +1,180 @@
+"""The curation step's global graph work as one relational plan with interchangeable engines.
+
+A global step (here: connected components of the near-duplicate and grouping graphs) is written
+once, as SQL in the subset that DuckDB and Daft both run (no ``least``/``greatest``: ``CASE``;
+every joined column named apart, since Daft reads ``s.v`` as a struct field), and an engine runs
+it. ``duckdb`` (the default) runs it in-process; ``daft`` runs the same text on Daft's local
+runner here and on Ray across machines (docs/scale.md), where the edge tables outgrow one machine.
+
+Connected components use the large-star / small-star loop (Kiveris et al., "Connected Components
+in MapReduce and Beyond", SoCC 2014): a few rounds of joins and group-bys, not as many rounds as
+the longest chain (min-label propagation). The loop stops when the edge table is a forest of
+stars whose centres are never leaves and whose leaves have one centre: every edge then points a
+node at its component's smallest node (an edge is stored smaller end first, so a centre is the
+smallest of its star). That test is exact, not a checksum.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+from trajwh.schemas.config import ENGINES
+
+DEFAULT_ENGINE = ENGINES[0]
+MAX_ROUNDS = 64
+
+# each edge once, smaller end first; self-loops dropped
+_NORMALIZE = """SELECT DISTINCT CASE WHEN a < b THEN a ELSE b END AS a, CASE WHEN a < b THEN b ELSE a END AS b
+FROM e WHERE a <> b"""
+
+# large star: every node's larger neighbours are linked to the smallest node of its closed
+# neighbourhood (``lo`` <= u < v, so the edge is already smaller end first)
+_LARGE_STAR = """WITH sym AS (SELECT a AS u, b AS v FROM e UNION ALL SELECT b AS u, a AS v FROM e),
+m AS (SELECT u AS mu, min(v) AS mv FROM sym GROUP BY u)
+SELECT DISTINCT CASE WHEN mv < u THEN mv ELSE u END AS a, v AS b FROM sym JOIN m ON u = mu WHERE v > u"""
+
+# small star: a node and its smaller neighbours are linked to the smallest of them (``mv``)
+_SMALL_STAR = """WITH small AS (SELECT b AS u, a AS v FROM e),
+m AS (SELECT u AS mu, min(v) AS mv FROM small GROUP BY u),
+x AS (SELECT u AS xu, v AS x FROM small UNION ALL SELECT DISTINCT u AS xu, u AS x FROM small)
+SELECT DISTINCT mv AS a, x AS b FROM x JOIN m ON xu = mu WHERE x <> mv"""
+
+# LSH band table (doc, band, key) -> edges: every bucket a star on its smallest document
+_BUCKET_EDGES = """WITH hubs AS (SELECT band AS hb, key AS hk, min(doc) AS hub FROM bands GROUP BY band, key)
+SELECT DISTINCT hub AS a, doc AS b FROM bands JOIN hubs ON band = hb AND key = hk WHERE doc <> hub"""
+
+# converged: no node is both a centre and a leaf, and no leaf has two centres
+_NOT_STARS = """SELECT (SELECT count(*) FROM e JOIN (SELECT DISTINCT b AS leaf FROM e) ON a = leaf)
+ + (SELECT count(*) FROM e) - (SELECT count(DISTINCT b) FROM e) AS n"""
+
+
+class Engine(Protocol):
+    name: str
+
+    def sql(self, query: str, **tables: Any) -> Any:
+        """The result of ``query`` over the named tables (Arrow tables or earlier results), computed."""
+
+    def arrow(self, result: Any) -> pa.Table:
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+class DuckDBEngine:
+    """In-process DuckDB: each result a temporary table of one connection."""
+
+    name = "duckdb"
+
+    def __init__(self, threads: int | None = None, memory_limit: str | None = None):
+        import duckdb
+
+        self.con = duckdb.connect()
+        if threads:
+            self.con.execute(f"SET threads = {int(threads)}")
+        if memory_limit:
+            self.con.execute(f"SET memory_limit = '{memory_limit}'")
+        self._n = 0
+
+    def sql(self, query: str, **tables: Any) -> str:
+        for name, t in tables.items():
+            if isinstance(t, pa.Table):
+                self.con.register(f"_in_{name}", t)
+                t = f"_in_{name}"
+            self.con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT * FROM {t}")
+        self._n += 1
+        out = f"_r{self._n}"
+        self.con.execute(f"CREATE TEMP TABLE {out} AS {query}")
+        return out
+
+    def arrow(self, result: str) -> pa.Table:
+        return self.con.sql(f"SELECT * FROM {result}").to_arrow_table()
+
+    def close(self) -> None:
+        self.con.close()
+
+
+class DaftEngine:
+    """Daft: the same SQL on its local runner (or on Ray, when ``daft.context`` is set to it); each
+    result collected before the next round, as a distributed job would checkpoint it."""
+
+    name = "daft"
+
+    def __init__(self) -> None:
+        import daft
+
+        self.daft = daft
+
+    def sql(self, query: str, **tables: Any) -> Any:
+        frames = {k: self.daft.from_arrow(t) if isinstance(t, pa.Table) else t for k, t in tables.items()}
+        return self.daft.sql(query, **frames).collect()
+
+    def arrow(self, result: Any) -> pa.Table:
+        return result.to_arrow()
+
+    def close(self) -> None:
+        pass
+
+
+def engine(name: str | None = None, **kwargs: Any) -> Engine:
+    """The engine called ``name`` (``duckdb`` or ``daft``); a clear error otherwise."""
+    name = name or DEFAULT_ENGINE
+    if name == "duckdb":
+        return DuckDBEngine(**kwargs)
+    if name == "daft":
+        try:
+            return DaftEngine()
+        except ImportError as exc:
+            from trajwh.schemas.errors import ConfigError
+
+            raise ConfigError("engine 'daft' needs the daft package (pip install daft)", valid="duckdb") from exc
+    from trajwh.schemas.errors import ConfigError
+
+    raise ConfigError(f"unknown engine {name!r}", valid=", ".join(ENGINES))
+
+
+def _scalar(eng: Engine, result: Any) -> int:
+    return int(eng.arrow(result).column(0)[0].as_py() or 0)
+
+
+def star_components(eng: Engine, n: int, a: np.ndarray, b: np.ndarray, *, max_rounds: int = MAX_ROUNDS
+                    ) -> tuple[np.ndarray, int]:
+    """Components of nodes ``0..n-1`` joined by the edges ``a[i]``-``b[i]``, each node labelled by
+    the smallest node of its component, by the large-star / small-star loop on ``eng``; with the
+    rounds it took."""
+    if not len(a):
+        return np.arange(n, dtype=np.int64), 0
+    edges = pa.table({"a": np.asarray(a, dtype=np.int64), "b": np.asarray(b, dtype=np.int64)})
+    return _star_loop(eng, n, edges, max_rounds)
+
+
+def band_components(eng: Engine, n: int, bands: pa.Table, *, max_rounds: int = MAX_ROUNDS) -> tuple[np.ndarray, int]:
+    """Candidate clusters of documents ``0..n-1`` from an LSH band table (``doc``, ``band``,
+    ``key``): documents sharing a bucket are linked (a star on the bucket's smallest document,
+    linear in the bucket), then the components found, all on ``eng``; with the rounds."""
+    return _star_loop(eng, n, eng.sql(_BUCKET_EDGES, bands=bands), max_rounds)
+
+
+def _star_loop(eng: Engine, n: int, edges: Any, max_rounds: int) -> tuple[np.ndarray, int]:
+    e = eng.sql(_NORMALIZE, e=edges)
+    rounds = 0
+    while _scalar(eng, eng.sql(_NOT_STARS, e=e)):  # edges that are stars already need no round
+        if rounds == max_rounds:
+            raise RuntimeError(f"connected components did not converge in {max_rounds} rounds on {eng.name}")
+        rounds += 1
+        e = eng.sql(_SMALL_STAR, e=eng.sql(_LARGE_STAR, e=e))
+    stars = eng.arrow(e)
+    label = np.arange(n, dtype=np.int64)
+    label[stars.column("b").to_numpy()] = stars.column("a").to_numpy()
+    return label, rounds
+
+
+def components(n: int, a: np.ndarray, b: np.ndarray, engine_name: str | None = None) -> np.ndarray:
+    """``star_components`` on a fresh engine called ``engine_name``."""
+    eng = engine(engine_name)
+    try:
+        return star_components(eng, n, a, b)[0]
+    finally:
+        eng.close()
