@@ -45,6 +45,16 @@ SELECT DISTINCT mv AS a, x AS b FROM x JOIN m ON xu = mu WHERE x <> mv"""
 _BUCKET_EDGES = """WITH hubs AS (SELECT band AS hb, key AS hk, min(doc) AS hub FROM bands GROUP BY band, key)
 SELECT DISTINCT hub AS a, doc AS b FROM bands JOIN hubs ON band = hb AND key = hk WHERE doc <> hub"""
 
+# LSH band table (doc, band, key) -> candidate pairs (a < b), as ``minhash.lsh_pairs`` makes them:
+# every pair of a bucket of at most 64 documents, a star on its smallest document for a bigger one
+_BUCKETS = """SELECT band AS sb, key AS sk, count(*) AS m, min(doc) AS hub FROM bands GROUP BY band, key HAVING count(*) > 1"""
+_MEMBERS = """SELECT doc, m, hub, band AS mb, key AS mk FROM bands JOIN buckets ON band = sb AND key = sk"""
+_SMALL_BUCKET_PAIRS = """SELECT d1 AS a, d2 AS b
+FROM (SELECT doc AS d1, mb AS b1, mk AS k1 FROM members WHERE m <= 64)
+JOIN (SELECT doc AS d2, mb AS b2, mk AS k2 FROM members WHERE m <= 64) ON b1 = b2 AND k1 = k2 WHERE d1 < d2"""
+_CANDIDATES = """SELECT DISTINCT a, b FROM (SELECT a, b FROM small
+UNION ALL SELECT hub AS a, doc AS b FROM members WHERE m > 64 AND doc <> hub)"""
+
 # converged: no node is both a centre and a leaf, and no leaf has two centres
 _NOT_STARS = """SELECT (SELECT count(*) FROM e JOIN (SELECT DISTINCT b AS leaf FROM e) ON a = leaf)
  + (SELECT count(*) FROM e) - (SELECT count(DISTINCT b) FROM e) AS n"""
@@ -155,6 +165,44 @@ def band_components(eng: Engine, n: int, bands: pa.Table, *, max_rounds: int = M
     ``key``): documents sharing a bucket are linked (a star on the bucket's smallest document,
     linear in the bucket), then the components found, all on ``eng``; with the rounds."""
     return _star_loop(eng, n, eng.sql(_BUCKET_EDGES, bands=bands), max_rounds)
+
+
+def band_table(sigs: np.ndarray, bands: int, rows: int) -> pa.Table:
+    """(doc, band, key): each document's band of ``rows`` MinHash values as one 64-bit key (a
+    multiply-and-mix chain of the values with murmur3's fmix64 finalizer: fixed by this code, not by
+    a library). Two different bands share a key with probability 2**-64, and a candidate pair is
+    verified on the signatures anyway. (An integer key, not the band's bytes: Daft 0.6 neither
+    sorts nor reliably joins on binary columns; measured, it paired documents of different keys.)"""
+    n = len(sigs)
+    keys = np.empty((n, bands), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for band in range(bands):
+            h = np.full(n, band + 1, dtype=np.uint64)
+            for col in sigs[:, band * rows:(band + 1) * rows].T:
+                h = _fmix64(h * np.uint64(0x9E3779B97F4A7C15) + col.astype(np.uint64))
+            keys[:, band] = h
+    return pa.table({"doc": np.repeat(np.arange(n, dtype=np.int64), bands),
+                     "band": np.tile(np.arange(bands, dtype=np.int64), n), "key": keys.view(np.int64).ravel()})
+
+
+def _fmix64(h: np.ndarray) -> np.ndarray:
+    h = h ^ (h >> np.uint64(33))
+    h = h * np.uint64(0xFF51AFD7ED558CCD)
+    h = h ^ (h >> np.uint64(33))
+    h = h * np.uint64(0xC4CEB9FE1A85EC53)
+    return h ^ (h >> np.uint64(33))
+
+
+def lsh_candidates(eng: Engine, sigs: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """Candidate pairs ``(i, j)``, i < j, of documents sharing a band bucket, sorted: the banding
+    of ``minhash.lsh_pairs`` run on ``eng`` (verification is the caller's, on the signatures)."""
+    if len(sigs) < 2:
+        return np.empty((0, 2), dtype=np.int64)
+    table = band_table(sigs, bands, rows)
+    members = eng.sql(_MEMBERS, bands=table, buckets=eng.sql(_BUCKETS, bands=table))
+    pairs = eng.arrow(eng.sql(_CANDIDATES, small=eng.sql(_SMALL_BUCKET_PAIRS, members=members), members=members))
+    out = np.stack([pairs.column("a").to_numpy(), pairs.column("b").to_numpy()], axis=1).astype(np.int64)
+    return out[np.lexsort((out[:, 1], out[:, 0]))]
 
 
 def _star_loop(eng: Engine, n: int, edges: Any, max_rounds: int) -> tuple[np.ndarray, int]:

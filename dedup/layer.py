@@ -21,12 +21,12 @@ import numpy as np
 import orjson
 import polars as pl
 import pyarrow as pa
-from trajwh.dedup.engines import DEFAULT_ENGINE, components
+from trajwh.dedup.engines import DEFAULT_ENGINE, Engine, engine, lsh_candidates, star_components
 from trajwh.dedup.features import EpisodeFeatures, action_shingles, stream_features, text_shingles
 from trajwh.dedup.frame import conform, feature_frame, sig_bytes, signature_matrix
 from trajwh.dedup.groups import GroupConfig, group_frame, patch_symbols
 from trajwh.dedup.leaks import RULE_VERSION, LeakFlag, episode_leaks
-from trajwh.dedup.minhash import MinHashParams, lsh_pairs, pair_similarity, signatures
+from trajwh.dedup.minhash import MinHashParams, pair_similarity, signatures
 from trajwh.dedup.splits import SPLIT_VERSION, SplitConfig, split_frame
 from trajwh.lineage.catalog import Warehouse, now_utc, write_table_file
 from trajwh.lineage.parallel import PARALLEL_MIN_ITEMS, run_parts, workers_wanted
@@ -107,7 +107,16 @@ def cluster_frame(df: pl.DataFrame, cfg: CurateConfig = CurateConfig()) -> pl.Da
     """Exact duplicates, near-duplicate action sequences and near-duplicate text, as clusters: one
     row per episode of ``df`` (a ``dedup.frame``), in its order, with the cluster's id and size,
     whether the episode is its representative, its weight, the signals that linked it and its
-    highest similarity to a linked episode."""
+    highest similarity to a linked episode. The banding and the components run on the engine
+    ``cfg.engine`` (``dedup.engines``); the candidate pairs are verified on the signatures here."""
+    eng = engine(cfg.engine)
+    try:
+        return _cluster_frame(df, cfg, eng)
+    finally:
+        eng.close()
+
+
+def _cluster_frame(df: pl.DataFrame, cfg: CurateConfig, eng: Engine) -> pl.DataFrame:
     n = df.height
     a_parts, b_parts, signal_parts, sim_parts = [], [], [], []
     exact = (df.select(pl.int_range(n, dtype=pl.Int64).alias("i"), "exact_digest").drop_nulls("exact_digest")
@@ -120,13 +129,14 @@ def cluster_frame(df: pl.DataFrame, cfg: CurateConfig = CurateConfig()) -> pl.Da
         present, sigs = signature_matrix(df, col, cfg.minhash.num_perm)
         if len(present) < 2:
             continue
-        pairs = lsh_pairs(sigs, cfg.minhash)
+        candidates = lsh_candidates(eng, sigs, *cfg.minhash.bands)  # the banding on the engine
+        pairs = candidates[pair_similarity(sigs, candidates) >= cfg.minhash.threshold]
         a_parts.append(present[pairs[:, 0]])
         b_parts.append(present[pairs[:, 1]])
         signal_parts.append(np.full(len(pairs), signal, dtype=np.int8))
         sim_parts.append(pair_similarity(sigs, pairs))
     a, b = np.concatenate(a_parts).astype(np.int64), np.concatenate(b_parts).astype(np.int64)
-    root = components(n, a, b, cfg.engine)
+    root = star_components(eng, n, a, b)[0]
     keys = df["trajectory_key"]
     roots = np.unique(root)
     cluster_of_root = pl.DataFrame({"root": roots, "cluster_id": ["c-" + ids.digest(k)[:16] for k in

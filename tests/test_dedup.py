@@ -105,6 +105,33 @@ def test_unknown_engine_is_a_clear_error():
         engine("spark")
 
 
+@pytest.mark.parametrize("engine_name", ENGINES)
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), threshold=st.sampled_from([0.5, 0.8]))
+def test_banding_on_an_engine_equals_lsh_pairs(engine_name, seed, threshold):
+    """The relational banding (band keys, buckets, their pairs or stars) verified on the signatures
+    gives ``lsh_pairs``'s pairs, with buckets of more than 64 documents among them."""
+    if engine_name == "daft":
+        pytest.importorskip("daft")
+    from trajwh.dedup.engines import lsh_candidates
+    from trajwh.dedup.minhash import pair_similarity
+
+    rng = np.random.default_rng(seed)
+    params = MinHashParams(threshold=threshold)
+    base = rng.integers(0, 2**32, size=(30, params.num_perm), dtype=np.uint32)
+    sigs = base[rng.integers(0, 30, 300)].copy()  # copies of 30 documents ...
+    noise = rng.random(sigs.shape) < rng.choice([0.0, 0.1, 0.4], size=(300, 1))
+    sigs[noise] = rng.integers(0, 2**32, size=int(noise.sum()), dtype=np.uint32)  # ... each edited a little or a lot
+    sigs[:70] = base[0]  # one bucket of 70 identical documents in every band: a star
+    eng = engine(engine_name)
+    try:
+        cand = lsh_candidates(eng, sigs, *params.bands)
+    finally:
+        eng.close()
+    got = cand[pair_similarity(sigs, cand) >= params.threshold]
+    assert got.tolist() == lsh_pairs(sigs, params).tolist()
+
+
 def _lsh_pairs_reference(sigs, params):
     """Every pair sharing a band bucket (a bucket of more than 64: a star around its smallest
     member), then verified by estimated Jaccard: the rule, pair by pair."""
