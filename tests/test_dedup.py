@@ -419,3 +419,24 @@ def test_engine_setting_is_checked_and_leaves_the_settings_digest(tmp_path):
     daft = with_overrides(base, engine="daft")
     assert curate_config(daft).engine == "daft" and curate_config(base).engine == "duckdb"
     assert daft.digest() == base.digest()
+
+
+def test_build_runs_the_curated_step_on_the_engine_asked(wh, small_corpus, monkeypatch):
+    """`trajwh build --engine daft` reaches the curate step through Dagster's run config: the
+    global steps' SQL runs on Daft, none on DuckDB."""
+    pytest.importorskip("daft")
+    import trajwh.dedup.engines as engines
+    from trajwh.pipelines.definitions import build
+
+    ingest_paths(wh, [small_corpus], IngestOptions(source="synthetic"))
+    normalize_warehouse(wh, run_id="n")
+    redact_warehouse(wh, run_id="r")
+    calls = {"daft": 0, "duckdb": 0}
+    for cls in (engines.DaftEngine, engines.DuckDBEngine):
+        def counted(self, query, _orig=cls.sql, **tables):
+            calls[self.name] += 1
+            return _orig(self, query, **tables)
+        monkeypatch.setattr(cls, "sql", counted)
+    build(str(wh.root), curate={"engine": "daft"}, only=["near_dup_clusters", "task_groups", "splits", "leak_flags"])
+    assert calls["daft"] > 0 and calls["duckdb"] == 0, calls
+    assert wh.query("SELECT count(*) AS n FROM splits").to_pylist()[0]["n"] == 150
