@@ -1,7 +1,7 @@
 """The curation step's global graph work as one relational plan with interchangeable engines.
 
-A global step (here: connected components of the near-duplicate and grouping graphs) is written
-once, as SQL in the subset that DuckDB and Daft both run (no ``least``/``greatest``: ``CASE``;
+A global step (here: the LSH banding of the near-duplicate search, and connected components of
+the near-duplicate and grouping graphs) is written once, as SQL in the subset that DuckDB and Daft both run (no ``least``/``greatest``: ``CASE``;
 every joined column named apart, since Daft reads ``s.v`` as a struct field), and an engine runs
 it. ``duckdb`` (the default) runs it in-process; ``daft`` runs the same text on Daft's local
 runner here and on Ray across machines (docs/scale.md), where the edge tables outgrow one machine.
@@ -69,6 +69,9 @@ class Engine(Protocol):
     def arrow(self, result: Any) -> pa.Table:
         ...
 
+    def drop(self, result: Any) -> None:
+        """Forget a result no later query reads (each round of a loop makes a new edge table)."""
+
     def close(self) -> None:
         ...
 
@@ -102,6 +105,9 @@ class DuckDBEngine:
     def arrow(self, result: str) -> pa.Table:
         return self.con.sql(f"SELECT * FROM {result}").to_arrow_table()
 
+    def drop(self, result: str) -> None:
+        self.con.execute(f"DROP TABLE IF EXISTS {result}")
+
     def close(self) -> None:
         self.con.close()
 
@@ -123,6 +129,9 @@ class DaftEngine:
 
     def arrow(self, result: Any) -> pa.Table:
         return result.to_arrow()
+
+    def drop(self, result: Any) -> None:
+        pass  # a collected frame is freed when no name holds it
 
     def close(self) -> None:
         pass
@@ -164,7 +173,11 @@ def band_components(eng: Engine, n: int, bands: pa.Table, *, max_rounds: int = M
     """Candidate clusters of documents ``0..n-1`` from an LSH band table (``doc``, ``band``,
     ``key``): documents sharing a bucket are linked (a star on the bucket's smallest document,
     linear in the bucket), then the components found, all on ``eng``; with the rounds."""
-    return _star_loop(eng, n, eng.sql(_BUCKET_EDGES, bands=bands), max_rounds)
+    edges = eng.sql(_BUCKET_EDGES, bands=bands)
+    try:
+        return _star_loop(eng, n, edges, max_rounds)
+    finally:
+        eng.drop(edges)
 
 
 def band_table(sigs: np.ndarray, bands: int, rows: int) -> pa.Table:
@@ -199,8 +212,13 @@ def lsh_candidates(eng: Engine, sigs: np.ndarray, bands: int, rows: int) -> np.n
     if len(sigs) < 2:
         return np.empty((0, 2), dtype=np.int64)
     table = band_table(sigs, bands, rows)
-    members = eng.sql(_MEMBERS, bands=table, buckets=eng.sql(_BUCKETS, bands=table))
-    pairs = eng.arrow(eng.sql(_CANDIDATES, small=eng.sql(_SMALL_BUCKET_PAIRS, members=members), members=members))
+    buckets = eng.sql(_BUCKETS, bands=table)
+    members = eng.sql(_MEMBERS, bands=table, buckets=buckets)
+    small = eng.sql(_SMALL_BUCKET_PAIRS, members=members)
+    result = eng.sql(_CANDIDATES, small=small, members=members)
+    pairs = eng.arrow(result)
+    for done in (buckets, members, small, result):
+        eng.drop(done)
     out = np.stack([pairs.column("a").to_numpy(), pairs.column("b").to_numpy()], axis=1).astype(np.int64)
     return out[np.lexsort((out[:, 1], out[:, 0]))]
 
@@ -208,12 +226,21 @@ def lsh_candidates(eng: Engine, sigs: np.ndarray, bands: int, rows: int) -> np.n
 def _star_loop(eng: Engine, n: int, edges: Any, max_rounds: int) -> tuple[np.ndarray, int]:
     e = eng.sql(_NORMALIZE, e=edges)
     rounds = 0
-    while _scalar(eng, eng.sql(_NOT_STARS, e=e)):  # edges that are stars already need no round
+    while True:
+        check = eng.sql(_NOT_STARS, e=e)
+        done = _scalar(eng, check) == 0  # edges that are stars already need no round
+        eng.drop(check)
+        if done:
+            break
         if rounds == max_rounds:
             raise RuntimeError(f"connected components did not converge in {max_rounds} rounds on {eng.name}")
         rounds += 1
-        e = eng.sql(_SMALL_STAR, e=eng.sql(_LARGE_STAR, e=e))
+        large = eng.sql(_LARGE_STAR, e=e)
+        eng.drop(e)
+        e = eng.sql(_SMALL_STAR, e=large)
+        eng.drop(large)  # only the newest edge table is kept
     stars = eng.arrow(e)
+    eng.drop(e)
     label = np.arange(n, dtype=np.int64)
     label[stars.column("b").to_numpy()] = stars.column("a").to_numpy()
     return label, rounds
