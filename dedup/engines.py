@@ -119,6 +119,11 @@ class DaftEngine:
     name = "daft"
 
     def __init__(self) -> None:
+        import os
+
+        # no usage reports from the warehouse's build (Daft reports its import and runs to Scarf
+        # unless told not to; Dagster's telemetry is off too): an explicit setting wins
+        os.environ.setdefault("DAFT_ANALYTICS_ENABLED", "0")
         import daft
 
         self.daft = daft

@@ -98,6 +98,18 @@ def test_star_loop_takes_few_rounds_on_a_long_chain(engine_name):
     assert 1 <= rounds <= 20
 
 
+def test_the_daft_engine_sends_no_usage_reports(monkeypatch):
+    pytest.importorskip("daft")
+    monkeypatch.delenv("DAFT_ANALYTICS_ENABLED", raising=False)
+    monkeypatch.delenv("SCARF_NO_ANALYTICS", raising=False)
+    monkeypatch.delenv("DO_NOT_TRACK", raising=False)
+    from daft.scarf_telemetry import opted_out
+
+    assert not opted_out()
+    engine("daft").close()
+    assert opted_out()  # Daft's own test of its opt-out
+
+
 def test_unknown_engine_is_a_clear_error():
     from trajwh.schemas.errors import ConfigError
 
