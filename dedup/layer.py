@@ -130,11 +130,13 @@ def _cluster_frame(df: pl.DataFrame, cfg: CurateConfig, eng: Engine) -> pl.DataF
         if len(present) < 2:
             continue
         candidates = lsh_candidates(eng, sigs, *cfg.minhash.bands)  # the banding on the engine
-        pairs = candidates[pair_similarity(sigs, candidates) >= cfg.minhash.threshold]
+        sim = pair_similarity(sigs, candidates)  # verified here, on the signatures
+        keep = sim >= cfg.minhash.threshold
+        pairs = candidates[keep]
         a_parts.append(present[pairs[:, 0]])
         b_parts.append(present[pairs[:, 1]])
         signal_parts.append(np.full(len(pairs), signal, dtype=np.int8))
-        sim_parts.append(pair_similarity(sigs, pairs))
+        sim_parts.append(sim[keep])
     a, b = np.concatenate(a_parts).astype(np.int64), np.concatenate(b_parts).astype(np.int64)
     root = star_components(eng, n, a, b)[0]
     keys = df["trajectory_key"]

@@ -140,7 +140,7 @@ def ingest(paths: tuple[str, ...], source: str, license_: str | None, format_: s
 @click.option("--whole-repository", is_flag=True, default=None,
               help="Put every repository in one group (the most conservative split).")
 @click.option("--engine", type=click.Choice(ENGINES), default=None,
-              help="What runs the global graph steps (components of the near-duplicate and grouping graphs): "
+              help="What runs the global graph steps (LSH banding, components of the near-duplicate and grouping graphs): "
                    "duckdb in-process, or daft (docs/scale.md). Engines give identical tables. Overrides the config.")
 @click.option("--select", "select", default=None, metavar="SELECTION",
               help="Only these assets, in Dagster's syntax: splits, group:curated, +fragments, packs+ "
