@@ -41,19 +41,17 @@ m AS (SELECT u AS mu, min(v) AS mv FROM small GROUP BY u),
 x AS (SELECT u AS xu, v AS x FROM small UNION ALL SELECT DISTINCT u AS xu, u AS x FROM small)
 SELECT DISTINCT mv AS a, x AS b FROM x JOIN m ON xu = mu WHERE x <> mv"""
 
-# LSH band table (doc, band, key) -> edges: every bucket a star on its smallest document
-_BUCKET_EDGES = """WITH hubs AS (SELECT band AS hb, key AS hk, min(doc) AS hub FROM bands GROUP BY band, key)
-SELECT DISTINCT hub AS a, doc AS b FROM bands JOIN hubs ON band = hb AND key = hk WHERE doc <> hub"""
-
-# LSH band table (doc, band, key) -> candidate pairs (a < b), as ``minhash.lsh_pairs`` makes them:
-# every pair of a bucket of at most 64 documents, a star on its smallest document for a bigger one
+# LSH band table (doc, band, key) -> buckets of two or more documents and their members; candidate
+# pairs (a < b) as ``minhash.lsh_pairs`` makes them: every pair of a bucket of at most 64 documents,
+# a star on the smallest document (``hub``) of a bigger one; ``band_components`` links every bucket
+# as a star
 _BUCKETS = """SELECT band AS sb, key AS sk, count(*) AS m, min(doc) AS hub FROM bands GROUP BY band, key HAVING count(*) > 1"""
 _MEMBERS = """SELECT doc, m, hub, band AS mb, key AS mk FROM bands JOIN buckets ON band = sb AND key = sk"""
 _SMALL_BUCKET_PAIRS = """SELECT d1 AS a, d2 AS b
 FROM (SELECT doc AS d1, mb AS b1, mk AS k1 FROM members WHERE m <= 64)
 JOIN (SELECT doc AS d2, mb AS b2, mk AS k2 FROM members WHERE m <= 64) ON b1 = b2 AND k1 = k2 WHERE d1 < d2"""
-_CANDIDATES = """SELECT DISTINCT a, b FROM (SELECT a, b FROM small
-UNION ALL SELECT hub AS a, doc AS b FROM members WHERE m > 64 AND doc <> hub)"""
+_HUB_EDGES = """SELECT hub AS a, doc AS b FROM members WHERE m > {min_size} AND doc <> hub"""
+_CANDIDATES = """SELECT DISTINCT a, b FROM (SELECT a, b FROM small UNION ALL SELECT a, b FROM stars)"""
 
 # converged: no node is both a centre and a leaf, and no leaf has two centres
 _NOT_STARS = """SELECT (SELECT count(*) FROM e JOIN (SELECT DISTINCT b AS leaf FROM e) ON a = leaf)
@@ -178,7 +176,11 @@ def band_components(eng: Engine, n: int, bands: pa.Table, *, max_rounds: int = M
     """Candidate clusters of documents ``0..n-1`` from an LSH band table (``doc``, ``band``,
     ``key``): documents sharing a bucket are linked (a star on the bucket's smallest document,
     linear in the bucket), then the components found, all on ``eng``; with the rounds."""
-    edges = eng.sql(_BUCKET_EDGES, bands=bands)
+    buckets = eng.sql(_BUCKETS, bands=bands)
+    members = eng.sql(_MEMBERS, bands=bands, buckets=buckets)
+    edges = eng.sql(_HUB_EDGES.format(min_size=1), members=members)
+    for done in (buckets, members):
+        eng.drop(done)
     try:
         return _star_loop(eng, n, edges, max_rounds)
     finally:
@@ -220,9 +222,10 @@ def lsh_candidates(eng: Engine, sigs: np.ndarray, bands: int, rows: int) -> np.n
     buckets = eng.sql(_BUCKETS, bands=table)
     members = eng.sql(_MEMBERS, bands=table, buckets=buckets)
     small = eng.sql(_SMALL_BUCKET_PAIRS, members=members)
-    result = eng.sql(_CANDIDATES, small=small, members=members)
+    stars = eng.sql(_HUB_EDGES.format(min_size=64), members=members)
+    result = eng.sql(_CANDIDATES, small=small, stars=stars)
     pairs = eng.arrow(result)
-    for done in (buckets, members, small, result):
+    for done in (buckets, members, small, stars, result):
         eng.drop(done)
     out = np.stack([pairs.column("a").to_numpy(), pairs.column("b").to_numpy()], axis=1).astype(np.int64)
     return out[np.lexsort((out[:, 1], out[:, 0]))]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -335,9 +335,7 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
     stored: dict[tuple[str, int], bytes] = {}
     to_render: dict[str, str] = {}  # fragment id -> trajectory key
     for path in unread:
-        for rb in pq.ParquetFile(path).iter_batches(batch_size=64, columns=_TOKEN_COLUMNS):
-            if pack_set and not pc.all(pc.equal(rb.column("pack_set"), pack_set)).as_py():  # a set's files are its own
-                rb = rb.filter(pc.equal(rb.column("pack_set"), pack_set))
+        for rb in _set_batches(path, pack_set, _TOKEN_COLUMNS, 64):
             n = _token_pass(rb, ledger, stored, verified, to_render, out, bad)
             if progress and n:
                 progress(n)
@@ -412,6 +410,20 @@ def _trained(ids: list[int], mask: np.ndarray) -> list[int]:
     return out
 
 
+def _set_batches(path: str, pack_set: str | None, columns: list[str], size: int) -> Iterator[pa.RecordBatch]:
+    """A pack file's record batches (``columns``, which hold ``pack_set``), only the set's packs."""
+    for rb in pq.ParquetFile(path).iter_batches(batch_size=size, columns=columns):
+        if pack_set and not pc.all(pc.equal(rb.column("pack_set"), pack_set)).as_py():  # a set's files are its own
+            rb = rb.filter(pc.equal(rb.column("pack_set"), pack_set))
+        yield rb
+
+
+def _token_keys(flat: pa.StructArray) -> list[str | None]:
+    """Each segment's token key (none in files written before segments carried one)."""
+    names = {f.name for f in flat.type}
+    return flat.field("token_key").to_pylist() if "token_key" in names else [None] * len(flat)
+
+
 def _ints(array: pa.Array) -> np.ndarray:
     return array.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
@@ -432,9 +444,8 @@ def _token_pass(rb: pa.RecordBatch, ledger: dict[str, list[str]], stored: dict[t
     flat = segs.flatten()
     parent = pc.list_parent_indices(segs).to_numpy(zero_copy_only=False).astype(np.int64)
     start, end = _ints(flat.field("start")), _ints(flat.field("end"))
-    names = {f.name for f in flat.type}
     fragment_ids = flat.field("fragment_id").to_pylist()
-    token_keys = flat.field("token_key").to_pylist() if "token_key" in names else [None] * len(flat)
+    token_keys = _token_keys(flat)
     keys = flat.field("trajectory_key").to_pylist()
     pack_ids = rb.column("pack_id").to_pylist()
     lists = {c: rb.column(c) for c in ("input_ids", "loss_mask", "position_ids")}
@@ -499,12 +510,9 @@ def _trusted_segments(files: list[str], pack_set: str | None, trusted: dict[str,
     again: list[str] = []
     for path in files:
         mine: list[tuple[str, list[str], int]] = []
-        for rb in pq.ParquetFile(path).iter_batches(batch_size=1_000, columns=["pack_set", "segments"]):
-            if pack_set:
-                rb = rb.filter(pc.equal(rb.column("pack_set"), pack_set))
+        for rb in _set_batches(path, pack_set, ["pack_set", "segments"], 1_000):
             flat = rb.column("segments").flatten()
-            names = {f.name for f in flat.type}
-            token_keys = flat.field("token_key").to_pylist() if "token_key" in names else [None] * len(flat)
+            token_keys = _token_keys(flat)
             lengths = (_ints(flat.field("end")) - _ints(flat.field("start"))).tolist()
             for fragment_id, token_key, n in zip(flat.field("fragment_id").to_pylist(), token_keys, lengths, strict=True):
                 entry = trusted.get(fragment_id)
