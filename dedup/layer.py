@@ -29,7 +29,13 @@ from trajwh.dedup.leaks import RULE_VERSION, LeakFlag, episode_leaks
 from trajwh.dedup.minhash import MinHashParams, pair_similarity, signatures
 from trajwh.dedup.splits import SPLIT_VERSION, SplitConfig, split_frame
 from trajwh.lineage.catalog import Warehouse, now_utc, write_table_file
-from trajwh.lineage.parallel import PARALLEL_MIN_ITEMS, run_parts, workers_wanted
+from trajwh.lineage.parallel import (
+    PARALLEL_MIN_ITEMS,
+    run_parts,
+    scaled_mb,
+    workers_wanted,
+    workers_within,
+)
 from trajwh.lineage.rebuild import (
     TableSetWriter,
     batch_fingerprints,
@@ -278,10 +284,12 @@ def stored_frame(wh: Warehouse) -> tuple[pl.DataFrame, list[LeakFlag]]:
 
 
 def _feature_files(wh: Warehouse, batch_id: str, lineage: dict[str, Any], cfg: CurateConfig,
-                   part: tuple[int, int] | None = None, chunk: int = 2_000) -> tuple[list[Any], int]:
+                   part: tuple[int, int] | None = None, chunk: int | None = None) -> tuple[list[Any], int]:
     """The features of a batch's episodes (of one ``part``), signed, written a file per ``chunk``
     episodes (not yet visible: the session commits them), so memory holds one chunk; and how
-    many episodes."""
+    many episodes. ``chunk``: 2,000 episodes at the default memory budget, scaled to the build's
+    (``scaled_mb``; about 100 KB an episode)."""
+    chunk = chunk or scaled_mb(2_000, floor=250)
     files: list[Any] = []
     pending: list[tuple[EpisodeFeatures, list[LeakFlag]]] = []
     episodes = 0
@@ -302,6 +310,13 @@ def _feature_files(wh: Warehouse, batch_id: str, lineage: dict[str, Any], cfg: C
     return files, episodes
 
 
+#: a features worker at most: libraries, numba's compiler and kernels (about 190 MB: what the
+#: build's process would keep to its end if it computed signatures itself), its stream of steps
+#: (DuckDB's ``stream`` memory) and a chunk of episodes' features. Measured at 20,000 episodes,
+#: default budget: 399-488 MB
+_FEATURE_WORKER_MB = 500
+
+
 def _feature_part(t: dict[str, Any]) -> tuple[list[Any], int]:
     """The feature files of one part of a batch (in the build's process or a worker)."""
     return _feature_files(Warehouse(t["root"]), t["batch_id"], t["lineage"], t["cfg"], t["part"])
@@ -309,17 +324,17 @@ def _feature_part(t: dict[str, Any]) -> tuple[list[Any], int]:
 
 def _batch_features(wh: Warehouse, batch_id: str, lineage: dict[str, Any], cfg: CurateConfig,
                     n_episodes: int) -> tuple[list[Any], int]:
-    """A batch's feature files: a big batch in parts (episodes by the hash of their key), this
-    process and worker processes one each, reading the warehouse itself (per-batch work on every core, as
-    normalize and redact); the same rows either way."""
-    n = min(workers_wanted(), 8) if n_episodes >= PARALLEL_MIN_ITEMS else 1
-    if n == 1:
+    """A batch's feature files: a big batch in parts (episodes by the hash of their key), a worker
+    process each (as many as fit the memory budget), reading the warehouse itself (per-batch work on
+    every core, as normalize and redact); a small one in this process; the same rows either way."""
+    if n_episodes < PARALLEL_MIN_ITEMS:
         return _feature_files(wh, batch_id, lineage, cfg)
+    n = workers_within(min(workers_wanted(), 8), _FEATURE_WORKER_MB)
     tasks = [{"root": str(wh.root), "batch_id": batch_id, "lineage": lineage, "cfg": cfg, "part": (i, n)}
              for i in range(n)]
     files: list[Any] = []
     episodes = 0
-    for written, count in run_parts(_feature_part, tasks):
+    for written, count in run_parts(_feature_part, tasks, here=False):
         files += written
         episodes += count
     return files, episodes

@@ -23,6 +23,7 @@ from trajwh.fragments.outcomes import OUTCOME_RULES_VERSION, classify_outcome
 from trajwh.fragments.select import RULES_VERSION, Fragment, SelectConfig, select_fragments
 from trajwh.fragments.task_stats import StatsConfig, task_statistics
 from trajwh.lineage.catalog import Warehouse, now_utc
+from trajwh.lineage.parallel import duckdb_memory
 from trajwh.lineage.rebuild import (
     TableSetWriter,
     batch_fingerprints,
@@ -133,7 +134,7 @@ def _episodes_with_steps(wh: Warehouse, keys: list[str] | None = None):
     # both queries run in one DuckDB instance and share its memory limit; one thread each: at
     # 107,000 episodes two threads' sort runs needed more than 640 MB side by side (peak 1.5 GB),
     # one thread sorts within 512 MB (peak 1.0 GB, 10 % slower)
-    limit = "512MB"
+    limit = duckdb_memory(512)
     step_stream = wh.stream(_STEPS_SQL.format(where="" if keys is None else f"WHERE trajectory_key IN {_KEYS}"), params,
                             memory_limit=limit, threads=1)
     episode_stream = wh.stream(_EPISODES_SQL.format(where="" if keys is None else f"WHERE e.trajectory_key IN {_KEYS}"),

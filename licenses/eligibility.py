@@ -20,6 +20,7 @@ import pyarrow as pa
 from trajwh.licenses.optout import active_opt_outs, opt_out_episodes, scan_pending
 from trajwh.licenses.policy import POLICY_VERSION, LicensePolicy
 from trajwh.lineage.catalog import Warehouse, now_utc
+from trajwh.lineage.parallel import duckdb_memory
 from trajwh.lineage.rebuild import batch_fingerprints, mark_running, run_row
 from trajwh.schemas import ids
 from trajwh.schemas.arrow import arrow_schema
@@ -121,7 +122,7 @@ def _decide_batch(wh: Warehouse, session: Any, batch_id: str, policy: LicensePol
             buffers[table] = []
 
     for batch in wh.stream(_EPISODES_SQL.format(source="read_parquet(?, union_by_name = true)"), [paths],
-                           batch_rows=10_000, memory_limit="256MB"):
+                           batch_rows=10_000, memory_limit=duckdb_memory(256)):
         for e in batch:
             key = e["trajectory_key"]
             facts = policy.facts(e)

@@ -37,6 +37,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
+from trajwh.lineage.parallel import duckdb_memory
 from trajwh.lineage.storage import (
     TMP_PREFIX,
     WrittenFile,
@@ -204,15 +205,17 @@ class Warehouse:
             con.close()
 
     def stream(self, sql: str, params: Sequence[Any] | None = None, *, batch_rows: int = 10_000,
-               memory_limit: str = "384MB", arrow: bool = False, threads: int | None = None) -> Iterator[Any]:
+               memory_limit: str | None = None, arrow: bool = False, threads: int | None = None) -> Iterator[Any]:
         """Rows of a read-only query in batches of dicts (Arrow record batches with ``arrow``), never
         the whole result in memory: DuckDB streams the result (sorting and joining within
-        ``memory_limit``, spilling the rest to a temporary folder under the warehouse)."""
+        ``memory_limit``, default 384 MB at the default memory budget and scaled to the build's
+        (``lineage.parallel.duckdb_memory``), spilling the rest to a temporary folder under the
+        warehouse)."""
         con = self.connect(read_only=True)
         try:
             spill = self.root / ".tmp"
             ensure_dir(spill, restricted=True)  # spilled rows are warehouse data: owner-only
-            con.execute(f"SET memory_limit = '{memory_limit}'")
+            con.execute(f"SET memory_limit = '{memory_limit or duckdb_memory(384)}'")
             if threads:
                 con.execute(f"SET threads = {int(threads)}")
             current = con.execute("SELECT current_setting('temp_directory')").fetchall()[0][0]

@@ -40,6 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from trajwh.lineage.catalog import Warehouse, now_utc
+from trajwh.lineage.parallel import duckdb_memory
 from trajwh.schemas.errors import ConfigError
 
 FORMATS = ("parquet", "megatron")
@@ -169,7 +170,7 @@ def export_packs(wh: Warehouse, *, split: str, fmt: str, out: str | Path, pack_s
     written: list[Path] = []
     rows = wh.stream("SELECT pack_id, n_tokens, n_trainable, input_ids, loss_mask, position_ids, segments FROM packs "
                      "WHERE pack_set = ? AND split = ? ORDER BY pack_id", [pack_set, split], batch_rows=64,
-                     memory_limit="512MB", threads=1)
+                     memory_limit=duckdb_memory(512), threads=1)
     try:
         if fmt == "parquet":
             written = _write_parquet(rows, work, split, info["n"], rows_per_shard, summary, fragments, progress)

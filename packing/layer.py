@@ -24,7 +24,13 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 from trajwh.lineage.catalog import Warehouse, now_utc, write_table_file
-from trajwh.lineage.parallel import PARALLEL_MIN_ITEMS, parts_within, run_parts, workers_wanted
+from trajwh.lineage.parallel import (
+    PARALLEL_MIN_ITEMS,
+    duckdb_memory,
+    parts_within,
+    run_parts,
+    workers_wanted,
+)
 from trajwh.lineage.rebuild import inputs_fingerprint, joined_by_key, mark_running, run_row
 from trajwh.lineage.storage import ensure_dir
 from trajwh.packing.pack import PACKERS, POLICIES, Segment
@@ -188,8 +194,8 @@ def units_with_steps(wh: Warehouse, dedup: str = "representative", evaluation: b
     parts = {"units": _UNITS.format(evaluation="true" if evaluation else "false"),
              "dedup": "representative" if dedup == "representative" else "true"}
     tools = tools_by_digest(wh)
-    unit_stream = wh.stream(_UNITS_SQL.format(**parts), batch_rows=2_000, memory_limit="512MB", threads=1)
-    step_stream = wh.stream(_STEPS_SQL.format(**parts), memory_limit="512MB", threads=1)
+    unit_stream = wh.stream(_UNITS_SQL.format(**parts), batch_rows=2_000, memory_limit=duckdb_memory(512), threads=1)
+    step_stream = wh.stream(_STEPS_SQL.format(**parts), memory_limit=duckdb_memory(512), threads=1)
     try:
         for u, mine in joined_by_key(unit_stream, step_stream):
             u["tools"] = tools.get(u.pop("tool_schema_digest"))
@@ -240,10 +246,11 @@ def _spooled(batches: Iterator[pa.RecordBatch], path: Path) -> Iterator[dict[str
 
 
 def _units_to_pack(wh: Warehouse, pack_set: str, plan: Plan, units: Path, windows: list[str] | None = None,
-                   memory: str = "512MB") -> Iterator[tuple[dict, list[dict]]]:
+                   *, memory: int) -> Iterator[tuple[dict, list[dict]]]:
     """(unit, its steps) in packing order for every window that is not copied (or only those of
     ``windows``), the units read from the file the plan spooled (``units``): a unit whose stored
-    tokens are reused carries them (``stored``) and no steps; the others their steps."""
+    tokens are reused carries them (``stored``) and no steps; the others their steps. ``memory``:
+    the queries' DuckDB memory in MB at the default budget (``duckdb_memory``)."""
     if not units.exists():  # no units at all
         return
     tools = tools_by_digest(wh)
@@ -257,8 +264,9 @@ def _units_to_pack(wh: Warehouse, pack_set: str, plan: Plan, units: Path, window
         repack = plan.repack & mine
     # the file is in packing order, and one thread's scan keeps it (insertion order is preserved): no sort
     unit_stream = wh.stream(f"SELECT * FROM read_parquet(?) WHERE {where}", [str(units), chosen], batch_rows=2_000,
-                            memory_limit=memory, threads=1)
-    step_stream = wh.stream(RENDER_STEPS_SQL, [list(render), list(render.values())], memory_limit=memory, threads=1,
+                            memory_limit=duckdb_memory(memory), threads=1)
+    step_stream = wh.stream(RENDER_STEPS_SQL, [list(render), list(render.values())],
+                            memory_limit=duckdb_memory(memory), threads=1,
                             batch_rows=2_000)
     stored = stored_tokens(wh, pack_set, sorted(repack))
     window, tokens = None, {}
@@ -345,7 +353,8 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
                 def write(rows: list[dict]) -> None:
                     files.append(session.write("packs", pack_table(rows, schema)))
 
-                pack_stream(_units_to_pack(wh, summary.pack_set, plan, units), cfg, tok, summary, write, lineage)
+                pack_stream(_units_to_pack(wh, summary.pack_set, plan, units, memory=_ONE_PART_MEMORY), cfg, tok, summary,
+                            write, lineage)
             else:  # the windows dealt out to parts (this process and workers), each packing and writing its own
                 tasks = [{"root": str(wh.root), "cfg": cfg, "pack_set": summary.pack_set, "plan": plan,
                           "windows": todo[i::n], "units": str(units), "lineage": lineage, "run_id": run_id}
@@ -378,7 +387,11 @@ PART_MB = 550
 #: DuckDB instance, and so its memory limit): its units' (a scan of the spooled units) and its
 #: steps' (a sort, which spills). Measured at 107,000 episodes, a full pack build in two parts:
 #: 320 MB gave a worker of 735 MB and a tree of 1,576 MB in 41.0 s; 192 MB, 618 and 1,347 MB in 44.4 s
-_PART_MEMORY = "192MB"
+#: (MB at the default memory budget, scaled to the build's)
+_PART_MEMORY = 192
+#: the same when the build's process packs every window itself (96 MB, 192 scaled to a 1 GB budget,
+#: ran out of memory at 20,000 episodes: some of the sort's blocks cannot spill)
+_ONE_PART_MEMORY = 512
 
 
 def _pack_part(t: dict[str, Any]) -> tuple[list[Any], PackSummary]:

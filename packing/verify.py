@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 from trajwh.lineage.catalog import Warehouse
+from trajwh.lineage.parallel import duckdb_memory
 from trajwh.lineage.rebuild import joined_by_key
 from trajwh.lineage.storage import ensure_dir, write_bytes_atomic
 from trajwh.packing.layer import _STEPS_SQL, _UNITS, tools_by_digest
@@ -95,7 +96,7 @@ def _segment_checks(wh: Warehouse, where: str, params: list[str], examples: int)
 
 def _bounded(wh: Warehouse, sql: str, params: list[Any]) -> list[dict[str, Any]]:
     """A small result of a query over the whole pack set, computed within 512 MB (spilling)."""
-    return [r for batch in wh.stream(sql, params, memory_limit="512MB", threads=1) for r in batch]
+    return [r for batch in wh.stream(sql, params, memory_limit=duckdb_memory(512), threads=1) for r in batch]
 
 
 def _sampled(unit_id: str, n: int) -> bool:
@@ -205,8 +206,9 @@ def _write_ledger(wh: Warehouse, pack_set: str, entries: dict[str, list[str]]) -
 #: a pack set with at least this many sequences is verified in parts, one in this process and each
 #: other one in a worker process (spawning one costs about 1.5 s; 1,000 sequences: about 8 M tokens)
 PARALLEL_MIN_PACKS = 1_000
-#: the DuckDB memory limit of each part's queries (two parts at once stay within the build's bound)
-_PART_MEMORY = {1: "512MB"}
+#: the DuckDB memory of each part's queries by the number of parts, in MB at the default memory
+#: budget (``duckdb_memory``): two parts at once stay within the build's bound
+_PART_MEMORY = {1: 512}
 #: what a part holds beyond its process's libraries, at most (measured at 107,000 episodes with
 #: every unit rendered: 667 MB for a part's process, 124 of them libraries)
 PART_MB = 550
@@ -313,7 +315,7 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
     wh, pack_set = Warehouse(task["root"]), task["pack_set"]
     where = "p.pack_set = ?" if pack_set else "true"
     params = [pack_set] if pack_set else []
-    memory = _PART_MEMORY.get(task["parts"], "256MB")
+    memory = duckdb_memory(_PART_MEMORY.get(task["parts"], 256))
     ledger = read_ledger(wh, pack_set) if task["ledger"] else {}
     out: dict[str, Any] = {"tokens": 0, "length_violations": 0, "mixed_split_violations": 0,
                            "round_trip_violations": 0, "trained_text_violations": 0, "position_violations": 0,

@@ -35,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from trajwh.lineage.catalog import Warehouse
+from trajwh.lineage.parallel import duckdb_memory
 from trajwh.lineage.storage import WrittenFile, ensure_dir, write_bytes_atomic
 from trajwh.schemas import ids
 
@@ -283,7 +284,7 @@ def copied_packs(wh: Warehouse, pack_set: str, plan: Plan, schema: pa.Schema, li
         return
     for rb in wh.stream("SELECT * FROM read_parquet(?, union_by_name = true) WHERE pack_set = ? AND "
                         "list_contains(?, window_id)", [[str(f) for f in files], pack_set, list(plan.copy)],
-                        batch_rows=256, arrow=True, memory_limit="512MB", threads=1):
+                        batch_rows=256, arrow=True, memory_limit=duckdb_memory(512), threads=1):
         if not rb.num_rows:  # no empty files
             continue
         table = pa.Table.from_batches([rb]).select(schema.names).cast(schema)

@@ -196,8 +196,16 @@ def _windows(lower: str, needles: tuple[str, ...]) -> list[tuple[int, int]]:
 #: the files read in every attempt of a task), and detection is a function of the text alone.
 #: Measured on the synthetic corpus at 20,000 episodes (303 M characters, 26 % distinct): share of
 #: the characters still scanned with 16 M / 32 M / 64 M characters remembered: 0.41 / 0.35 / 0.30
-#: (clearing when full instead: 0.46 / 0.39 / 0.32). 64 M characters cost about 100 MB per process.
+#: (clearing when full instead: 0.46 / 0.39 / 0.32). 64 M characters cost about 100 MB per process:
+#: the size at the default memory budget, scaled to a build's (``default_memo_chars``).
 MEMO_CHARS = 64_000_000
+
+
+def default_memo_chars() -> int:
+    """``MEMO_CHARS`` scaled to the build's memory budget (``lineage.parallel.scaled_mb``)."""
+    from trajwh.lineage.parallel import scaled_mb
+
+    return scaled_mb(MEMO_CHARS // 1_000_000, floor=4) * 1_000_000
 _MEMO_ENTRY = 100  # what an entry costs beyond its text (dict slot, tuple), counted as characters
 
 
@@ -205,7 +213,10 @@ class Detector:
     """Finds sensitive spans in text; the result is a sorted list of non-overlapping findings."""
 
     def __init__(self, *, personal_data: bool = True, decode: bool = True, redact_private_ips: bool = True,
-                 memo_chars: int = MEMO_CHARS):
+                 memo_chars: int | None = None):
+        """``memo_chars``: the characters of texts whose findings are remembered (default
+        ``default_memo_chars()``, 0 turns the memo off)."""
+        memo_chars = default_memo_chars() if memo_chars is None else memo_chars
         self._memo: dict[str, tuple[Finding, ...]] = {}
         self._older: dict[str, tuple[Finding, ...]] = {}  # the previous generation, kept until the next turn
         self._memo_chars, self._memo_budget = 0, memo_chars

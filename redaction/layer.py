@@ -21,7 +21,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 from trajwh.lineage.catalog import Warehouse, now_utc, write_table_file
-from trajwh.lineage.parallel import PARALLEL_MIN_ITEMS, ordered_chunks, workers_wanted
+from trajwh.lineage.parallel import (
+    PARALLEL_MIN_ITEMS,
+    ordered_chunks,
+    scaled_mb,
+    workers_wanted,
+    workers_within,
+)
 from trajwh.lineage.rebuild import mark_running, run_row
 from trajwh.lineage.storage import WrittenFile
 from trajwh.redaction.engine import (
@@ -157,6 +163,13 @@ def _lineage(row: dict, run_id: str) -> dict:
 #: a batch with at least this many episodes is redacted by worker processes (episode scope only:
 #: a repository or dataset scope spans episodes and stays in one process)
 PARALLEL_MIN_EPISODES = PARALLEL_MIN_ITEMS
+
+
+def _worker_mb() -> int:
+    """A redaction worker at most: libraries, a task's episodes and a row group's steps as objects
+    (about 300 MB) and its detector's memo (``default_memo_chars``, scaled to the budget). Measured
+    at 20,000 episodes: 388-400 MB a worker at the default budget, 363-392 MB at 1,024 MB."""
+    return 300 + scaled_mb(100)
 _CHUNK_EPISODES = 64
 _worker: EpisodeRedactor | None = None
 
@@ -357,6 +370,9 @@ def _redacted(wh: Warehouse, tasks: list[_Task], worker: EpisodeRedactor, n_epis
             yield _redact_task(wh, worker, task, batch_id, run_id)
         vault.extend(worker.vault_entries())
         return
+    # as many workers as fit the memory budget; one at least, even where it is one: what a big batch
+    # leaves in the redacting process (the detector's memo, its caches, the heap) then goes with it
+    n_workers = workers_within(n_workers, _worker_mb())
     red = worker.redactor
     for _, done in ordered_chunks(_redact_in_worker, tasks, chunk=1, workers=n_workers, initializer=_init_worker,
                                   initargs=(red.salt, worker.scope_kind, private_addresses, batch_id, run_id,
