@@ -112,11 +112,13 @@ def _add_steps(f: EpisodeFeatures, steps: list[dict]) -> None:
     f.touched_files = sorted(set(f.touched_files))
 
 
-def stream_features(wh: Warehouse, batch_id: str | None = None, part: tuple[int, int] | None = None
+def stream_features(wh: Warehouse, batch_id: str | None = None, part: tuple[int, int] | None = None, *,
+                    memory_limit: str | None = None, threads: int | None = None
                     ) -> Iterator[tuple[EpisodeFeatures, list[dict]]]:
     """(features, the steps they were read from) of every redacted episode (of one batch; of the
     ``part`` = (i, n) whose keys hash to i of n), in trajectory-key order, one episode's steps in
-    memory at a time (DuckDB sorts and spills)."""
+    memory at a time (DuckDB sorts and spills, within ``memory_limit`` on ``threads``: ``stream``'s
+    defaults unless given)."""
     conds, params = [], []
     if batch_id is not None:
         conds.append("_batch_id = ?")
@@ -126,8 +128,9 @@ def stream_features(wh: Warehouse, batch_id: str | None = None, part: tuple[int,
     where = ("WHERE " + " AND ".join(conds)) if conds else ""
     step_where = "".join(f" AND {c}" for c in conds)
     params = params or None
-    episodes = wh.stream(_EPISODES_SQL.format(where=where), params, batch_rows=2_000)
-    step_stream = wh.stream(_STEPS_SQL.format(where=step_where), params)
+    episodes = wh.stream(_EPISODES_SQL.format(where=where), params, batch_rows=2_000, memory_limit=memory_limit,
+                         threads=threads)
+    step_stream = wh.stream(_STEPS_SQL.format(where=step_where), params, memory_limit=memory_limit, threads=threads)
     try:
         for e, mine in joined_by_key(episodes, step_stream):
             f = _episode_features(e)

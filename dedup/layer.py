@@ -31,6 +31,7 @@ from trajwh.dedup.splits import SPLIT_VERSION, SplitConfig, split_frame
 from trajwh.lineage.catalog import Warehouse, now_utc, write_table_file
 from trajwh.lineage.parallel import (
     PARALLEL_MIN_ITEMS,
+    duckdb_memory,
     run_parts,
     scaled_mb,
     workers_wanted,
@@ -287,9 +288,9 @@ def _feature_files(wh: Warehouse, batch_id: str, lineage: dict[str, Any], cfg: C
                    part: tuple[int, int] | None = None, chunk: int | None = None) -> tuple[list[Any], int]:
     """The features of a batch's episodes (of one ``part``), signed, written a file per ``chunk``
     episodes (not yet visible: the session commits them), so memory holds one chunk; and how
-    many episodes. ``chunk``: 2,000 episodes at the default memory budget, scaled to the build's
+    many episodes. ``chunk``: 1,000 episodes at the default memory budget, scaled to the build's
     (``scaled_mb``; about 100 KB an episode)."""
-    chunk = chunk or scaled_mb(2_000, floor=250)
+    chunk = chunk or scaled_mb(1_000, floor=250)
     files: list[Any] = []
     pending: list[tuple[EpisodeFeatures, list[LeakFlag]]] = []
     episodes = 0
@@ -300,7 +301,9 @@ def _feature_files(wh: Warehouse, batch_id: str, lineage: dict[str, Any], cfg: C
         files.append(write_table_file(wh, "episode_features", pa.Table.from_pylist(rows, schema=_FEATURE_SCHEMA)))
         pending.clear()
 
-    for f, steps in stream_features(wh, batch_id, part):
+    # a part's sort of its steps: one thread in a bounded memory (two workers side by side)
+    limits = {} if part is None else {"memory_limit": duckdb_memory(_FEATURE_STREAM_MB), "threads": 1}
+    for f, steps in stream_features(wh, batch_id, part, **limits):
         pending.append((f, episode_leaks(f.key, steps)))
         episodes += 1
         if len(pending) >= chunk:
@@ -312,9 +315,11 @@ def _feature_files(wh: Warehouse, batch_id: str, lineage: dict[str, Any], cfg: C
 
 #: a features worker at most: libraries, numba's compiler and kernels (about 190 MB: what the
 #: build's process would keep to its end if it computed signatures itself), its stream of steps
-#: (DuckDB's ``stream`` memory) and a chunk of episodes' features. Measured at 20,000 episodes,
-#: default budget: 399-488 MB
-_FEATURE_WORKER_MB = 500
+#: (``_FEATURE_STREAM_MB``) and a chunk of episodes' features. Measured at 20,000 episodes,
+#: default budget: 399-488 MB; at 107,000, with DuckDB's default stream memory and threads: 760 MB
+_FEATURE_WORKER_MB = 600
+#: a features part's DuckDB memory for both its streams, MB at the default budget
+_FEATURE_STREAM_MB = 192
 
 
 def _feature_part(t: dict[str, Any]) -> tuple[list[Any], int]:
@@ -324,9 +329,10 @@ def _feature_part(t: dict[str, Any]) -> tuple[list[Any], int]:
 
 def _batch_features(wh: Warehouse, batch_id: str, lineage: dict[str, Any], cfg: CurateConfig,
                     n_episodes: int) -> tuple[list[Any], int]:
-    """A batch's feature files: a big batch in parts (episodes by the hash of their key), a worker
-    process each (as many as fit the memory budget), reading the warehouse itself (per-batch work on
-    every core, as normalize and redact); a small one in this process; the same rows either way."""
+    """A batch's feature files: a big batch in parts (episodes by the hash of their key), as many as
+    fit the memory budget, this process and worker processes one each (one part: a worker), each
+    reading the warehouse itself (per-batch work on every core, as normalize and redact); a small one
+    in this process; the same rows either way."""
     if n_episodes < PARALLEL_MIN_ITEMS:
         return _feature_files(wh, batch_id, lineage, cfg)
     n = workers_within(min(workers_wanted(), 8), _FEATURE_WORKER_MB)
@@ -334,7 +340,9 @@ def _batch_features(wh: Warehouse, batch_id: str, lineage: dict[str, Any], cfg: 
              for i in range(n)]
     files: list[Any] = []
     episodes = 0
-    for written, count in run_parts(_feature_part, tasks, here=False):
+    # parts side by side: this process takes one (numba's compiler then stays in it, and there is room
+    # for it); one part only (a tight budget): it runs in a worker, and the compiler goes with it
+    for written, count in run_parts(_feature_part, tasks, here=n > 1):
         files += written
         episodes += count
     return files, episodes
