@@ -20,6 +20,7 @@ from typing import Any
 
 from trajwh.lineage.catalog import Warehouse
 from trajwh.lineage.rebuild import joined_by_key
+from trajwh.redaction.detectors import PLACEHOLDER_RE
 
 _ROOTS = re.compile(r"^(?:/testbed/|/workspace/[^/]+/|/repo/|/app/|/src/(?=[^/]+/)|/[A-Za-z0-9_.-]+__[A-Za-z0-9_.-]+/|\./)")
 MAX_TEXT = 20_000
@@ -157,9 +158,16 @@ def action_shingles(actions: list[str], k: int = 3) -> list[str]:
 _WORD = re.compile(r"\w+")
 
 
+def _placeholder_type(m: re.Match) -> str:
+    return m.group(0)[1:].split(":", 1)[0]
+
+
 def text_shingles(text: str, k: int = 5) -> list[str]:
-    """Word k-grams of lower-cased text (placeholders count as words)."""
-    words = _WORD.findall(text.lower())
+    """Word k-grams of lower-cased text; a redaction placeholder counts as one word, its type
+    (``<PHONE:7a4270:ep>`` is ``phone``): its digest depends on the warehouse's salt and the
+    scope, so two copies of one trajectory would otherwise differ in every k-gram around it, and
+    the same data in two warehouses would cluster differently."""
+    words = _WORD.findall(PLACEHOLDER_RE.sub(_placeholder_type, text).lower())
     if len(words) <= k:
         return [" ".join(words)] if words else []
     return [" ".join(words[i:i + k]) for i in range(len(words) - k + 1)]

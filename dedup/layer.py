@@ -255,7 +255,7 @@ class CurateSummary:
     moved: dict[str, int] = field(default_factory=dict)  # "train->test": episodes that changed side
 
 
-FEATURES_VERSION = "1.0.0"
+FEATURES_VERSION = "1.1.0"  # 1.1: text shingles see a placeholder as its type, not its digest
 
 
 def features_version(cfg: CurateConfig) -> str:

@@ -452,3 +452,16 @@ def test_build_runs_the_curated_step_on_the_engine_asked(wh, small_corpus, monke
     build(str(wh.root), curate={"engine": "daft"}, only=["near_dup_clusters", "task_groups", "splits", "leak_flags"])
     assert calls["daft"] > 0 and calls["duckdb"] == 0, calls
     assert wh.query("SELECT count(*) AS n FROM splits").to_pylist()[0]["n"] == 150
+
+
+def test_text_shingles_see_a_placeholder_as_its_type():
+    """A placeholder's digest depends on the warehouse's salt and the scope: two copies of one
+    trajectory redacted in two scopes (or two warehouses) must still give the same text shingles."""
+    from trajwh.dedup.features import text_shingles
+
+    a = "call <PHONE:7a4270:ep> then export HF_TOKEN=<HF_TOKEN:41ac44:ep> and rerun the failing test"
+    b = "call <PHONE:8de8d1:ep> then export HF_TOKEN=<HF_TOKEN:9591ac:rp> and rerun the failing test"
+    assert text_shingles(a) == text_shingles(b)
+    assert "call phone then export hf_token" in text_shingles(a)
+    assert text_shingles(a) != text_shingles(a.replace("PHONE", "EMAIL_ADDRESS"))  # the type still counts
+    assert text_shingles("<notaplaceholder> words") == ["notaplaceholder words"]
