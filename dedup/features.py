@@ -26,10 +26,22 @@ _ROOTS = re.compile(r"^(?:/testbed/|/workspace/[^/]+/|/repo/|/app/|/src/(?=[^/]+
 MAX_TEXT = 20_000
 
 
+def _placeholder_type(m: re.Match) -> str:
+    return f"<{m.group(0)[1:].split(':', 1)[0]}>"
+
+
+def typed_placeholders(text: str) -> str:
+    """``text`` with each redaction placeholder reduced to its type (``<PHONE:7a4270:ep>`` is
+    ``<PHONE>``): its digest depends on the warehouse's salt and the scope, so features that kept
+    it would set two copies of one trajectory apart around every redacted value (actions, files,
+    text k-grams, the exact digest) and cluster the same data differently in two warehouses."""
+    return PLACEHOLDER_RE.sub(_placeholder_type, text) if "<" in text else text
+
+
 def normalize_object(obj: str | None) -> str:
     if not obj:
         return ""
-    text = " ".join(obj.split())
+    text = " ".join(typed_placeholders(obj).split())
     return _ROOTS.sub("", text)
 
 
@@ -109,7 +121,7 @@ def _add_steps(f: EpisodeFeatures, steps: list[dict]) -> None:
         for blob in [s["observation"] or "", *(a or "" for a in s["args"] or [])]:
             if "diff --git" in blob and f.patch is None:
                 f.patch = _PATCH.search(blob.replace("\\n", "\n")).group(0)
-    f.text = "\n".join(parts)[:MAX_TEXT]
+    f.text = typed_placeholders("\n".join(parts)[:MAX_TEXT])
     f.touched_files = sorted(set(f.touched_files))
 
 
@@ -158,16 +170,9 @@ def action_shingles(actions: list[str], k: int = 3) -> list[str]:
 _WORD = re.compile(r"\w+")
 
 
-def _placeholder_type(m: re.Match) -> str:
-    return m.group(0)[1:].split(":", 1)[0]
-
-
 def text_shingles(text: str, k: int = 5) -> list[str]:
-    """Word k-grams of lower-cased text; a redaction placeholder counts as one word, its type
-    (``<PHONE:7a4270:ep>`` is ``phone``): its digest depends on the warehouse's salt and the
-    scope, so two copies of one trajectory would otherwise differ in every k-gram around it, and
-    the same data in two warehouses would cluster differently."""
-    words = _WORD.findall(PLACEHOLDER_RE.sub(_placeholder_type, text).lower())
+    """Word k-grams of lower-cased text (a placeholder is its type: ``_add_steps``)."""
+    words = _WORD.findall(text.lower())
     if len(words) <= k:
         return [" ".join(words)] if words else []
     return [" ".join(words[i:i + k]) for i in range(len(words) - k + 1)]

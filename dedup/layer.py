@@ -255,7 +255,7 @@ class CurateSummary:
     moved: dict[str, int] = field(default_factory=dict)  # "train->test": episodes that changed side
 
 
-FEATURES_VERSION = "1.1.0"  # 1.1: text shingles see a placeholder as its type, not its digest
+FEATURES_VERSION = "1.1.0"  # 1.1: a redaction placeholder is its type, not its digest (features.typed_placeholders)
 
 
 def features_version(cfg: CurateConfig) -> str:

@@ -150,12 +150,17 @@ def _episodes_with_steps(wh: Warehouse, keys: list[str] | None = None):
         episode_stream.close()
 
 
-def episode_inputs(wh: Warehouse) -> dict[str, tuple[str, str]]:
-    """Trajectory key -> (digest of its inputs, its task), for every redacted episode."""
+def episode_inputs(wh: Warehouse, sel: SelectConfig | None = None,
+                   withheld: dict[str, int] | None = None) -> dict[str, tuple[str, str]]:
+    """Trajectory key -> (digest of its inputs, its task), for every redacted episode; with
+    ``withheld``, also counts there the episodes that give no fragments under ``sel``, by why."""
     src = batch_fingerprints(wh, ["redacted_episodes", "redacted_steps"])
     out = {}
     for batch in wh.stream(_INPUTS_SQL, batch_rows=50_000):
         for r in batch:
+            if withheld is not None and not gives_fragments(r["split"], r["leak_kinds"], sel, r["license_train"]):
+                why = withheld_reason(r["split"], r["leak_kinds"], sel, r["license_train"])
+                withheld[why] = withheld.get(why, 0) + 1
             # the dedup weight is not an input: fragments carry it as it is now (``_kept``), so a
             # cluster that grows re-weights its members without selecting their fragments again
             parts = [src.get(r["batch_id"]), r["split"], r["leak_kinds"]]
@@ -210,17 +215,14 @@ def _kept(wh: Warehouse, writer: TableSetWriter, redo: list[str], redo_tasks: li
         ORDER BY o.trajectory_key""", [redo, redo_tasks]).to_pylist()
 
 
-def _totals(wh: Warehouse, summary: FragmentSummary, sel: SelectConfig) -> None:
-    """The summary's counts over the whole tables (an incremental run rebuilt only some episodes)."""
+def _totals(wh: Warehouse, summary: FragmentSummary, withheld: dict[str, int]) -> None:
+    """The summary's counts over the whole tables (an incremental run rebuilt only some episodes;
+    ``withheld``: counted over every episode by ``episode_inputs``)."""
     summary.causes = {r["cause"]: r["n"] for r in wh.query(
         "SELECT cause, count(*) AS n FROM outcomes GROUP BY ALL ORDER BY 1").to_pylist()}
     summary.fragments = {r["kind"]: r["n"] for r in wh.query(
         "SELECT kind, count(*) AS n FROM fragments GROUP BY ALL ORDER BY 1").to_pylist()}
-    summary.withheld = {}
-    for r in wh.query(_INPUTS_SQL).select(["split", "leak_kinds", "license_train"]).to_pylist():
-        if not gives_fragments(r["split"], r["leak_kinds"], sel, r["license_train"]):
-            why = withheld_reason(r["split"], r["leak_kinds"], sel, r["license_train"])
-            summary.withheld[why] = summary.withheld.get(why, 0) + 1
+    summary.withheld = withheld
     summary.tasks = wh.query("SELECT count(DISTINCT task_id) FROM task_stats").column(0)[0].as_py()
     summary.episodes = wh.query("SELECT count(*) FROM outcomes").column(0)[0].as_py()
 
@@ -250,7 +252,8 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
             session.upsert_rows("runs", [run_row(run_id, "fragments", started, params={"version": v, "skipped": True},
                                                  counts=summary.__dict__, code_version=f"{TRANSFORM}@{RULES_VERSION}")])
             return summary
-        current = episode_inputs(wh)
+        withheld: dict[str, int] = {}
+        current = episode_inputs(wh, sel, withheld)
         previous = {} if full else _previous(wh, rules)
         if previous and len(previous) != wh.query("SELECT count(*) FROM outcomes").column(0)[0].as_py():
             previous = {}  # episodes are gone (their tasks are no longer known): everything is redone
@@ -294,7 +297,7 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
         writer.commit(run_id=run_id, version=v)
         summary.tasks = len({r["task_id"] for r in task_stats})
         if previous:
-            _totals(wh, summary, sel)
+            _totals(wh, summary, withheld)
         params = {"version": v, "config_digest": cfg.config_digest}
         session.upsert_rows("runs", [run_row(run_id, "fragments", started, params=params,
                                              counts=summary.__dict__, code_version=f"{TRANSFORM}@{RULES_VERSION}")])

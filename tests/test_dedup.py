@@ -454,14 +454,22 @@ def test_build_runs_the_curated_step_on_the_engine_asked(wh, small_corpus, monke
     assert wh.query("SELECT count(*) AS n FROM splits").to_pylist()[0]["n"] == 150
 
 
-def test_text_shingles_see_a_placeholder_as_its_type():
+def test_features_see_a_placeholder_as_its_type():
     """A placeholder's digest depends on the warehouse's salt and the scope: two copies of one
-    trajectory redacted in two scopes (or two warehouses) must still give the same text shingles."""
-    from trajwh.dedup.features import text_shingles
+    trajectory redacted in two scopes (or two warehouses) must give the same features."""
+    from trajwh.dedup.features import EpisodeFeatures, _add_steps, text_shingles
 
-    a = "call <PHONE:7a4270:ep> then export HF_TOKEN=<HF_TOKEN:41ac44:ep> and rerun the failing test"
-    b = "call <PHONE:8de8d1:ep> then export HF_TOKEN=<HF_TOKEN:9591ac:rp> and rerun the failing test"
-    assert text_shingles(a) == text_shingles(b)
-    assert "call phone then export hf_token" in text_shingles(a)
-    assert text_shingles(a) != text_shingles(a.replace("PHONE", "EMAIL_ADDRESS"))  # the type still counts
+    def features(ip: str, phone: str) -> EpisodeFeatures:
+        f = EpisodeFeatures("k")
+        steps = [{"author": "model", "action_kind": "browse", "action_object": f"http://<IP_ADDRESS:{ip}:ep>:9200/_health",
+                  "text": f"call <PHONE:{phone}:ep> then rerun the failing test", "observation": None, "args": []},
+                 {"author": "model", "action_kind": "edit", "action_object": f"/home/<USER:{ip}:ep>/app/main.py",
+                  "text": "", "observation": None, "args": []}]
+        _add_steps(f, steps)
+        return f
+
+    a, b = features("449698", "7a4270"), features("3ed6b3", "8de8d1")
+    assert (a.actions, a.touched_files, a.text) == (b.actions, b.touched_files, b.text)
+    assert a.actions[0] == "browse:http://<IP_ADDRESS>:9200/_health" and "<USER>" in a.touched_files[0]
+    assert "call phone then rerun the" in text_shingles(a.text)
     assert text_shingles("<notaplaceholder> words") == ["notaplaceholder words"]
