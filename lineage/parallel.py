@@ -57,22 +57,19 @@ def parts_within(wanted: int, part_mb: int, worker_base_mb: int = 150) -> int:
     each part's working set ``part_mb``; at least one. A build's process can hold much by the time
     its last stages run (Dagster, the heaps of earlier stages): parts that fit on their own can
     then overrun the budget together, and fewer parts is slower but stays within it."""
-    import psutil
-
-    if wanted <= 1:
-        return 1
-    release_memory()
-    held = psutil.Process().memory_info().rss / 2**20
-    n = wanted
-    while n > 1 and held + part_mb + (n - 1) * (worker_base_mb + part_mb) > memory_budget_mb():
-        n -= 1
-    return n
+    return _fitting(wanted, lambda n: part_mb + (n - 1) * (worker_base_mb + part_mb))
 
 
 def workers_within(wanted: int, worker_mb: int) -> int:
     """How many worker processes of about ``worker_mb`` each (libraries and work) fit the memory
     budget beside what this process holds now, for a pool that does all the work in its workers
     (``ordered_chunks``); at least one."""
+    return _fitting(wanted, lambda n: n * worker_mb)
+
+
+def _fitting(wanted: int, needs_mb: Callable[[int], float]) -> int:
+    """The most processes, up to ``wanted`` and at least one, whose ``needs_mb(n)`` fits the budget
+    beside what this process holds once it has given back what it freed."""
     import psutil
 
     if wanted <= 1:
@@ -80,7 +77,7 @@ def workers_within(wanted: int, worker_mb: int) -> int:
     release_memory()
     held = psutil.Process().memory_info().rss / 2**20
     n = wanted
-    while n > 1 and held + n * worker_mb > memory_budget_mb():
+    while n > 1 and held + needs_mb(n) > memory_budget_mb():
         n -= 1
     return n
 
