@@ -170,6 +170,8 @@ def _worker_mb() -> int:
     (about 300 MB) and its detector's memo (``default_memo_chars``, scaled to the budget). Measured
     at 20,000 episodes: 388-400 MB a worker at the default budget, 363-392 MB at 1,024 MB."""
     return 300 + scaled_mb(100)
+
+
 _CHUNK_EPISODES = 64
 _worker: EpisodeRedactor | None = None
 

@@ -386,6 +386,9 @@ def test_features_in_worker_processes_equal_one_process(wh, small_corpus, monkey
     monkeypatch.setenv("TRAJWH_WORKERS", "1")
     curate_warehouse(wh, run_id="c")
     monkeypatch.setenv("TRAJWH_WORKERS", "2")
+    # parts as asked: the budget would take them back to one beside a test process that holds much
+    # (tests/test_budget.py checks the budget)
+    monkeypatch.setenv("TRAJWH_MEMORY_MB", "65536")
     monkeypatch.setattr(layer, "PARALLEL_MIN_ITEMS", 1)
     curate_warehouse(other, run_id="c")
     assert len(other.files("episode_features")) > len(wh.files("episode_features"))  # a file per part
