@@ -389,8 +389,9 @@ PART_MB = 550
 #: 320 MB gave a worker of 735 MB and a tree of 1,576 MB in 41.0 s; 192 MB, 618 and 1,347 MB in 44.4 s
 #: (MB at the default memory budget, scaled to the build's)
 _PART_MEMORY = 192
-#: the same when the build's process packs every window itself (96 MB, 192 scaled to a 1 GB budget,
-#: ran out of memory at 20,000 episodes: some of the sort's blocks cannot spill)
+#: the same when the build's process packs every window itself: the 512 MB this path always had
+#: (``_PART_MEMORY`` scaled to a 1 GB budget, 96 MB then, ran out of memory at 20,000 episodes:
+#: some of the sort's blocks cannot spill; ``duckdb_memory`` now never goes below 128 MB)
 _ONE_PART_MEMORY = 512
 
 
