@@ -361,7 +361,7 @@ def _featurize(wh: Warehouse, session: Any, cfg: CurateConfig, run_id: str, full
         "GROUP BY batch_id").to_pylist()}
     gone = [b for b in built if b not in sources]
     if gone:
-        session.commit(removed=[wh.root / p for p in wh.query(
+        session.commit(removed=[wh.data / p for p in wh.query(
             "SELECT path FROM table_files WHERE table_name = 'episode_features' AND list_contains(?, batch_id)",
             [gone]).column(0).to_pylist()], run_id=run_id)
     done = episodes = 0
@@ -376,7 +376,7 @@ def _featurize(wh: Warehouse, session: Any, cfg: CurateConfig, run_id: str, full
         lineage = {"_batch_id": batch_id, "_run_id": run_id, "_transform": "features", "_transform_version": version}
         files, n = _batch_features(wh, batch_id, lineage, cfg, sizes.get(batch_id, 0))
         episodes += n
-        old = [wh.root / p for p in wh.query("SELECT path FROM table_files WHERE table_name = 'episode_features' "
+        old = [wh.data / p for p in wh.query("SELECT path FROM table_files WHERE table_name = 'episode_features' "
                                             "AND batch_id = ?", [batch_id]).column(0).to_pylist()]
         session.commit(files, removed=old, batch_id=batch_id, run_id=run_id, transform_version=version)
         done += 1

@@ -483,7 +483,7 @@ def _batch_outputs(wh: Warehouse, batch_id: str) -> list[Path]:
         "AND (list_contains(?, table_name) OR table_name = 'quarantine')",
         [batch_id, list(_DERIVED_TABLES)],
     )
-    return [wh.root / p for p in rows.column(0).to_pylist()]
+    return [wh.data / p for p in rows.column(0).to_pylist()]
 
 
 def normalize_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, lock_timeout: float = 60.0,

@@ -94,11 +94,11 @@ def build_eligibility(wh: Warehouse, *, run_id: str, policy: LicensePolicy | Non
             opted = opt_out_episodes(wh, opt_outs)
             kinds = {o["opt_out_id"]: o["kind"] for o in opt_outs}
             if gone:
-                session.commit(removed=[wh.root / r["path"] for b in gone for r in stored[b]], run_id=run_id)
+                session.commit(removed=[wh.data / r["path"] for b in gone for r in stored[b]], run_id=run_id)
             for batch_id in todo:
                 files = _decide_batch(wh, session, batch_id, policy, opted, kinds,
                                       {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": wanted[batch_id]})
-                session.commit(files, removed=[wh.root / r["path"] for r in stored.get(batch_id, [])], batch_id=batch_id,
+                session.commit(files, removed=[wh.data / r["path"] for r in stored.get(batch_id, [])], batch_id=batch_id,
                                run_id=run_id, transform_version=wanted[batch_id])
         _totals(wh, summary)
         session.upsert_rows("runs", [run_row(run_id, TRANSFORM, started,

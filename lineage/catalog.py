@@ -6,6 +6,9 @@ Layout::
     <root>/<layer>/<table>/part-*.parquet   immutable, content-named data files
     <root>/_schemas/<table>.parquet    zero-row file per table (so an empty table has a view)
     <root>/.lock                       writers' lock (flock)
+    <root>/storage.json                where the data files are, when not in the folder:
+                                       ``{"data": "s3://bucket/prefix"}`` (the layer folders and
+                                       ``_schemas`` are then under that prefix; docs/scale.md)
 
 A data file belongs to a table only once the manifest table ``table_files`` lists it. A writer
 holds the warehouse lock for its whole operation, writes its files, then commits the manifest
@@ -40,7 +43,11 @@ import pyarrow.parquet as pq
 from trajwh.lineage.parallel import duckdb_memory
 from trajwh.lineage.storage import (
     TMP_PREFIX,
+    DataPath,
+    ObjectPath,
     WrittenFile,
+    data_root,
+    duckdb_filesystem,
     ensure_dir,
     write_bytes_atomic,
     write_parquet,
@@ -59,6 +66,10 @@ from trajwh.schemas.tables import SCHEMA_VERSION
 DEFAULT_WAREHOUSE = "./warehouse"
 ENV_WAREHOUSE = "TRAJWH_WAREHOUSE"
 CATALOG_FILE = "catalog.duckdb"
+#: where a warehouse keeps its data files when they are not under its folder (``{"data": URI}``)
+STORAGE_FILE = "storage.json"
+#: the data location of a new warehouse (``s3://bucket/prefix``); ``trajwh --data URI`` sets it
+ENV_DATA = "TRAJWH_DATA"
 
 _MANIFEST_DDL = """
 CREATE TABLE IF NOT EXISTS table_files (
@@ -89,16 +100,63 @@ def now_utc() -> datetime:
 class Warehouse:
     """Handle on one warehouse directory. Cheap to create; opens nothing until asked."""
 
-    def __init__(self, root: str | os.PathLike[str] | None = None):
+    def __init__(self, root: str | os.PathLike[str] | None = None, *, data: str | None = None):
         self.root = resolve_warehouse(root)
         self.catalog_path = self.root / CATALOG_FILE
+        self._data_asked = data
+        self._data: DataPath | None = None
+
+    @property
+    def data(self) -> DataPath:
+        """Where the data files live: the warehouse folder, or the object store its
+        ``storage.json`` names (written when the warehouse is made with ``--data`` /
+        ``$TRAJWH_DATA``). The catalog, its lock, the vault and the caches stay in the folder."""
+        if self._data is None:
+            asked = self._data_asked or os.environ.get(ENV_DATA) or None
+            try:
+                stored = json.loads((self.root / STORAGE_FILE).read_text())["data"]
+            except FileNotFoundError:
+                stored = None
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise CatalogError(f"{self.root / STORAGE_FILE} is unreadable: {exc}",
+                                   valid='{"data": "s3://bucket/prefix"}') from None
+            if stored is None and asked and self.catalog_path.exists():
+                raise ConfigError(f"the warehouse {self.root} keeps its data in its folder; it cannot be moved to "
+                                  f"{asked} by naming it", valid=f"no --data / ${ENV_DATA} for this warehouse")
+            if stored is not None and asked and str(data_root(asked)) != stored:
+                raise ConfigError(f"the warehouse {self.root} keeps its data in {stored}, not {asked}",
+                                  valid=f"{stored}, or no --data / ${ENV_DATA}")
+            self._data = data_root(stored or asked) if (stored or asked) else self.root
+        return self._data
+
+    @property
+    def remote(self) -> bool:
+        """Whether the data files are in an object store."""
+        return isinstance(self.data, ObjectPath)
+
+    def data_path(self, name: str) -> DataPath:
+        """A data file named by the manifest (relative to the data's place) or by a reader (an
+        absolute path, or a URI as DuckDB's ``filename`` gives it)."""
+        if name.startswith("s3://") or os.path.isabs(name):
+            return data_root(name)
+        return self.data / name
+
+    def _view_prefix(self) -> str:
+        """What a view puts before a manifest path: nothing for a local warehouse (the paths are
+        relative to its folder, the connection's ``file_search_path``), the store's URI otherwise."""
+        return f"{self.data}/" if self.remote else ""
+
+    def _attach_storage(self, con: duckdb.DuckDBPyConnection) -> None:
+        con.execute(f"SET file_search_path = '{_sql_str(str(self.root))}'").fetchall()
+        if self.remote and not con.filesystem_is_registered("s3"):  # once per database instance
+            con.register_filesystem(duckdb_filesystem())
 
     # --- layout --------------------------------------------------------------------------
 
     def table_dir(self, table: str) -> Path:
         if table not in TABLE_LAYERS:
             raise ConfigError(f"unknown table {table!r}", valid=", ".join(sorted(TABLE_LAYERS)))
-        return self.root / TABLE_LAYERS[table] / table
+        return self.data / TABLE_LAYERS[table] / table
 
     def is_restricted(self, table: str) -> bool:
         return TABLE_LAYERS[table] in RESTRICTED_LAYERS
@@ -138,7 +196,7 @@ class Warehouse:
                         valid="wait for it to finish, or pass a longer --wait") from exc
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
-        con.execute(f"SET file_search_path = '{_sql_str(str(self.root))}'").fetchall()
+        self._attach_storage(con)
         if read_only:
             self._check_version(con)
         return con
@@ -247,6 +305,8 @@ class Warehouse:
         try:
             layers = sorted((set(TABLE_LAYERS.values()) | {"_schemas"}) - (set() if restricted else RESTRICTED_LAYERS))
             allowed = [f"{d}/" for d in layers] + [f"{self.root / d}/" for d in layers]
+            if self.remote:
+                allowed += [f"{self.data / d}/" for d in layers]
             con.execute("SET autoinstall_known_extensions = false")
             con.execute("SET autoload_known_extensions = false")
             con.execute("SET allowed_directories = ?", [allowed])
@@ -288,12 +348,12 @@ class Warehouse:
         finally:
             con.close()
         mem = duckdb.connect(":memory:")
-        mem.execute(f"SET file_search_path = '{_sql_str(str(self.root))}'")
+        self._attach_storage(mem)
         for name, data in tables.items():
             mem.register("_t", data)
             mem.execute(f"CREATE TABLE {name} AS SELECT * FROM _t")
             mem.unregister("_t")
-        _refresh_views(mem, PARQUET_TABLES)
+        _refresh_views(mem, PARQUET_TABLES, self._view_prefix())
         if user_names:
             _user_views(mem, restricted, text)
         return mem
@@ -313,13 +373,13 @@ class Warehouse:
                               valid="a query: SELECT, WITH ... SELECT, FROM, DESCRIBE, SHOW, SUMMARIZE")
         return [statements[0].query]
 
-    def files(self, table: str, *, batch_id: str | None = None) -> list[Path]:
+    def files(self, table: str, *, batch_id: str | None = None) -> list[DataPath]:
         sql = "SELECT path FROM table_files WHERE table_name = ?"
         params: list[Any] = [table]
         if batch_id is not None:
             sql += " AND batch_id = ?"
             params.append(batch_id)
-        return [self.root / r["path"] for r in self.query(sql + " ORDER BY added_at, path", params).to_pylist()]
+        return [self.data / r["path"] for r in self.query(sql + " ORDER BY added_at, path", params).to_pylist()]
 
     # --- writing -------------------------------------------------------------------------
 
@@ -359,7 +419,7 @@ def _acquire(fd: int, lock_path: Path, op: str, timeout: float) -> None:
     os.pwrite(fd, info.encode(), 0)
 
 
-def _init_schema(con: duckdb.DuckDBPyConnection, *, fresh: bool) -> None:
+def _init_schema(con: duckdb.DuckDBPyConnection, *, fresh: bool, prefix: str) -> None:
     """Manifest, metadata tables (with columns added by later versions) and views, idempotently."""
     con.execute("BEGIN")
     con.execute(_MANIFEST_DDL)
@@ -377,9 +437,9 @@ def _init_schema(con: duckdb.DuckDBPyConnection, *, fresh: bool) -> None:
                     [SCHEMA_VERSION, now_utc().isoformat()])
     views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
     if fresh or not row:
-        _refresh_views(con, PARQUET_TABLES)
+        _refresh_views(con, PARQUET_TABLES, prefix)
     elif set(PARQUET_TABLES) - views:  # a table added by a later version: its (empty) view
-        _refresh_views(con, set(PARQUET_TABLES) - views)
+        _refresh_views(con, set(PARQUET_TABLES) - views, prefix)
     con.execute("COMMIT")
 
 
@@ -469,12 +529,13 @@ class WriteSession:
             done = (str(wh.catalog_path), os.stat(wh.catalog_path).st_ino) in _INITIALIZED
         except FileNotFoundError:
             done = False
-        if done and wh.root.joinpath("_schemas").is_dir():
+        # the empty schema files sit with the data (a reader elsewhere needs only the catalog file)
+        schemas_dir = wh.data / "_schemas"
+        if done and schemas_dir.is_dir():
             return
-        schemas_dir = wh.root / "_schemas"
         ensure_dir(schemas_dir, restricted=False)
         stamp, stamp_path = _schema_stamp(), schemas_dir / ".stamp"
-        written = stamp_path.exists() and stamp_path.read_text() == stamp
+        written = stamp_path.exists() and stamp_path.read_bytes() == stamp.encode()
         for table in PARQUET_TABLES:
             ensure_dir(wh.table_dir(table), restricted=wh.is_restricted(table))
             empty = schemas_dir / f"{table}.parquet"
@@ -488,12 +549,14 @@ class WriteSession:
         for stale in wh.root.glob(".catalog-*.tmp*"):  # a creation killed half-way (we hold the lock)
             stale.unlink(missing_ok=True)
         fresh = not wh.catalog_path.exists()
+        if wh.remote and not (wh.root / STORAGE_FILE).exists():  # before the catalog: it names the data's place
+            write_bytes_atomic(json.dumps({"data": str(wh.data)}).encode(), wh.root / STORAGE_FILE, restricted=False)
         if fresh:  # built under a temporary name, then renamed: readers see no catalog or a whole one
             tmp = wh.root / f".catalog-{os.getpid()}.tmp"
             con = duckdb.connect(str(tmp))
             try:
-                con.execute(f"SET file_search_path = '{_sql_str(str(wh.root))}'")
-                _init_schema(con, fresh=True)
+                wh._attach_storage(con)
+                _init_schema(con, fresh=True, prefix=wh._view_prefix())
             finally:
                 con.close()
             os.chmod(tmp, 0o600)
@@ -501,7 +564,7 @@ class WriteSession:
         with wh.keeping_manifest():
             con = wh.connect(read_only=False, manifest=False)
             try:
-                _init_schema(con, fresh=False)
+                _init_schema(con, fresh=False, prefix=wh._view_prefix())
                 wh._check_version(con)
             finally:
                 con.close()
@@ -514,7 +577,7 @@ class WriteSession:
         for table in PARQUET_TABLES:
             folder = self.wh.table_dir(table)
             for path in folder.iterdir():
-                rel = str(path.relative_to(self.wh.root))
+                rel = str(path.relative_to(self.wh.data))
                 if path.name.startswith(TMP_PREFIX) or (path.suffix == ".parquet" and rel not in listed):
                     path.unlink(missing_ok=True)
                     removed.append(path)
@@ -545,14 +608,14 @@ class WriteSession:
         self,
         added: Sequence[WrittenFile] = (),
         *,
-        removed: Sequence[Path] = (),
+        removed: Sequence[DataPath] = (),
         rows: dict[str, list[dict[str, Any]]] | None = None,
         batch_id: str | None = None,
         run_id: str | None = None,
         transform_version: str | None = None,
     ) -> None:
         """Make ``added`` visible, ``removed`` invisible and insert metadata ``rows``, atomically."""
-        root = self.wh.root
+        root = self.wh.data
         touched = {f.table for f in added}
         with self._transaction() as con:
             if removed:
@@ -573,18 +636,18 @@ class WriteSession:
                 if not table_rows:
                     continue
                 _replace_rows(con, table, table_rows)
-            _refresh_views(con, touched)
+            _refresh_views(con, touched, self.wh._view_prefix())
         keep = {str(f.path) for f in added}
         for p in removed:
             if str(p) not in keep:
                 p.unlink(missing_ok=True)
 
-    def replace_files(self, pairs: Sequence[tuple[Path, WrittenFile]], *,
+    def replace_files(self, pairs: Sequence[tuple[DataPath, WrittenFile]], *,
                       rows: dict[str, list[dict[str, Any]]] | None = None) -> None:
         """Swap each listed file for its rewritten copy, keeping the manifest attributes of the
         old one (batch, run, transform version: what incremental builds compare), plus metadata
         ``rows``, in one transaction; the old files are then deleted (deletion propagation)."""
-        root = self.wh.root
+        root = self.wh.data
         with self._transaction() as con:
             touched = set()
             for old, new in pairs:
@@ -602,7 +665,7 @@ class WriteSession:
             for table, table_rows in (rows or {}).items():
                 if table_rows:
                     _replace_rows(con, table, table_rows)
-            _refresh_views(con, touched)
+            _refresh_views(con, touched, self.wh._view_prefix())
         keep = {str(new.path) for _, new in pairs}
         for old, _ in pairs:
             if str(old) not in keep:
@@ -640,13 +703,14 @@ def _replace_rows(con: duckdb.DuckDBPyConnection, table: str, rows: list[dict[st
     con.unregister("_rows")
 
 
-def _refresh_views(con: duckdb.DuckDBPyConnection, tables: Any) -> None:
+def _refresh_views(con: duckdb.DuckDBPyConnection, tables: Any, prefix: str) -> None:
+    """Each table's view over its files: manifest paths after ``prefix`` (``Warehouse._view_prefix``)."""
     for table in sorted(tables):
-        paths = [r[0] for r in con.execute(
+        paths = [prefix + r[0] for r in con.execute(
             "SELECT path FROM table_files WHERE table_name = ? ORDER BY added_at, path", [table]
         ).fetchall()]
         if not paths:
-            paths = [f"_schemas/{table}.parquet"]
+            paths = [f"{prefix}_schemas/{table}.parquet"]
         listing = ", ".join(f"'{_sql_str(p)}'" for p in paths)
         con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet([{listing}], union_by_name = true)")
 

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import orjson
 from trajwh.lineage.catalog import Warehouse, json_text, now_utc
+from trajwh.lineage.storage import data_root, is_uri, location_exists, publish
 from trajwh.schemas import ids
 from trajwh.schemas.errors import ConfigError
 
@@ -34,8 +36,12 @@ def run_export(wh: Warehouse, kind: str, params: dict[str, Any], *,
     if kind not in _RUNNERS:
         raise ConfigError(f"unknown export kind {kind!r}", valid=", ".join(KINDS))
     params = dict(params)  # a runner may pin what it resolved (the pack set), so the export is made again the same way
-    result, members = _RUNNERS[kind](wh, params, progress)
-    path = os.path.abspath(params["out"])
+    if is_uri(params["out"]):
+        result, members = _to_object_storage(wh, kind, params, progress)
+        path = str(data_root(params["out"]))
+    else:
+        result, members = _RUNNERS[kind](wh, params, progress)
+        path = os.path.abspath(params["out"])
     now = now_utc()
     row = {"export_id": "exp-" + ids.digest([path, now.isoformat()])[:16], "kind": kind, "path": path,
            "params": json_text(params), "created_at": now, "status": status, "note": None,
@@ -44,6 +50,29 @@ def run_export(wh: Warehouse, kind: str, params: dict[str, Any], *,
     with wh.write_session("export") as session:
         session.upsert_rows("exports", [row])
     return result
+
+
+#: exports written as a folder (the others are one file)
+_FOLDERS = ("hf", "packs", "card")
+
+
+def _to_object_storage(wh: Warehouse, kind: str, params: dict[str, Any],
+                       progress: Callable[[int], None] | None) -> tuple[Any, set[str] | None]:
+    """An export to ``s3://bucket/prefix``: written by its exporter into a private local folder,
+    then uploaded (``lineage.storage.publish``: the manifest last, what an earlier export left
+    under the prefix removed after). A folder export to a prefix that holds objects needs
+    ``overwrite``, as a local folder that is not empty does."""
+    import tempfile
+
+    target = data_root(params["out"])
+    folder = kind in _FOLDERS
+    if folder and kind != "card" and not params.get("overwrite") and location_exists(str(target)):
+        raise ConfigError(f"{target} holds objects already", valid="an empty or new prefix, or --overwrite")
+    with tempfile.TemporaryDirectory(prefix="trajwh-export-") as tmp:
+        staged = os.path.join(tmp, target.name or "export")
+        result, members = _RUNNERS[kind](wh, {**params, "out": staged}, progress)
+        publish(Path(staged), target, folder=folder)
+    return result, members
 
 
 def recorded(wh: Warehouse) -> list[dict[str, Any]]:
@@ -62,7 +91,7 @@ def affected(wh: Warehouse, keys: Iterable[str]) -> list[dict[str, Any]]:
         if holds and r["status"] != "missing":
             out.append({"export_id": r["export_id"], "kind": r["kind"], "path": r["path"],
                         "episodes": None if r["trajectory_keys"] is None else len(keys.intersection(r["trajectory_keys"])),
-                        "exists": os.path.exists(r["path"])})
+                        "exists": location_exists(r["path"])})
     return out
 
 
@@ -93,8 +122,8 @@ def refresh(wh: Warehouse, keys: Iterable[str], progress: Callable[[str], None] 
 def paths(wh: Warehouse) -> list[str]:
     """Recorded exports outside the warehouse folder that still exist (the proof scans them)."""
     root = str(wh.root.resolve())
-    return [r["path"] for r in recorded(wh) if os.path.exists(r["path"])
-            and os.path.commonpath([root, os.path.realpath(r["path"])]) != root]
+    return [r["path"] for r in recorded(wh) if location_exists(r["path"])
+            and (is_uri(r["path"]) or os.path.commonpath([root, os.path.realpath(r["path"])]) != root)]
 
 
 def _mark(wh: Warehouse, row: dict[str, Any], status: str, note: str) -> None:

@@ -42,6 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from trajwh.lineage.catalog import Warehouse, now_utc
 from trajwh.lineage.impact import Impact, Selector, impact
+from trajwh.lineage.storage import ObjectPath, data_root, location_files
 from trajwh.schemas import ids
 from trajwh.schemas.arrow import PARQUET_TABLES, arrow_schema
 from trajwh.schemas.errors import ConfigError
@@ -216,7 +217,8 @@ def _files_with_rows(wh: Warehouse, table: str, s: dict[str, pa.Array]) -> list[
     """The manifest paths of ``table`` that hold an affected row (only their key columns are read)."""
     if table not in _KEYED:
         return []
-    paths = wh.query("SELECT path FROM table_files WHERE table_name = ?", [table]).column(0).to_pylist()
+    paths = [str(wh.data_path(p)) for p in
+             wh.query("SELECT path FROM table_files WHERE table_name = ?", [table]).column(0).to_pylist()]
     if not paths:
         return []
     column, ids_ = {"raw_records": ("record_id", "records"), "quarantine": ("quarantine_id", "quarantine"),
@@ -238,7 +240,7 @@ def _files_with_rows(wh: Warehouse, table: str, s: dict[str, pa.Array]) -> list[
                            wanted).fetchall()
     finally:
         con.close()
-    return sorted(str(wh.root / r[0]) if not os.path.isabs(r[0]) else r[0] for r in rows)
+    return sorted(str(wh.data_path(r[0])) for r in rows)
 
 
 def _remove_sources(wh: Warehouse, req: dict[str, Any], progress: Callable[[str], None]) -> dict[str, int]:
@@ -257,11 +259,11 @@ def _remove_sources(wh: Warehouse, req: dict[str, Any], progress: Callable[[str]
                 if not n:
                     continue
                 kept = t.filter(pc.invert(mask))
-                pairs.append((wh.root / os.path.relpath(path, wh.root), session.write(table, kept)))
+                pairs.append((wh.data_path(path), session.write(table, kept)))
                 removed[table] = removed.get(table, 0) + n
             if table in removed:
                 progress(f"forget: {table}: {removed[table]:,} rows")
-        sources = {"files_rewritten": len(pairs), "bytes_replaced": sum(os.path.getsize(old) for old, _ in pairs),
+        sources = {"files_rewritten": len(pairs), "bytes_replaced": sum(old.stat().st_size for old, _ in pairs),
                    "bytes_written": sum(new.size for _, new in pairs), "rows_removed": removed}
         req["moved"] = orjson.dumps({**orjson.loads(req["moved"] or "{}"), "sources": sources}).decode()
         session.replace_files(pairs, rows={"deletions": [_request_row(req, status="sources_removed")]})
@@ -573,7 +575,7 @@ def _scan_parquet(path: str, matcher: _Matcher) -> set[str]:
 
 def _scan_bytes(path: str, matcher: _Matcher) -> set[str]:
     """A file's bytes; a gzip file (a `.jsonl.gz` export) decompressed."""
-    with open(path, "rb") as f:
+    with data_root(path).open("rb") as f:
         data = f.read()
     if data[:2] == b"\x1f\x8b":
         import gzip
@@ -616,13 +618,15 @@ def _scan(wh: Warehouse, matcher: _Matcher) -> dict[str, set[str]]:
     from trajwh.lineage.parallel import run_parts
 
     paths = [os.path.join(d, n) for d, _, names in os.walk(wh.root) for n in names]
-    for top in export_paths(wh):  # what the tool wrote elsewhere (a file or a folder)
-        paths += [top] if os.path.isfile(top) else [os.path.join(d, n) for d, _, names in os.walk(top) for n in names]
     sizes = {p: os.path.getsize(p) if os.path.isfile(p) else 0 for p in paths}
+    for top in export_paths(wh):  # what the tool wrote elsewhere (a file or a folder, local or in a bucket)
+        sizes.update(location_files(top))
+    if isinstance(wh.data, ObjectPath):  # the data files in the object store: every object under its prefix
+        sizes.update((str(obj), size) for obj, size in wh.data.walk())
     found: dict[str, set[str]] = {}
     for part in run_parts(_scan_files, [(part, matcher) for part in _by_size(sizes)]):
         for path, hits in part.items():
-            inside = os.path.abspath(path).startswith(os.path.abspath(wh.root) + os.sep)
+            inside = not path.startswith("s3://") and os.path.abspath(path).startswith(os.path.abspath(wh.root) + os.sep)
             found[os.path.relpath(path, wh.root) if inside else path] = hits
     con = wh.connect(read_only=True)
     try:
@@ -646,7 +650,7 @@ def _shared(wh: Warehouse, matcher: _Matcher, *, exclude: list[str] | None = Non
     from trajwh.lineage.parallel import run_parts
 
     paths = _table_paths(wh, "raw_records")
-    sizes = {p: os.path.getsize(p) for p in paths}
+    sizes = {p: wh.data_path(p).stat().st_size for p in paths}
     return set().union(*run_parts(_shared_part, [(part, matcher, exclude or []) for part in _by_size(sizes)]))
 
 
@@ -684,7 +688,7 @@ def _by_size(sizes: dict[str, int]) -> list[list[str]]:
 
 def _table_paths(wh: Warehouse, table: str) -> list[str]:
     rows = wh.query("SELECT path FROM table_files WHERE table_name = ? ORDER BY path", [table]).column(0).to_pylist()
-    return [p if os.path.isabs(p) else str(wh.root / p) for p in rows]
+    return [str(wh.data_path(p)) for p in rows]
 
 
 def verify_request(wh: Warehouse, req: dict[str, Any], probes: list[str] | None = None) -> dict[str, Any]:

@@ -100,7 +100,7 @@ class TableSetWriter:
             if self.buffers[table] or table not in self.written:
                 self._flush(table)
         wh = self.session.wh
-        old = [wh.root / p for p in wh.query("SELECT path FROM table_files WHERE list_contains(?, table_name)",
+        old = [wh.data / p for p in wh.query("SELECT path FROM table_files WHERE list_contains(?, table_name)",
                                             [list(self.models)]).column(0).to_pylist()]
         self.session.commit(self.files, removed=old, run_id=run_id, transform_version=version)
 

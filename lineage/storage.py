@@ -12,8 +12,10 @@ from __future__ import annotations
 import hashlib
 import os
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -26,7 +28,7 @@ ROW_GROUP_ROWS = 8192
 @dataclass(frozen=True)
 class WrittenFile:
     table: str
-    path: Path
+    path: DataPath
     sha256: str
     rows: int
     size: int
@@ -40,13 +42,18 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def ensure_dir(path: Path, *, restricted: bool) -> None:
+def ensure_dir(path: DataPath, *, restricted: bool) -> None:
+    if isinstance(path, ObjectPath):  # a prefix: nothing to make (access is the bucket's policy)
+        return
     path.mkdir(parents=True, exist_ok=True)
     if restricted:
         os.chmod(path, 0o700)
 
 
-def write_bytes_atomic(data: bytes, final: Path, *, restricted: bool) -> None:
+def write_bytes_atomic(data: bytes, final: DataPath, *, restricted: bool) -> None:
+    if isinstance(final, ObjectPath):  # one PUT: an object is visible whole or not at all
+        final.write_bytes(data)
+        return
     tmp = final.parent / f"{TMP_PREFIX}{uuid.uuid4().hex}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
     fd = os.open(tmp, flags, 0o600 if restricted else 0o644)
@@ -62,7 +69,7 @@ def write_bytes_atomic(data: bytes, final: Path, *, restricted: bool) -> None:
     fsync_dir(final.parent)
 
 
-def write_parquet(table_name: str, table: pa.Table, folder: Path, *, restricted: bool) -> WrittenFile:
+def write_parquet(table_name: str, table: pa.Table, folder: DataPath, *, restricted: bool) -> WrittenFile:
     """Write ``table`` as one content-named Parquet file under ``folder``."""
     ensure_dir(folder, restricted=restricted)
     sink = pa.BufferOutputStream()
@@ -73,3 +80,239 @@ def write_parquet(table_name: str, table: pa.Table, folder: Path, *, restricted:
     if not final.exists():
         write_bytes_atomic(data, final, restricted=restricted)
     return WrittenFile(table_name, final, sha, table.num_rows, len(data))
+
+
+# --- object storage ----------------------------------------------------------------------------
+#
+# A warehouse's data files (every layer's Parquet files) may live in an S3-compatible object store
+# rather than under its folder (docs/scale.md, "object storage"). ``ObjectPath`` is the one
+# filesystem layer for them: the subset of ``pathlib.Path`` the warehouse uses on data files, over
+# pyarrow's S3 filesystem (Arrow's C++ client: the same one ``pyarrow.parquet`` reads with). Its
+# ``os.fspath`` is its ``s3://`` URI, so ``pyarrow.parquet`` opens it as it opens a local path, and
+# DuckDB reads the URI through the filesystem registered on each connection (``duckdb_filesystem``).
+# Objects are written once under their content's name (one PUT, visible whole or not at all) and
+# become part of a table only when the catalog's manifest lists them: nothing relies on a rename.
+
+#: what configures the object store: the standard AWS variables (never stored by the warehouse)
+S3_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_REGION")
+
+
+def _s3_filesystem() -> Any:
+    """pyarrow's S3 filesystem from the environment (``S3_ENV``): credentials, an endpoint for an
+    S3-compatible store (``http://`` for a store on loopback), a region."""
+    from pyarrow import fs as pafs
+    from trajwh.schemas.errors import ConfigError
+
+    key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if not key or not secret:
+        raise ConfigError("the warehouse's data is in object storage, but AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
+                          "are not set", valid="the store's credentials in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                          "(and AWS_ENDPOINT_URL for a store other than AWS)")
+    endpoint = os.environ.get("AWS_ENDPOINT_URL") or None
+    scheme = "https"
+    if endpoint and "://" in endpoint:
+        scheme, endpoint = endpoint.split("://", 1)
+    return pafs.S3FileSystem(access_key=key, secret_key=secret, endpoint_override=endpoint, scheme=scheme,
+                             region=os.environ.get("AWS_REGION") or "us-east-1")
+
+
+_FILESYSTEMS: dict[tuple, Any] = {}
+
+
+def s3_filesystem() -> Any:
+    """One S3 filesystem per process and configuration (a client is costly to make)."""
+    key = (os.getpid(), *(os.environ.get(k) for k in S3_ENV))
+    if key not in _FILESYSTEMS:
+        _FILESYSTEMS[key] = _s3_filesystem()
+    return _FILESYSTEMS[key]
+
+
+@dataclass(frozen=True)
+class _Stat:
+    st_size: int
+
+
+class ObjectPath:
+    """A path in an S3 bucket: ``ObjectPath("s3://bucket/prefix") / "raw" / "x.parquet"``."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, uri: str):
+        if not uri.startswith("s3://") or len(uri) <= 5:
+            from trajwh.schemas.errors import ConfigError
+
+            raise ConfigError(f"not an object storage URI: {uri!r}", valid="s3://bucket/prefix")
+        object.__setattr__(self, "key", uri[5:].strip("/"))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("ObjectPath is immutable")
+
+    def __reduce__(self) -> tuple:  # pickled by its URI (a worker process hands written files back)
+        return ObjectPath, (str(self),)
+
+    # naming
+    def __str__(self) -> str:
+        return f"s3://{self.key}"
+
+    def __fspath__(self) -> str:  # what pyarrow resolves (its S3 filesystem, configured like ours)
+        return str(self)
+
+    def __repr__(self) -> str:
+        return f"ObjectPath({str(self)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ObjectPath) and other.key == self.key
+
+    def __hash__(self) -> int:
+        return hash(("s3", self.key))
+
+    def __lt__(self, other: ObjectPath) -> bool:
+        return self.key < other.key
+
+    def __truediv__(self, part: str | os.PathLike[str]) -> ObjectPath:
+        return ObjectPath(f"s3://{self.key}/{str(part).strip('/')}")
+
+    @property
+    def name(self) -> str:
+        return self.key.rsplit("/", 1)[-1]
+
+    @property
+    def suffix(self) -> str:
+        name = self.name
+        return name[name.rfind("."):] if "." in name.lstrip(".") else ""
+
+    @property
+    def parent(self) -> ObjectPath:
+        return ObjectPath(f"s3://{self.key.rsplit('/', 1)[0]}") if "/" in self.key else self
+
+    def relative_to(self, other: ObjectPath) -> str:
+        prefix = other.key + "/"
+        if not self.key.startswith(prefix):
+            raise ValueError(f"{self} is not under {other}")
+        return self.key[len(prefix):]
+
+    # contents
+    def stat(self) -> _Stat:
+        from pyarrow import fs as pafs
+
+        info = s3_filesystem().get_file_info(self.key)
+        if info.type != pafs.FileType.File:
+            raise FileNotFoundError(str(self))
+        return _Stat(info.size)
+
+    def exists(self) -> bool:
+        from pyarrow import fs as pafs
+
+        return s3_filesystem().get_file_info(self.key).type != pafs.FileType.NotFound
+
+    def is_dir(self) -> bool:
+        return True  # a prefix: "folders" exist as soon as named
+
+    def mkdir(self, parents: bool = False, exist_ok: bool = False) -> None:
+        return None
+
+    def iterdir(self) -> Iterator[ObjectPath]:
+        from pyarrow import fs as pafs
+
+        selector = pafs.FileSelector(self.key, allow_not_found=True, recursive=False)
+        for info in s3_filesystem().get_file_info(selector):
+            yield ObjectPath(f"s3://{info.path}")
+
+    def walk(self) -> Iterator[tuple[ObjectPath, int]]:
+        """Every object under this prefix, with its size."""
+        from pyarrow import fs as pafs
+
+        selector = pafs.FileSelector(self.key, allow_not_found=True, recursive=True)
+        for info in s3_filesystem().get_file_info(selector):
+            if info.type == pafs.FileType.File:
+                yield ObjectPath(f"s3://{info.path}"), info.size
+
+    def open(self, mode: str = "rb") -> Any:
+        if mode != "rb":
+            raise ValueError("objects are opened for reading only; write_bytes_atomic writes one")
+        return s3_filesystem().open_input_file(self.key)
+
+    def read_bytes(self) -> bytes:
+        with self.open("rb") as fh:
+            return fh.read()
+
+    def unlink(self, missing_ok: bool = False) -> None:
+        try:
+            s3_filesystem().delete_file(self.key)
+        except FileNotFoundError:
+            if not missing_ok:
+                raise
+
+    def write_bytes(self, data: bytes) -> None:
+        """One PUT (visible whole or not at all)."""
+        with s3_filesystem().open_output_stream(self.key) as out:
+            out.write(data)
+
+
+#: a place for a data file: a local path, or an object in a store
+DataPath = Path | ObjectPath
+
+
+def data_root(location: str | os.PathLike[str]) -> DataPath:
+    """Where a warehouse's data files live: ``s3://bucket/prefix`` or a local folder."""
+    text = os.fspath(location)
+    return ObjectPath(text) if text.startswith("s3://") else Path(text)
+
+
+def duckdb_filesystem() -> Any:
+    """An fsspec view of the process's S3 filesystem for DuckDB (which reads ``s3://`` URIs through
+    it: no extension is downloaded or loaded)."""
+    key = ("duckdb", *(os.environ.get(k) for k in S3_ENV), os.getpid())
+    if key not in _FILESYSTEMS:
+        from fsspec.implementations.arrow import ArrowFSWrapper
+
+        class _S3(ArrowFSWrapper):  # type: ignore[misc]
+            protocol = "s3"
+
+        _FILESYSTEMS[key] = _S3(s3_filesystem())
+    return _FILESYSTEMS[key]
+
+
+def is_uri(location: str | os.PathLike[str]) -> bool:
+    """Whether ``location`` names a place in object storage rather than a local path."""
+    return os.fspath(location).startswith("s3://")
+
+
+def location_exists(location: str) -> bool:
+    """A local file or folder, or an object or a prefix holding objects."""
+    return data_root(location).exists() if is_uri(location) else os.path.exists(location)
+
+
+def location_files(location: str) -> dict[str, int]:
+    """Every file under ``location`` (itself, when it is a file) with its size: local paths, or
+    the URIs of the objects under a prefix."""
+    if is_uri(location):
+        top = ObjectPath(location)
+        try:
+            return {str(top): top.stat().st_size}
+        except FileNotFoundError:
+            return {str(obj): size for obj, size in top.walk()}
+    if os.path.isfile(location):
+        return {location: os.path.getsize(location)}
+    return {os.path.join(d, n): os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(location) for n in names}
+
+
+def publish(staged: Path, target: ObjectPath, *, folder: bool) -> None:
+    """Upload what an exporter wrote locally to object storage: one object, or a folder's files
+    under ``target``'s prefix, ``manifest.json`` last (a reader that finds the manifest finds the
+    files it lists); objects of an earlier export under the prefix that this one did not write
+    are deleted after."""
+    if not folder:
+        target.write_bytes(staged.read_bytes())
+        return
+    files = sorted((p for p in staged.rglob("*") if p.is_file()), key=lambda p: (p.name == "manifest.json", str(p)))
+    written = set()
+    for p in files:
+        obj = target / p.relative_to(staged).as_posix()
+        with open(p, "rb") as fh, s3_filesystem().open_output_stream(obj.key) as out:
+            while chunk := fh.read(1 << 22):
+                out.write(chunk)
+        written.add(obj)
+    for obj, _ in list(target.walk()):
+        if obj not in written:
+            obj.unlink(missing_ok=True)

@@ -372,7 +372,7 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
             files.append(session.write("packs", pa.Table.from_pylist([], schema=schema)))
         kept = set().union(*plan.copy_units.values()) | plan.dropped
         summary.drops.update({u: k for u, k in known_drops.items() if u in kept})
-        session.commit(files, removed=[wh.root / r["path"] for r in mine], run_id=run_id, transform_version=version)
+        session.commit(files, removed=[wh.data / r["path"] for r in mine], run_id=run_id, transform_version=version)
         write_drops(wh, summary.pack_set, summary.drops)
         session.upsert_rows("runs", [run_row(run_id, "packs", started, params={"version": version},
                                              counts=_counts(summary), code_version=f"{TRANSFORM}@{PACKS_VERSION}")])

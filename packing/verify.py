@@ -30,7 +30,7 @@ import xxhash
 from trajwh.lineage.catalog import Warehouse
 from trajwh.lineage.parallel import duckdb_memory
 from trajwh.lineage.rebuild import joined_by_key
-from trajwh.lineage.storage import ensure_dir, write_bytes_atomic
+from trajwh.lineage.storage import DataPath, data_root, ensure_dir, write_bytes_atomic
 from trajwh.packing.layer import _STEPS_SQL, _UNITS, tools_by_digest
 from trajwh.packing.render import render, trained_text
 from trajwh.packing.tokenizers import tokenizer_of
@@ -166,12 +166,12 @@ def set_files(wh: Warehouse, pack_set: str) -> list[tuple[Path, str]]:
     set's files apart from every other set's)."""
     rows = wh.query("SELECT path, sha256 FROM table_files WHERE table_name = 'packs' AND contains(transform_version, ?) "
                     "ORDER BY path", [f"set={pack_set};"]).to_pylist()
-    return [(wh.root / r["path"], r["sha256"]) for r in rows]
+    return [(wh.data / r["path"], r["sha256"]) for r in rows]
 
 
-def _content_sha(path: Path) -> str:
+def _content_sha(path: DataPath) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with path.open("rb") as fh:
         while chunk := fh.read(1 << 22):
             h.update(chunk)
     return h.hexdigest()
@@ -290,7 +290,7 @@ def _deal(trusted: list[str], unread: list[str], n: int) -> list[dict[str, list[
     for i, path in enumerate(sorted(trusted)):
         shares[i % n]["trusted"].append(path)
     load = [0] * n
-    for size, path in sorted(((Path(p).stat().st_size, p) for p in unread), reverse=True):
+    for size, path in sorted(((data_root(p).stat().st_size, p) for p in unread), reverse=True):
         i = load.index(min(load))
         shares[i]["unread"].append(path)
         load[i] += size

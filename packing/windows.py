@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from trajwh.lineage.catalog import Warehouse
 from trajwh.lineage.parallel import duckdb_memory
-from trajwh.lineage.storage import WrittenFile, ensure_dir, write_bytes_atomic
+from trajwh.lineage.storage import WrittenFile, data_root, ensure_dir, write_bytes_atomic
 from trajwh.schemas import ids
 
 #: units in packing order with their window (``bits``: ranges per split and batch, as a power of two)
@@ -112,7 +112,7 @@ def read_stored(wh: Warehouse, pack_set: str, files: list[dict[str, Any]]) -> St
         return StoredSet(files)
     data = wh.query("SELECT filename, window_id, window_digest, split, n_tokens, n_trainable, segments FROM "
                     "read_parquet(?, union_by_name = true, filename = true) WHERE pack_set = ?",
-                    [[str(wh.root / r["path"]) for r in files], pack_set])
+                    [[str(wh.data / r["path"]) for r in files], pack_set])
     return StoredSet(files, data.drop_columns(["segments"]), data.column("segments").to_pylist())
 
 
@@ -256,21 +256,21 @@ def kept_files(wh: Warehouse, plan: Plan, stored: StoredSet
     packs' figures (split, n_tokens, n_trainable) and segments for the summary; the paths of the
     others, whose packs of copied windows ``copied_packs`` rewrites."""
     if not plan.copy or stored.table is None:
-        return [], [wh.root / r["path"] for r in stored.files]
+        return [], [wh.data / r["path"] for r in stored.files]
     rows_of: dict[str, list[int]] = {}
     for i, name in enumerate(stored.table.column("filename").to_pylist()):
         rows_of.setdefault(name, []).append(i)
     windows = stored.table.column("window_id").to_pylist()
     kept, rewrite = [], []
     for r in stored.files:
-        name = str(wh.root / r["path"])
+        name = str(wh.data / r["path"])
         mine = rows_of.get(name, [])
         segments = [stored.segments[i] for i in mine]  # brought up to date in place: a file that changes is read again
         if mine and all(windows[i] in plan.copy for i in mine) and not any(_segment_updates(segments, plan)):
-            kept.append((WrittenFile("packs", Path(name), r["sha256"], r["rows"], r["bytes"]),
+            kept.append((WrittenFile("packs", data_root(name), r["sha256"], r["rows"], r["bytes"]),
                          stored.table.take(mine).select(["split", "n_tokens", "n_trainable"]), segments))
         else:
-            rewrite.append(Path(name))
+            rewrite.append(data_root(name))
     return kept, rewrite
 
 

