@@ -48,6 +48,7 @@ def warehouse_status(wh: Warehouse) -> dict[str, Any]:
         tables.append({"layer": "catalog", "table": table, "rows": rows, "files": 0, "bytes": 0})
     return {
         "warehouse": str(wh.root),
+        "data": str(wh.data),  # the folder itself, or the object store's prefix (docs/scale.md)
         "tables": tables,
         "batches": wh.query("SELECT batch_id, source, committed_at, n_files, n_new, n_duplicate, n_quarantined, "
                             "bytes_read FROM batches ORDER BY committed_at DESC LIMIT 5").to_pylist(),

@@ -360,7 +360,7 @@ def status(as_json: bool, formats: bool, warehouse: str | None) -> None:
         click.echo(json.dumps(st, default=str, indent=2))
         return
     c = render.console
-    c.print(f"[bold]warehouse[/] {st['warehouse']}")
+    c.print(f"[bold]warehouse[/] {st['warehouse']}" + (f"  [bold]data[/] {st['data']}" if st["data"] != st["warehouse"] else ""))
     c.print(render.dict_table(st["tables"], "tables"))
     c.print(render.dict_table(st["batches"], "last batches"))
     c.print(render.dict_table(st["runs"], "last runs"))

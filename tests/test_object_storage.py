@@ -137,6 +137,9 @@ def test_the_cli_makes_a_warehouse_on_s3(tmp_path: Path, s3_env, cases):
                           str(tmp_path / "wh")], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert Warehouse(tmp_path / "wh").query("SELECT count(*) FROM raw_records").column(0)[0].as_py() > 0
+    out = subprocess.run([*trajwh_cmd(), "status", "--warehouse", str(tmp_path / "wh")], env=env, capture_output=True,
+                         text=True)
+    assert out.returncode == 0 and f"data {uri}" in out.stdout, out.stdout + out.stderr
     # the query guard holds on the bucket: the raw layer's objects are not readable without --restricted
     out = subprocess.run([*trajwh_cmd(), "sql", f"SELECT count(*) FROM read_parquet('{uri}/raw/raw_records/*.parquet')",
                           "--warehouse", str(tmp_path / "wh")], env=env, capture_output=True, text=True)
