@@ -16,14 +16,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 from trajwh.fragments.context import choose_context
 from trajwh.fragments.outcomes import OUTCOME_RULES_VERSION, classify_outcome
 from trajwh.fragments.select import RULES_VERSION, Fragment, SelectConfig, select_fragments
 from trajwh.fragments.task_stats import StatsConfig, task_statistics
-from trajwh.lineage.catalog import Warehouse, now_utc
-from trajwh.lineage.parallel import duckdb_memory
+from trajwh.lineage.catalog import Warehouse, now_utc, write_table_file
+from trajwh.lineage.parallel import (
+    PARALLEL_MIN_ITEMS,
+    duckdb_memory,
+    parts_within,
+    run_parts,
+    workers_wanted,
+)
 from trajwh.lineage.rebuild import (
     TableSetWriter,
     batch_fingerprints,
@@ -51,6 +58,14 @@ class FragmentSummary:
     fragments: dict[str, int] = field(default_factory=dict)
     withheld: dict[str, int] = field(default_factory=dict)  # episodes giving no fragments, by why
     rebuilt: int | None = None  # an incremental run: the episodes it redid (None: all of them)
+
+    def add(self, counts: dict[str, Any]) -> None:
+        """A part's counts (``_fragments_part``) added to these."""
+        self.episodes += counts["episodes"]
+        for name in ("causes", "withheld", "fragments"):
+            mine = getattr(self, name)
+            for k, v in counts[name].items():
+                mine[k] = mine.get(k, 0) + v
 
 
 def version(cfg: StatsConfig, sel: SelectConfig) -> str:
@@ -127,14 +142,14 @@ _INPUTS_SQL = """
 _KEYS = "(SELECT unnest(?::VARCHAR[]))"
 
 
-def _episodes_with_steps(wh: Warehouse, keys: list[str] | None = None):
+def _episodes_with_steps(wh: Warehouse, keys: list[str] | None = None, memory_mb: int = 512):
     """(episode, its steps) in trajectory-key order, merged from two ordered streams (only the
     episodes in ``keys`` when given)."""
     params = None if keys is None else [keys]
     # both queries run in one DuckDB instance and share its memory limit; one thread each: at
     # 107,000 episodes two threads' sort runs needed more than 640 MB side by side (peak 1.5 GB),
     # one thread sorts within 512 MB (peak 1.0 GB, 10 % slower)
-    limit = duckdb_memory(512)
+    limit = duckdb_memory(memory_mb)
     step_stream = wh.stream(_STEPS_SQL.format(where="" if keys is None else f"WHERE trajectory_key IN {_KEYS}"), params,
                             memory_limit=limit, threads=1)
     episode_stream = wh.stream(_EPISODES_SQL.format(where="" if keys is None else f"WHERE e.trajectory_key IN {_KEYS}"),
@@ -227,6 +242,86 @@ def _totals(wh: Warehouse, summary: FragmentSummary, withheld: dict[str, int]) -
     summary.episodes = wh.query("SELECT count(*) FROM outcomes").column(0)[0].as_py()
 
 
+#: below this many episodes to redo, one part (a worker's start costs about a second)
+PARALLEL_MIN_EPISODES = PARALLEL_MIN_ITEMS
+#: a part's working set beyond its process's libraries: its two streams' DuckDB memory (384 MB at
+#: the default budget; 256 MB failed to pin a block at 108,070 episodes in two parts) and a stream
+#: batch of episodes as Python objects (measured there: a part's process 882 MB, ~130 of libraries)
+PART_MB = 750
+_PART_MEMORY_MB = 384
+
+
+def _parts(n_episodes: int) -> int:
+    """How many parts redo ``n_episodes``: the cores' worth when there are enough of them and the
+    parts fit the memory budget beside this process (``lineage.parallel.parts_within``)."""
+    if n_episodes < PARALLEL_MIN_EPISODES:
+        return 1
+    return max(1, min(parts_within(workers_wanted(), PART_MB), n_episodes))
+
+
+class _Part:
+    """One pass over some episodes: their outcomes and fragments (into ``writer``), their rows for
+    task statistics, and the counts (into ``summary``)."""
+
+    def __init__(self, summary: FragmentSummary, stat_rows: list[dict]):
+        self.summary, self.stat_rows = summary, stat_rows
+
+    def run(self, wh: Warehouse, keys: list[str] | None, sel: SelectConfig, lineage: dict[str, str],
+            digests: dict[str, tuple[str, str]] | dict[str, str], writer: TableSetWriter,
+            progress: Callable[[int], None] | None, memory_mb: int = 512) -> None:
+        summary = self.summary
+        for e, steps in _episodes_with_steps(wh, keys, memory_mb):
+            summary.episodes += 1
+            if progress:
+                progress(1)
+            o = classify_outcome(e, steps)
+            digest = digests[e["trajectory_key"]]
+            writer.add("outcomes", {"trajectory_key": e["trajectory_key"], "outcome": o.outcome, "cause": o.cause,
+                                    "policy_failure": o.policy_failure, "quarantined": o.quarantined,
+                                    "evidence_field": o.evidence_field, "evidence_step": o.evidence_step,
+                                    "evidence": o.evidence, "rules_version": OUTCOME_RULES_VERSION,
+                                    "inputs_digest": digest if isinstance(digest, str) else digest[0], **lineage})
+            summary.causes[o.cause] = summary.causes.get(o.cause, 0) + 1
+            self.stat_rows.append({"trajectory_key": e["trajectory_key"],
+                                   "task_id": e["task_id"] or e["instance_id"] or f"episode:{e['trajectory_key']}",
+                                   "cause": o.cause, "policy_name": e["policy_name"], "harness_name": e["harness_name"],
+                                   "started_at": e["started_at"]})
+            step_id = {s["step_index"]: s["step_id"] for s in steps}
+            if not gives_fragments(e["split"], e["leak_kinds"], sel, e["license_train"]):
+                why = withheld_reason(e["split"], e["leak_kinds"], sel, e["license_train"])
+                summary.withheld[why] = summary.withheld.get(why, 0) + 1
+                continue
+            for f in select_fragments(e, steps, o.cause, o.quarantined, sel):
+                writer.add("fragments", {**fragment_row(f, steps, step_id, sel), "dedup_weight": e["dedup_weight"],
+                                         "split": e["split"], "leak_kinds": e["leak_kinds"], **lineage})
+                summary.fragments[f.kind] = summary.fragments.get(f.kind, 0) + 1
+
+
+class _FileWriter:
+    """What ``TableSetWriter`` writes through in a part's process: content-named files, not yet
+    visible (the stage's session commits them with the rest)."""
+
+    def __init__(self, wh: Warehouse):
+        self.wh = wh
+
+    def write(self, table: str, data: Any) -> Any:
+        return write_table_file(self.wh, table, data)
+
+
+def _fragments_part(task: dict[str, Any]) -> tuple[list[Any], list[dict], dict[str, Any]]:
+    """One part of the episodes (a key range), in this process or a worker: its written outcome
+    and fragment files, its task-statistics rows and its counts."""
+    wh = Warehouse(task["root"])
+    writer = TableSetWriter(_FileWriter(wh), {t: _MODELS[t] for t in ("outcomes", "fragments")})  # type: ignore[arg-type]
+    counts = FragmentSummary("")
+    rows: list[dict] = []
+    _Part(counts, rows).run(wh, task["keys"], task["sel"], task["lineage"], task["digests"], writer, None,
+                            task["memory_mb"])
+    writer.flush_written()
+    return writer.files, rows, {"episodes": counts.episodes, "causes": counts.causes, "withheld": counts.withheld,
+                                "fragments": counts.fragments}
+
+
 def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = None, full: bool = False,
                     lock_timeout: float = 60.0, select: SelectConfig | None = None,
                     progress: Callable[[int], None] | None = None,
@@ -265,33 +360,26 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
             tasks = sorted({current[k][1] for k in keys} | {previous[k][1] for k in keys if k in previous})
             stat_rows = _kept(wh, writer, keys, tasks, lineage)
             summary.rebuilt = len(keys)
+        todo = sorted(current) if keys is None else keys
         if on_plan:  # the episodes this run redoes
-            on_plan(len(current) if keys is None else len(keys))
-        for e, steps in _episodes_with_steps(wh, keys):
-            summary.episodes += 1
+            on_plan(len(todo))
+        n = _parts(len(todo))
+        if n == 1:
+            part = _Part(summary, stat_rows)
+            part.run(wh, keys, sel, lineage, current, writer, progress)
+        else:  # the episodes dealt out by key range: this process one part, a worker each other one
+            tasks = [{"root": str(wh.root), "keys": todo[i * len(todo) // n:(i + 1) * len(todo) // n], "sel": sel,
+                      "lineage": lineage, "digests": {k: current[k][0] for k in todo[i * len(todo) // n:(i + 1) * len(todo) // n]},
+                      "memory_mb": _PART_MEMORY_MB} for i in range(n)]
+            for files, rows, counts in run_parts(_fragments_part, tasks):
+                writer.files += files
+                writer.written |= {f.table for f in files}
+                stat_rows += rows
+                summary.add(counts)
             if progress:
-                progress(1)
-            o = classify_outcome(e, steps)
-            writer.add("outcomes", {"trajectory_key": e["trajectory_key"], "outcome": o.outcome, "cause": o.cause,
-                                    "policy_failure": o.policy_failure, "quarantined": o.quarantined,
-                                    "evidence_field": o.evidence_field, "evidence_step": o.evidence_step,
-                                    "evidence": o.evidence, "rules_version": OUTCOME_RULES_VERSION,
-                                    "inputs_digest": current[e["trajectory_key"]][0], **lineage})
-            summary.causes[o.cause] = summary.causes.get(o.cause, 0) + 1
-            stat_rows.append({"trajectory_key": e["trajectory_key"], "task_id": e["task_id"] or e["instance_id"] or f"episode:{e['trajectory_key']}",
-                              "cause": o.cause, "policy_name": e["policy_name"], "harness_name": e["harness_name"],
-                              "started_at": e["started_at"]})
-            step_id = {s["step_index"]: s["step_id"] for s in steps}
-            if not gives_fragments(e["split"], e["leak_kinds"], sel, e["license_train"]):
-                why = withheld_reason(e["split"], e["leak_kinds"], sel, e["license_train"])
-                summary.withheld[why] = summary.withheld.get(why, 0) + 1
-                continue
-            for f in select_fragments(e, steps, o.cause, o.quarantined, sel):
-                writer.add("fragments", {**fragment_row(f, steps, step_id, sel), "dedup_weight": e["dedup_weight"],
-                                         "split": e["split"], "leak_kinds": e["leak_kinds"], **lineage})
-                summary.fragments[f.kind] = summary.fragments.get(f.kind, 0) + 1
-        if previous:
-            stat_rows.sort(key=lambda r: r["trajectory_key"])  # the order a full run sees them in
+                progress(len(todo))
+        if previous or n > 1:
+            stat_rows.sort(key=lambda r: r["trajectory_key"])  # the order one pass over every episode sees them in
         task_stats = [{**r, **lineage} for r in task_statistics(stat_rows, cfg)]
         writer.add("task_stats", task_stats)
         writer.commit(run_id=run_id, version=v)

@@ -95,6 +95,12 @@ class TableSetWriter:
             self.written.add(table)
         self.buffers[table] = []
 
+    def flush_written(self) -> None:
+        """Write what is buffered (a part of a stage, whose files another writer commits)."""
+        for table in self.models:
+            if self.buffers[table]:
+                self._flush(table)
+
     def commit(self, *, run_id: str, version: str) -> None:
         for table in self.models:
             if self.buffers[table] or table not in self.written:
