@@ -242,18 +242,22 @@ def _totals(wh: Warehouse, summary: FragmentSummary, withheld: dict[str, int]) -
     summary.episodes = wh.query("SELECT count(*) FROM outcomes").column(0)[0].as_py()
 
 
-#: below this many episodes to redo, one part (a worker's start costs about a second)
+#: below this many episodes to redo, one pass in this process (a worker's start costs about a second)
 PARALLEL_MIN_EPISODES = PARALLEL_MIN_ITEMS
-#: a part's working set beyond its process's libraries: its two streams' DuckDB memory (384 MB at
-#: the default budget; 256 MB failed to pin a block at 108,070 episodes in two parts) and a stream
-#: batch of episodes as Python objects (measured there: a part's process 882 MB, ~130 of libraries)
-PART_MB = 750
-_PART_MEMORY_MB = 384
+#: at most this many episodes in a part (a stream sorting its steps): a part of 54,000 episodes
+#: did not sort in 256 MB of DuckDB memory, one of 27,000 did (108,070 episodes, in 4 parts)
+PART_EPISODES = 30_000
+#: a part's DuckDB memory at the default budget (its two streams share it; 192 MB failed to pin a block)
+_PART_MEMORY_MB = 256
+#: a process's working set for its parts beyond its libraries (measured at 108,070 episodes in 4
+#: parts: a worker doing two of them peaked at 731 MB, about 130 of them libraries)
+PART_MB = 600
 
 
-def _parts(n_episodes: int) -> int:
-    """How many parts redo ``n_episodes``: the cores' worth when there are enough of them and the
-    parts fit the memory budget beside this process (``lineage.parallel.parts_within``)."""
+def _processes(n_episodes: int) -> int:
+    """How many processes (this one and workers, ``lineage.parallel.run_parts``) redo
+    ``n_episodes``: the cores' worth when there are enough episodes and their parts fit the
+    memory budget beside what this process holds (``parts_within``); 1: one pass here."""
     if n_episodes < PARALLEL_MIN_EPISODES:
         return 1
     return max(1, min(parts_within(workers_wanted(), PART_MB), n_episodes))
@@ -309,14 +313,14 @@ class _FileWriter:
 
 
 def _fragments_part(task: dict[str, Any]) -> tuple[list[Any], list[dict], dict[str, Any]]:
-    """One part of the episodes (a key range), in this process or a worker: its written outcome
-    and fragment files, its task-statistics rows and its counts."""
+    """One process's parts of the episodes (key ranges, one stream each), in this process or a
+    worker: the outcome and fragment files written, the task-statistics rows and the counts."""
     wh = Warehouse(task["root"])
     writer = TableSetWriter(_FileWriter(wh), {t: _MODELS[t] for t in ("outcomes", "fragments")})  # type: ignore[arg-type]
     counts = FragmentSummary("")
     rows: list[dict] = []
-    _Part(counts, rows).run(wh, task["keys"], task["sel"], task["lineage"], task["digests"], writer, None,
-                            task["memory_mb"])
+    for keys in task["ranges"]:
+        _Part(counts, rows).run(wh, keys, task["sel"], task["lineage"], task["digests"], writer, None, task["memory_mb"])
     writer.flush_written()
     return writer.files, rows, {"episodes": counts.episodes, "causes": counts.causes, "withheld": counts.withheld,
                                 "fragments": counts.fragments}
@@ -363,14 +367,15 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
         todo = sorted(current) if keys is None else keys
         if on_plan:  # the episodes this run redoes
             on_plan(len(todo))
-        n = _parts(len(todo))
-        if n == 1:
-            part = _Part(summary, stat_rows)
-            part.run(wh, keys, sel, lineage, current, writer, progress)
-        else:  # the episodes dealt out by key range: this process one part, a worker each other one
-            tasks = [{"root": str(wh.root), "keys": todo[i * len(todo) // n:(i + 1) * len(todo) // n], "sel": sel,
-                      "lineage": lineage, "digests": {k: current[k][0] for k in todo[i * len(todo) // n:(i + 1) * len(todo) // n]},
-                      "memory_mb": _PART_MEMORY_MB} for i in range(n)]
+        procs = _processes(len(todo))
+        if procs == 1:
+            _Part(summary, stat_rows).run(wh, keys, sel, lineage, current, writer, progress)
+        else:  # the episodes dealt out by key range: ranges i, i + procs, ... to process i (this one first)
+            n = max(procs, -(-len(todo) // PART_EPISODES))
+            ranges = [todo[i * len(todo) // n:(i + 1) * len(todo) // n] for i in range(n)]
+            tasks = [{"root": str(wh.root), "ranges": ranges[j::procs], "sel": sel, "lineage": lineage,
+                      "digests": {k: current[k][0] for r in ranges[j::procs] for k in r}, "memory_mb": _PART_MEMORY_MB}
+                     for j in range(procs)]
             for files, rows, counts in run_parts(_fragments_part, tasks):
                 writer.files += files
                 writer.written |= {f.table for f in files}
@@ -378,7 +383,7 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
                 summary.add(counts)
             if progress:
                 progress(len(todo))
-        if previous or n > 1:
+        if previous or procs > 1:
             stat_rows.sort(key=lambda r: r["trajectory_key"])  # the order one pass over every episode sees them in
         task_stats = [{**r, **lineage} for r in task_statistics(stat_rows, cfg)]
         writer.add("task_stats", task_stats)

@@ -153,7 +153,7 @@ class Warehouse:
 
     # --- layout --------------------------------------------------------------------------
 
-    def table_dir(self, table: str) -> Path:
+    def table_dir(self, table: str) -> DataPath:
         if table not in TABLE_LAYERS:
             raise ConfigError(f"unknown table {table!r}", valid=", ".join(sorted(TABLE_LAYERS)))
         return self.data / TABLE_LAYERS[table] / table

@@ -248,6 +248,12 @@ class ObjectPath:
         with s3_filesystem().open_output_stream(self.key) as out:
             out.write(data)
 
+    def upload(self, local: Path) -> None:
+        """A local file's bytes as this object, read a block at a time (an export's big files)."""
+        with open(local, "rb") as fh, s3_filesystem().open_output_stream(self.key) as out:
+            while chunk := fh.read(1 << 22):
+                out.write(chunk)
+
 
 #: a place for a data file: a local path, or an object in a store
 DataPath = Path | ObjectPath
@@ -303,15 +309,13 @@ def publish(staged: Path, target: ObjectPath, *, folder: bool) -> None:
     files it lists); objects of an earlier export under the prefix that this one did not write
     are deleted after."""
     if not folder:
-        target.write_bytes(staged.read_bytes())
+        target.upload(staged)
         return
     files = sorted((p for p in staged.rglob("*") if p.is_file()), key=lambda p: (p.name == "manifest.json", str(p)))
     written = set()
     for p in files:
         obj = target / p.relative_to(staged).as_posix()
-        with open(p, "rb") as fh, s3_filesystem().open_output_stream(obj.key) as out:
-            while chunk := fh.read(1 << 22):
-                out.write(chunk)
+        obj.upload(p)
         written.add(obj)
     for obj, _ in list(target.walk()):
         if obj not in written:
