@@ -90,6 +90,10 @@ CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 def resolve_warehouse(path: str | os.PathLike[str] | None = None) -> Path:
     """``--warehouse DIR``, else ``$TRAJWH_WAREHOUSE``, else ``./warehouse``."""
     chosen = path or os.environ.get(ENV_WAREHOUSE) or DEFAULT_WAREHOUSE
+    if "://" in os.fspath(chosen):  # a URI would silently become a local folder named "s3:"
+        raise ConfigError(f"the warehouse is a folder, not {os.fspath(chosen)!r}",
+                          valid="--warehouse DIR (it keeps the catalog), with --data s3://bucket/prefix for the data "
+                                "files in object storage (docs/scale.md)")
     return Path(chosen).expanduser().resolve()
 
 

@@ -66,6 +66,8 @@ def test_a_warehouse_on_s3_needs_credentials_and_keeps_its_place(tmp_path: Path,
         local = Warehouse(tmp_path / "local")
         ingest_paths(local, [small_corpus], IngestOptions(source="synthetic"))
         _ = Warehouse(local.root, data=uri).data
+    with pytest.raises(ConfigError, match="the warehouse is a folder"):
+        Warehouse(uri)  # a URI as the folder: an error, not a local folder named "s3:"
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     with pytest.raises(ConfigError, match="AWS_SECRET_ACCESS_KEY"):
         Warehouse(wh.root).query("SELECT count(*) FROM raw_records")
