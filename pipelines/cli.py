@@ -44,7 +44,28 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except TrajwhError as exc:
             render.err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
             sys.exit(2)
+        except Exception as exc:
+            problem = object_store_problem(exc)
+            if problem is None:
+                raise
+            render.err_console.print(f"[bold red]error:[/] {escape(problem)}")
+            sys.exit(2)
     return wrapper
+
+
+def object_store_problem(exc: BaseException) -> str | None:
+    """What an object store's refusal or silence means, in one line, when ``exc`` (or what caused
+    it) is one: pyarrow's S3 client reports them as "AWS Error ..." (through DuckDB as well)."""
+    seen = 0
+    while exc is not None and seen < 10:
+        for line in str(exc).splitlines():
+            if "AWS Error" in line:
+                endpoint = os.environ.get("AWS_ENDPOINT_URL") or "AWS"
+                return (f"the object store did not serve the warehouse's data: {line.strip()[:400]}. Valid: the store "
+                        f"reachable at {endpoint} (AWS_ENDPOINT_URL) with credentials that may read and write the "
+                        f"bucket (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)")
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -327,6 +348,10 @@ def sql(query: str, fmt: str, out: str | None, max_rows: int, max_width: int, re
                     shutil.copyfileobj(f, sys.stdout.buffer)
                 sys.stdout.flush()
     except duckdb.Error as exc:
+        problem = object_store_problem(exc)
+        if problem is not None:
+            render.err_console.print(f"[bold red]error:[/] {escape(problem)}")
+            sys.exit(2)
         render.err_console.print(f"[bold red]query failed:[/] {escape(str(exc))}")
         if not restricted and re.search(r"restricted|payload|normalized/|raw/", str(exc)):
             render.err_console.print("the unredacted tables (restricted.episodes, restricted.steps, restricted.raw_records "

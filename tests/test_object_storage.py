@@ -142,6 +142,13 @@ def test_the_cli_makes_a_warehouse_on_s3(tmp_path: Path, s3_env, cases):
     out = subprocess.run([*trajwh_cmd(), "status", "--warehouse", str(tmp_path / "wh")], env=env, capture_output=True,
                          text=True)
     assert out.returncode == 0 and f"data {uri}" in out.stdout, out.stdout + out.stderr
+    # a store that does not answer, or refuses the credentials: a clear error, no traceback
+    for broken in ({"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, {"AWS_SECRET_ACCESS_KEY": "not-the-secret"}):
+        for command in (["status"], ["sql", "SELECT count(*) FROM episodes"]):
+            out = subprocess.run([*trajwh_cmd(), *command, "--warehouse", str(tmp_path / "wh")], env={**env, **broken},
+                                 capture_output=True, text=True)
+            assert out.returncode == 2 and "object store did not serve" in out.stderr, out.stderr[-2000:]
+            assert "Traceback" not in out.stderr
     # the query guard holds on the bucket: the raw layer's objects are not readable without --restricted
     out = subprocess.run([*trajwh_cmd(), "sql", f"SELECT count(*) FROM read_parquet('{uri}/raw/raw_records/*.parquet')",
                           "--warehouse", str(tmp_path / "wh")], env=env, capture_output=True, text=True)
