@@ -59,12 +59,12 @@ class FragmentSummary:
     withheld: dict[str, int] = field(default_factory=dict)  # episodes giving no fragments, by why
     rebuilt: int | None = None  # an incremental run: the episodes it redid (None: all of them)
 
-    def add(self, counts: dict[str, Any]) -> None:
+    def add(self, part: FragmentSummary) -> None:
         """A part's counts (``_fragments_part``) added to these."""
-        self.episodes += counts["episodes"]
+        self.episodes += part.episodes
         for name in ("causes", "withheld", "fragments"):
             mine = getattr(self, name)
-            for k, v in counts[name].items():
+            for k, v in getattr(part, name).items():
                 mine[k] = mine.get(k, 0) + v
 
 
@@ -263,42 +263,35 @@ def _processes(n_episodes: int) -> int:
     return max(1, min(parts_within(workers_wanted(), PART_MB), n_episodes))
 
 
-class _Part:
-    """One pass over some episodes: their outcomes and fragments (into ``writer``), their rows for
-    task statistics, and the counts (into ``summary``)."""
-
-    def __init__(self, summary: FragmentSummary, stat_rows: list[dict]):
-        self.summary, self.stat_rows = summary, stat_rows
-
-    def run(self, wh: Warehouse, keys: list[str] | None, sel: SelectConfig, lineage: dict[str, str],
-            digests: dict[str, tuple[str, str]] | dict[str, str], writer: TableSetWriter,
-            progress: Callable[[int], None] | None, memory_mb: int = 512) -> None:
-        summary = self.summary
-        for e, steps in _episodes_with_steps(wh, keys, memory_mb):
-            summary.episodes += 1
-            if progress:
-                progress(1)
-            o = classify_outcome(e, steps)
-            digest = digests[e["trajectory_key"]]
-            writer.add("outcomes", {"trajectory_key": e["trajectory_key"], "outcome": o.outcome, "cause": o.cause,
-                                    "policy_failure": o.policy_failure, "quarantined": o.quarantined,
-                                    "evidence_field": o.evidence_field, "evidence_step": o.evidence_step,
-                                    "evidence": o.evidence, "rules_version": OUTCOME_RULES_VERSION,
-                                    "inputs_digest": digest if isinstance(digest, str) else digest[0], **lineage})
-            summary.causes[o.cause] = summary.causes.get(o.cause, 0) + 1
-            self.stat_rows.append({"trajectory_key": e["trajectory_key"],
-                                   "task_id": e["task_id"] or e["instance_id"] or f"episode:{e['trajectory_key']}",
-                                   "cause": o.cause, "policy_name": e["policy_name"], "harness_name": e["harness_name"],
-                                   "started_at": e["started_at"]})
-            step_id = {s["step_index"]: s["step_id"] for s in steps}
-            if not gives_fragments(e["split"], e["leak_kinds"], sel, e["license_train"]):
-                why = withheld_reason(e["split"], e["leak_kinds"], sel, e["license_train"])
-                summary.withheld[why] = summary.withheld.get(why, 0) + 1
-                continue
-            for f in select_fragments(e, steps, o.cause, o.quarantined, sel):
-                writer.add("fragments", {**fragment_row(f, steps, step_id, sel), "dedup_weight": e["dedup_weight"],
-                                         "split": e["split"], "leak_kinds": e["leak_kinds"], **lineage})
-                summary.fragments[f.kind] = summary.fragments.get(f.kind, 0) + 1
+def _redo(wh: Warehouse, keys: list[str] | None, sel: SelectConfig, lineage: dict[str, str],
+          digests: dict[str, str], writer: TableSetWriter, summary: FragmentSummary, stat_rows: list[dict],
+          progress: Callable[[int], None] | None, memory_mb: int = 512) -> None:
+    """One pass over the episodes of ``keys`` (all: None): their outcomes and fragments into
+    ``writer``, their rows for task statistics into ``stat_rows``, the counts into ``summary``."""
+    for e, steps in _episodes_with_steps(wh, keys, memory_mb):
+        summary.episodes += 1
+        if progress:
+            progress(1)
+        o = classify_outcome(e, steps)
+        writer.add("outcomes", {"trajectory_key": e["trajectory_key"], "outcome": o.outcome, "cause": o.cause,
+                                "policy_failure": o.policy_failure, "quarantined": o.quarantined,
+                                "evidence_field": o.evidence_field, "evidence_step": o.evidence_step,
+                                "evidence": o.evidence, "rules_version": OUTCOME_RULES_VERSION,
+                                "inputs_digest": digests[e["trajectory_key"]], **lineage})
+        summary.causes[o.cause] = summary.causes.get(o.cause, 0) + 1
+        stat_rows.append({"trajectory_key": e["trajectory_key"],
+                          "task_id": e["task_id"] or e["instance_id"] or f"episode:{e['trajectory_key']}",
+                          "cause": o.cause, "policy_name": e["policy_name"], "harness_name": e["harness_name"],
+                          "started_at": e["started_at"]})
+        step_id = {s["step_index"]: s["step_id"] for s in steps}
+        if not gives_fragments(e["split"], e["leak_kinds"], sel, e["license_train"]):
+            why = withheld_reason(e["split"], e["leak_kinds"], sel, e["license_train"])
+            summary.withheld[why] = summary.withheld.get(why, 0) + 1
+            continue
+        for f in select_fragments(e, steps, o.cause, o.quarantined, sel):
+            writer.add("fragments", {**fragment_row(f, steps, step_id, sel), "dedup_weight": e["dedup_weight"],
+                                     "split": e["split"], "leak_kinds": e["leak_kinds"], **lineage})
+            summary.fragments[f.kind] = summary.fragments.get(f.kind, 0) + 1
 
 
 class _FileWriter:
@@ -312,7 +305,7 @@ class _FileWriter:
         return write_table_file(self.wh, table, data)
 
 
-def _fragments_part(task: dict[str, Any]) -> tuple[list[Any], list[dict], dict[str, Any]]:
+def _fragments_part(task: dict[str, Any]) -> tuple[list[Any], list[dict], FragmentSummary]:
     """One process's parts of the episodes (key ranges, one stream each), in this process or a
     worker: the outcome and fragment files written, the task-statistics rows and the counts."""
     wh = Warehouse(task["root"])
@@ -320,10 +313,9 @@ def _fragments_part(task: dict[str, Any]) -> tuple[list[Any], list[dict], dict[s
     counts = FragmentSummary("")
     rows: list[dict] = []
     for keys in task["ranges"]:
-        _Part(counts, rows).run(wh, keys, task["sel"], task["lineage"], task["digests"], writer, None, task["memory_mb"])
+        _redo(wh, keys, task["sel"], task["lineage"], task["digests"], writer, counts, rows, None, task["memory_mb"])
     writer.flush_written()
-    return writer.files, rows, {"episodes": counts.episodes, "causes": counts.causes, "withheld": counts.withheld,
-                                "fragments": counts.fragments}
+    return writer.files, rows, counts
 
 
 def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = None, full: bool = False,
@@ -369,7 +361,7 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
             on_plan(len(todo))
         procs = _processes(len(todo))
         if procs == 1:
-            _Part(summary, stat_rows).run(wh, keys, sel, lineage, current, writer, progress)
+            _redo(wh, keys, sel, lineage, {k: current[k][0] for k in todo}, writer, summary, stat_rows, progress)
         else:  # the episodes dealt out by key range: ranges i, i + procs, ... to process i (this one first)
             n = max(procs, -(-len(todo) // PART_EPISODES))
             ranges = [todo[i * len(todo) // n:(i + 1) * len(todo) // n] for i in range(n)]

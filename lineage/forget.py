@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from trajwh.lineage.catalog import Warehouse, now_utc
 from trajwh.lineage.impact import Impact, Selector, impact
-from trajwh.lineage.storage import ObjectPath, data_root, location_files
+from trajwh.lineage.storage import data_root, is_uri, location_files
 from trajwh.schemas import ids
 from trajwh.schemas.arrow import PARQUET_TABLES, arrow_schema
 from trajwh.schemas.errors import ConfigError
@@ -621,12 +621,12 @@ def _scan(wh: Warehouse, matcher: _Matcher) -> dict[str, set[str]]:
     sizes = {p: os.path.getsize(p) if os.path.isfile(p) else 0 for p in paths}
     for top in export_paths(wh):  # what the tool wrote elsewhere (a file or a folder, local or in a bucket)
         sizes.update(location_files(top))
-    if isinstance(wh.data, ObjectPath):  # the data files in the object store: every object under its prefix
-        sizes.update((str(obj), size) for obj, size in wh.data.walk())
+    if wh.remote:  # the data files in the object store: every object under its prefix
+        sizes.update(location_files(str(wh.data)))
     found: dict[str, set[str]] = {}
     for part in run_parts(_scan_files, [(part, matcher) for part in _by_size(sizes)]):
         for path, hits in part.items():
-            inside = not path.startswith("s3://") and os.path.abspath(path).startswith(os.path.abspath(wh.root) + os.sep)
+            inside = not is_uri(path) and os.path.abspath(path).startswith(os.path.abspath(wh.root) + os.sep)
             found[os.path.relpath(path, wh.root) if inside else path] = hits
     con = wh.connect(read_only=True)
     try:

@@ -208,9 +208,6 @@ class ObjectPath:
     def is_dir(self) -> bool:
         return True  # a prefix: "folders" exist as soon as named
 
-    def mkdir(self, parents: bool = False, exist_ok: bool = False) -> None:
-        return None
-
     def iterdir(self) -> Iterator[ObjectPath]:
         from pyarrow import fs as pafs
 
