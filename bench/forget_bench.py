@@ -60,7 +60,8 @@ def main() -> None:
            "full_rebuild_s": round(rebuild, 1), "forget_s": round(took, 1), "ratio": round(took / rebuild, 3),
            "bytes_written": r.sources.get("bytes_written"), "bytes_replaced": r.sources.get("bytes_replaced"),
            "data_bytes": data_bytes, "rewritten_share": round((r.sources.get("bytes_written") or 0) / data_bytes, 4),
-           "status": r.status, "probes": r.verify.get("probes"), "probes_shared": r.verify.get("probes_shared")}
+           "status": r.status, "probes": r.verify.get("probes"), "probes_shared": r.verify.get("probes_shared"),
+           "files_unchanged": r.verify.get("files_unchanged")}
     print(json.dumps(out, indent=2))
 
 

@@ -29,6 +29,11 @@ def _share(n: int | float | None, total: int | float | None) -> float | None:
     return round(n / total, 4) if n is not None and total else None
 
 
+#: the columns of the redacted episodes the card's sections read
+_EPISODE_COLUMNS = ("trajectory_key", "started_at", "format", "harness_name", "harness_version", "policy_name",
+                    "policy_checkpoint", "verifier_name", "verifier_commit", "task_id", "instance_id")
+
+
 class _Q:
     """One read-only connection; ``episodes`` is the card's scope (all redacted episodes, or one split's)."""
 
@@ -37,10 +42,11 @@ class _Q:
         self.con = wh.connect(read_only=True)
         built = {r[0] for r in self.con.execute("SELECT DISTINCT table_name FROM table_files").fetchall()}
         self.built = built
-        scope = "SELECT * FROM redacted_episodes"
+        scope = f"SELECT {', '.join(_EPISODE_COLUMNS)} FROM redacted_episodes"
         if split:
             scope += f" WHERE trajectory_key IN (SELECT trajectory_key FROM splits WHERE split = '{split}')"
-        self.con.execute(f"CREATE TEMP VIEW card_episodes AS {scope}")
+        # read once: every section filters by it (a view read the layer's files again in each query)
+        self.con.execute(f"CREATE TEMP TABLE card_episodes AS {scope}")
 
     def rows(self, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
         cur = self.con.execute(sql, params or [])

@@ -69,6 +69,16 @@ def write_bytes_atomic(data: bytes, final: DataPath, *, restricted: bool) -> Non
     fsync_dir(final.parent)
 
 
+def content_sha256(path: DataPath) -> str:
+    """The sha256 of a file's bytes as they are now (a local file or an object), read in 4 MB
+    pieces: what the manifest recorded when the file was written (``table_files.sha256``)."""
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def write_parquet(table_name: str, table: pa.Table, folder: DataPath, *, restricted: bool) -> WrittenFile:
     """Write ``table`` as one content-named Parquet file under ``folder``."""
     ensure_dir(folder, restricted=restricted)

@@ -30,7 +30,12 @@ import xxhash
 from trajwh.lineage.catalog import Warehouse
 from trajwh.lineage.parallel import duckdb_memory
 from trajwh.lineage.rebuild import joined_by_key
-from trajwh.lineage.storage import DataPath, data_root, ensure_dir, write_bytes_atomic
+from trajwh.lineage.storage import (
+    content_sha256,
+    data_root,
+    ensure_dir,
+    write_bytes_atomic,
+)
 from trajwh.packing.layer import _STEPS_SQL, _UNITS, tools_by_digest
 from trajwh.packing.render import render, trained_text
 from trajwh.packing.tokenizers import tokenizer_of
@@ -169,21 +174,13 @@ def set_files(wh: Warehouse, pack_set: str) -> list[tuple[Path, str]]:
     return [(wh.data / r["path"], r["sha256"]) for r in rows]
 
 
-def _content_sha(path: DataPath) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def trusted_files(wh: Warehouse, pack_set: str) -> tuple[list[str], list[str]]:
     """(files a passing check verified whose bytes are still the bytes it verified, the others):
     a file is trusted by the sha256 of what it holds now, so a file changed in place is read again."""
     known = read_files_ledger(wh, pack_set)
     trusted, other = [], []
     for path, sha in set_files(wh, pack_set):
-        (trusted if sha in known and _content_sha(path) == sha else other).append(str(path))
+        (trusted if sha in known and content_sha256(path) == sha else other).append(str(path))
     return trusted, other
 
 

@@ -93,7 +93,8 @@ def _print_result(r) -> None:
     v = r.verify
     c.print(f"proof: rows with a forgotten id left: {sum(v.get('rows_left', {}).values())}; probe strings: "
             f"{v.get('probes', 0)} ({v.get('probes_shared', 0)} shared with data that stays); files holding one: "
-            f"{len(v.get('files_with_probes', {}))}")
+            f"{len(v.get('files_with_probes', {}))}; files older than the data, unchanged by their digest: "
+            f"{v.get('files_unchanged', 0)}")
     for f in v.get("files_with_probes", {}):
         c.print(f"  [red]leak[/]: {escape(f)}")
     for t, n in v.get("rows_left", {}).items():
@@ -126,7 +127,8 @@ def verify_forget(request_id: str, as_json: bool, warehouse: str | None) -> None
         c = render.console
         c.print(f"{'[green]clean[/]' if result['ok'] else '[red]NOT CLEAN[/]'}: rows left {result['rows_left'] or 0}, "
                 f"files holding a probe {len(result['files_with_probes'])} ({result['probes']} probes, "
-                f"{result['probes_shared']} shared with data that stays)")
+                f"{result['probes_shared']} shared with data that stays; {result.get('files_unchanged', 0)} files "
+                f"older than the data, unchanged by their digest)")
         for f in result["files_with_probes"]:
             c.print(f"  [red]leak[/]: {escape(f)}")
     sys.exit(0 if result["ok"] else 1)

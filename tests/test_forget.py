@@ -131,6 +131,34 @@ def test_the_proof_finds_a_planted_copy(wh):
     assert not found["ok"] and list(found["files_with_probes"]) == ["_cache/stale.json"]
 
 
+def test_the_proof_reads_older_files_by_digest_and_searches_one_that_changed(wh, tmp_path):
+    """A data file the manifest listed before the forgotten batch was ingested cannot hold what was
+    made from it: the proof checks its bytes against the recorded sha256 instead of searching it.
+    The same file with other bytes (a forgotten payload written into it) is searched and named."""
+    import pyarrow.parquet as pq
+    from trajwh.pipelines.definitions import build
+    from trajwh.synth.generator import SynthConfig, generate_corpus
+
+    built = wh.query("SELECT path FROM table_files WHERE table_name = 'steps' ORDER BY path").column(0).to_pylist()
+    generate_corpus(SynthConfig(episodes=6, seed=99), tmp_path / "late")
+    ingest_paths(wh, [tmp_path / "late"], IngestOptions(source="late"))
+    assert build(str(wh.root)).success
+    payloads = wh.query("SELECT payload FROM raw_records WHERE source = 'late'").column(0).to_pylist()
+    result = forget(wh, "source:late", "license revoked")
+    assert result.status == "verified", result.verify
+    assert result.verify["files_unchanged"] >= len(built) > 0
+    request = wh.query("SELECT request_id FROM deletions").column(0)[0].as_py()
+    target = wh.data_path(built[0])
+    t = pq.read_table(target)
+    text = "\n".join(s for p in payloads for s in _strings(p))
+    t = t.set_column(t.schema.get_field_index("text"), "text",
+                     pa.array([text] + t.column("text").to_pylist()[1:], pa.string()))
+    pq.write_table(t, target)  # the same path, other bytes than the manifest recorded
+    found = verify_forget(wh, request)
+    assert not found["ok"] and list(found["files_with_probes"]) == [built[0]]
+    assert found["files_unchanged"] == result.verify["files_unchanged"] - 1
+
+
 def test_a_representative_that_goes_is_replaced(wh):
     rows = wh.query("""SELECT cluster_id, trajectory_key FROM near_dup_clusters
                        WHERE is_representative AND cluster_size > 1 ORDER BY cluster_id LIMIT 1""").to_pylist()
