@@ -20,7 +20,7 @@ from test_incremental import rows
 from trajwh.ingest import raw_store
 from trajwh.ingest.raw_store import IngestOptions, ingest_paths
 from trajwh.lineage.catalog import STORAGE_FILE, Warehouse
-from trajwh.lineage.storage import ObjectPath, write_parquet
+from trajwh.lineage.storage import ObjectPath, location_files, write_parquet
 from trajwh.pipelines.definitions import build
 from trajwh.redaction.vault import Vault
 from trajwh.schemas.arrow import PARQUET_TABLES
@@ -186,6 +186,10 @@ def test_forget_on_s3_rewrites_objects_and_the_proof_reads_the_bucket(tmp_path: 
     after = {str(p) for t in PARQUET_TABLES for p in wh.files(t)}
     gone = before - after
     assert gone and not any(ObjectPath(p).exists() for p in gone), "a replaced object is still in the bucket"
+    # the proof names a manifest file as the bucket's listing does (a file older than the forgotten data
+    # is then read for its digest alone: lineage.forget._scan)
+    listed = location_files(str(wh.data))
+    assert all(str(wh.data_path(p)) in listed for p in wh.query("SELECT path FROM table_files").column(0).to_pylist())
     # a copy of the forgotten text left in the bucket (outside the manifest) is found, by its URI
     request = wh.query("SELECT request_id FROM deletions").column(0)[0].as_py()
     stray = wh.data / "stray" / "copy.txt"
