@@ -201,3 +201,48 @@ def test_pack_windows_copied_repacked_or_new_equal_a_full_pack_build(tmp_path: P
     pq.write_table(type(t).from_pylist(data, schema=t.schema), wh.root / rel)
     tampered = verify_packs(wh, inc.pack_set, scan_secrets=False, ledger=True)
     assert tampered["round_trip_violations"] == 1 and tampered["rendered"] >= 1, tampered
+
+
+def test_a_copied_window_whose_weights_changed_is_rewritten_as_a_full_build_writes_it(tmp_path: Path, small_corpus: Path):
+    """A later batch holds a copy of an old train episode (another id, a later start): the old one
+    stays its cluster's representative, so its window is copied (its units and tokens unchanged),
+    but its segment's dedup weight and cluster change: the copied packs are rewritten with them,
+    and the set equals a full pack build's."""
+    import json
+    from datetime import datetime, timedelta
+
+    from trajwh.packing.layer import PackConfig, build_packs
+
+    wh = Warehouse(tmp_path / "wh")
+    ingest_paths(wh, [small_corpus], IngestOptions(source="synthetic"))
+    build(str(wh.root))
+    cfg = PackConfig(window=4)
+    first = build_packs(wh, run_id="w1", cfg=cfg)
+    segment_sql = """SELECT t.s.trajectory_key AS key, t.s.dedup_weight AS weight, t.s.cluster_id AS cluster, p.window_id
+                     FROM packs p, unnest(p.segments) AS t(s) WHERE p.pack_set = ? AND t.s.trajectory_key = ?"""
+    key = wh.query("""SELECT t.s.trajectory_key FROM packs p, unnest(p.segments) AS t(s)
+                      JOIN near_dup_clusters c ON c.trajectory_key = t.s.trajectory_key
+                      WHERE p.pack_set = ? AND p.split = 'train' AND c.cluster_size = 1 AND t.s.piece IS NULL
+                      ORDER BY 1 LIMIT 1""", [first.pack_set]).column(0)[0].as_py()
+    before = wh.query(segment_sql, [first.pack_set, key]).to_pylist()
+    payload = wh.query("""SELECT r.payload FROM raw_records r JOIN lineage_edges e ON e.parent_id = r.record_id
+                          AND e.child_table = 'episodes' WHERE e.child_id = ?""", [key]).column(0)[0].as_py()
+    episode = json.loads(payload)
+    episode["episode_id"] += "-again"
+    for field in ("started_at", "ended_at"):  # later: the old episode stays the representative
+        t = datetime.fromisoformat(episode[field].replace("Z", "+00:00")) + timedelta(days=1)
+        episode[field] = t.isoformat().replace("+00:00", "Z")
+    (tmp_path / "again").mkdir()
+    (tmp_path / "again" / "episodes-again.jsonl").write_text(json.dumps(episode) + "\n")
+    ingest_paths(wh, [tmp_path / "again"], IngestOptions(source="again"))
+    build(str(wh.root))
+    assert wh.query("SELECT cluster_size, is_representative FROM near_dup_clusters WHERE trajectory_key = ?",
+                    [key]).to_pylist() == [{"cluster_size": 2, "is_representative": True}]
+    inc = build_packs(wh, run_id="w2", cfg=cfg)
+    after = wh.query(segment_sql, [inc.pack_set, key]).to_pylist()
+    assert [r["window_id"] for r in after] == [r["window_id"] for r in before] and inc.windows["copied"] > 0
+    assert (after[0]["weight"], after[0]["cluster"]) != (before[0]["weight"], before[0]["cluster"])
+    full = Warehouse(tmp_path / "full")
+    shutil.copytree(wh.root, full.root)
+    build_packs(full, run_id="w3", cfg=cfg, full=True)
+    assert rows(wh, "packs") == rows(full, "packs")
