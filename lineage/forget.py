@@ -655,7 +655,8 @@ def _scan(wh: Warehouse, matcher: _Matcher, since: str | None = None) -> tuple[d
         sizes.update(location_files(str(wh.data)))
     recorded: dict[str, str] = {}
     if since:
-        for r in wh.query("SELECT path, sha256 FROM table_files WHERE added_at < ?::TIMESTAMPTZ", [since]).to_pylist():
+        for r in wh.manifest_query("SELECT path, sha256 FROM table_files WHERE added_at < ?::TIMESTAMPTZ",
+                                   [since]).to_pylist():
             recorded[str(wh.data_path(r["path"]))] = r["sha256"]
     weights = {p: n * _DIGEST_WEIGHT if p in recorded else n for p, n in sizes.items()}
     found: dict[str, set[str]] = {}

@@ -348,10 +348,8 @@ def sql(query: str, fmt: str, out: str | None, max_rows: int, max_width: int, re
                     shutil.copyfileobj(f, sys.stdout.buffer)
                 sys.stdout.flush()
     except duckdb.Error as exc:
-        problem = object_store_problem(exc)
-        if problem is not None:
-            render.err_console.print(f"[bold red]error:[/] {escape(problem)}")
-            sys.exit(2)
+        if object_store_problem(exc) is not None:  # handle_errors says what the store's refusal means
+            raise
         render.err_console.print(f"[bold red]query failed:[/] {escape(str(exc))}")
         if not restricted and re.search(r"restricted|payload|normalized/|raw/", str(exc)):
             render.err_console.print("the unredacted tables (restricted.episodes, restricted.steps, restricted.raw_records "
