@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import orjson
 from trajwh.packing.tokenizers import Tokenizer
 
@@ -76,6 +77,56 @@ class Rendered:
     @property
     def trainable(self) -> int:
         return sum(self.mask)
+
+
+class Layout:
+    """A stand-in tokenizer that renders the *layout* a rendering's tokens must have, without
+    tokenizing: each ordinary text the template encodes on its own becomes one atom, minus its UTF-8
+    byte length; a special token is its id. ``render(steps, span, Layout(tok))`` gives these atoms in
+    ``ids`` with their mask, so a check can test stored tokens against the rendering's bytes, special
+    tokens and loss mask (``rendered_layout``) at the cost of the Python template alone."""
+
+    chat_template = None
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self.special = tok.special
+        self._tok = tok
+
+    def token(self, special: str) -> int:
+        return self._tok.token(special)
+
+    def encode(self, text: str) -> list[int]:
+        n = len(text.encode())
+        return [-n] if n else []
+
+    def markup(self, text: str) -> list[int]:
+        return [self.special[text]] if text in self.special else self.encode(text)
+
+
+def layout_digest(text: bytes, special_ids: Any, special_at: Any, run_at: Any, run_mask: Any) -> bytes:
+    """A rendering's layout in 16 bytes (XXH3-128): its text's bytes, its special tokens and their
+    byte offsets, and its loss mask as runs (the byte offset where each run starts and its value).
+    Two token sequences with the same layout decode to the same text, hold the same control tokens
+    at the same places, and train the same bytes."""
+    import xxhash
+
+    sizes = np.array([len(text), len(special_ids), len(run_at)], dtype="<i8")
+    h = xxhash.xxh3_128(sizes)
+    h.update(text)
+    for values, dtype in ((special_ids, "<i8"), (special_at, "<i8"), (run_at, "<i8"), (run_mask, "<i1")):
+        h.update(np.ascontiguousarray(values, dtype=dtype))
+    return h.digest()
+
+
+def rendered_layout(layout: Rendered, tok: Tokenizer) -> bytes:
+    """``layout_digest`` of a rendering made with ``Layout(tok)``: what its tokens' must be."""
+    atoms = np.asarray(layout.ids, dtype=np.int64)
+    mask = np.asarray(layout.mask, dtype=np.int8)
+    special = atoms >= 0
+    size = np.where(special, tok.token_lengths[np.where(special, atoms, 0)], -atoms)
+    at = np.cumsum(size) - size
+    runs = np.flatnonzero(np.diff(mask, prepend=np.int8(-1)) != 0)
+    return layout_digest(layout.text.encode(), atoms[special], at[special], at[runs], mask[runs])
 
 
 def step_content(step: dict[str, Any]) -> str:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from functools import cache, cached_property
 from pathlib import Path
 
+import numpy as np
 import tiktoken
 from tiktoken.load import load_tiktoken_bpe
 from trajwh.schemas.errors import ConfigError
@@ -92,6 +93,25 @@ class Tokenizer:
 
     def token_bytes(self, token: int) -> bytes:
         return self.encoding.decode_single_token_bytes(token)
+
+    @cached_property
+    def token_lengths(self) -> np.ndarray:
+        """Each token id's length in UTF-8 bytes (0 for an id the vocabulary does not hold)."""
+        enc = self.encoding
+        out = np.zeros(enc.max_token_value + 1, dtype=np.int64)
+        for i in range(len(out)):
+            try:
+                out[i] = len(enc.decode_single_token_bytes(i))
+            except KeyError:
+                pass
+        return out
+
+    @cached_property
+    def special_ids(self) -> np.ndarray:
+        """Per token id: whether it is a special token."""
+        out = np.zeros(self.encoding.max_token_value + 1, dtype=bool)
+        out[list(self.special.values())] = True
+        return out
 
 
 def _file_digest(path: Path, special: dict[str, int]) -> str:

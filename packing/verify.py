@@ -37,8 +37,8 @@ from trajwh.lineage.storage import (
     write_bytes_atomic,
 )
 from trajwh.packing.layer import _STEPS_SQL, _UNITS, tools_by_digest
-from trajwh.packing.render import render, trained_text
-from trajwh.packing.tokenizers import tokenizer_of
+from trajwh.packing.render import Layout, layout_digest, render, rendered_layout, trained_text
+from trajwh.packing.tokenizers import Tokenizer, tokenizer_of
 
 # the segments to render again (``r``: fragment ids) of some pack files, with their units, in
 # trajectory-key order
@@ -105,6 +105,9 @@ def _bounded(wh: Warehouse, sql: str, params: list[Any]) -> list[dict[str, Any]]
 
 
 def _sampled(unit_id: str, n: int) -> bool:
+    """Whether the unit is one of the one in ``n`` sampled (every unit when ``n`` <= 1)."""
+    if n <= 1:
+        return True
     return int(hashlib.sha256(unit_id.encode()).hexdigest()[:8], 16) % n == 0
 
 
@@ -213,10 +216,18 @@ PART_MB = 550
 
 def verify_packs(wh: Warehouse, pack_set: str | None = None, *, scan_secrets: bool = True,
                  progress: Callable[[int], None] | None = None, examples: int = 5,
-                 secret_sample: int = 1, ledger: bool = False, workers: int | None = None) -> dict[str, Any]:
+                 secret_sample: int = 1, token_sample: int = 1, ledger: bool = False,
+                 workers: int | None = None) -> dict[str, Any]:
     """Counts of segments checked and of each violation (all 0 when the set is sound), with examples.
 
-    Every segment's tokens are checked against its rendering. ``secret_sample`` = N scans the
+    Every segment's tokens are checked against its rendering. ``token_sample`` = N encodes one unit
+    in N again and compares token for token (by the unit id's digest); every other unit of a
+    built-in tokenizer is checked by its layout (``render.Layout``): its tokens decode to exactly
+    the rendering's bytes, hold the template's special tokens at the template's byte offsets and
+    nowhere else, and set the mask on exactly the trained pieces' bytes. That is every property of
+    the round trip but the merges the encoder chose inside a piece, at the cost of the template
+    alone (encoding was 40 % of a whole check); the build's check samples, ``trajwh verify-packs``
+    encodes every unit. ``secret_sample`` = N scans the
     decoded text of one unit in N for secret shapes (chosen by the unit id's digest, so the same
     units every time): the build's check samples, since the decoded text is proved equal to the
     rendering of the redacted layer, which its own check rescans; ``trajwh verify-packs`` scans all.
@@ -253,12 +264,12 @@ def verify_packs(wh: Warehouse, pack_set: str | None = None, *, scan_secrets: bo
     out: dict[str, Any] = {"segments": checks.pop("segments"), "tokens": 0, "packs": n_packs,
                            "length_violations": 0, "mixed_split_violations": 0, "round_trip_violations": 0,
                            "trained_text_violations": 0, "position_violations": 0, "secret_violations": 0,
-                           "secret_scanned": 0, "rendered": 0, **checks}
+                           "secret_scanned": 0, "rendered": 0, "encoded": 0, **checks}
     n = workers if workers is not None else (
         parts_within(workers_wanted(), PART_MB) if n_packs >= PARALLEL_MIN_PACKS else 1)
     n = max(1, min(n, len(trusted) + len(unread)))
     task = {"root": str(wh.root), "pack_set": pack_set, "scan_secrets": scan_secrets, "examples": examples,
-            "secret_sample": secret_sample, "ledger": use_ledger, "parts": n}
+            "secret_sample": secret_sample, "token_sample": token_sample, "ledger": use_ledger, "parts": n}
     shares = _deal(trusted, unread, n)
     if n == 1:
         parts = [_verify_part({**task, **shares[0]}, progress)]
@@ -301,7 +312,7 @@ def _verify_in_worker(task: dict[str, Any]) -> dict[str, Any]:
 
 #: what the token pass reads of a pack file
 _TOKEN_COLUMNS = ["pack_id", "pack_set", "split", "seq_len", "n_tokens", "input_ids", "loss_mask", "position_ids",
-                  "segments"]
+                  "segments", "tokenizer_id"]
 
 
 def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -> dict[str, Any]:
@@ -316,7 +327,7 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
     ledger = read_ledger(wh, pack_set) if task["ledger"] else {}
     out: dict[str, Any] = {"tokens": 0, "length_violations": 0, "mixed_split_violations": 0,
                            "round_trip_violations": 0, "trained_text_violations": 0, "position_violations": 0,
-                           "secret_violations": 0, "secret_scanned": 0, "rendered": 0, "examples": []}
+                           "secret_violations": 0, "secret_scanned": 0, "rendered": 0, "encoded": 0, "examples": []}
 
     def bad(kind: str, seg: dict[str, Any], why: str) -> None:
         out[kind] += 1
@@ -332,17 +343,18 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
     if task["trusted"]:  # files verified before, bytes unchanged: their segments, not their tokens
         unread += _trusted_segments(task["trusted"], pack_set, ledger, verified, out)
     stored: dict[tuple[str, int], bytes] = {}
+    layouts_of: dict[tuple[str, int], bytes] = {}
     to_render: dict[str, str] = {}  # fragment id -> trajectory key
+    toks: dict[str, Any] = {}
     for path in unread:
         for rb in _set_batches(path, pack_set, _TOKEN_COLUMNS, 64):
-            n = _token_pass(rb, ledger, stored, verified, to_render, out, bad)
+            n = _token_pass(rb, ledger, stored, verified, to_render, out, bad, toks, layouts_of)
             if progress and n:
                 progress(n)
     # 2. the segments to render rendered again from the redacted steps and compared with what is stored
     # no memo: each rendering is scanned once (a memo of them would only hold up to 64 M characters)
     detector = Detector(memo_chars=0) if task["scan_secrets"] else None
-    secret_sample = task["secret_sample"]
-    toks: dict[str, Any] = {}
+    secret_sample, token_sample = task["secret_sample"], task["token_sample"]
     units = _UNITS.format(evaluation="true")
     tools_of = tools_by_digest(wh) if to_render else {}
     seg_stream = wh.stream(_RENDER_SQL.format(where=where, units=units), [unread, sorted(to_render), *params],
@@ -365,26 +377,42 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
             kept = [by_id[i] for i in order if i in by_id and i not in removed]
             span = set(seg["span_step_ids"]) if seg["span_step_ids"] is not None else set(order)
             tools = tools_of.get(seg["tool_schema_digest"])
-            r = render(kept, span, tok, tools=tools)
-            ids = np.fromiter(r.ids, dtype=np.int64, count=len(r.ids))
-            mask = np.fromiter(r.mask, dtype=np.int8, count=len(r.mask))
-            have = stored.get((seg["pack_id"], seg["start"]))
-            if seg["piece"] is not None:
-                a = seg["piece"] * seg["seq_len"]
-                want = _digest(ids[a:a + seg["seq_len"]], mask[a:a + seg["seq_len"]])
+            key = (seg["pack_id"], seg["start"])
+            have, layout = stored.get(key), layouts_of.get(key)
+            if layout is not None and seg["piece"] is None and not _sampled(seg["fragment_id"], token_sample):
+                # the layout only: the stored tokens decode to the rendering's bytes with its
+                # control tokens at its places and its mask (the merges inside a piece are the
+                # encoder's, checked by the token sample)
+                r = render(kept, span, Layout(tok), tools=tools)
+                if rendered_layout(r, tok) != layout:
+                    bad("round_trip_violations", seg,
+                        "decoded text, special tokens or loss mask differ from the unit's rendering")
+                elif seg["token_key"]:
+                    verified[seg["fragment_id"]] = [seg["token_key"], have.hex()]
+                if "".join(p for p, t in zip(r.pieces, r.trained_pieces, strict=True) if t) != trained_text(
+                        kept, span, tok, tools):
+                    bad("trained_text_violations", seg, "trained tokens do not decode to the span's model text")
             else:
-                want = _digest(ids, mask)
-            if want != have:
-                bad("round_trip_violations", seg, "tokens or mask differ from the unit's rendering")
-            elif seg["token_key"]:
-                verified[seg["fragment_id"]] = [seg["token_key"], have.hex()]
-            if seg["piece"] is not None:  # a piece may end inside a character: not decoded alone
-                continue
-            if tok.decode(r.ids) != r.text:
-                bad("round_trip_violations", seg, "decoded tokens differ from the rendered text")
-            if tok.decode(_trained(r.ids, mask)) != trained_text(kept, span, tok, tools):
-                bad("trained_text_violations", seg, "trained tokens do not decode to the span's model text")
-            if detector is not None and (secret_sample <= 1 or _sampled(seg["fragment_id"], secret_sample)):
+                out["encoded"] += 1
+                r = render(kept, span, tok, tools=tools)
+                ids = np.fromiter(r.ids, dtype=np.int64, count=len(r.ids))
+                mask = np.fromiter(r.mask, dtype=np.int8, count=len(r.mask))
+                if seg["piece"] is not None:
+                    a = seg["piece"] * seg["seq_len"]
+                    want = _digest(ids[a:a + seg["seq_len"]], mask[a:a + seg["seq_len"]])
+                else:
+                    want = _digest(ids, mask)
+                if want != have:
+                    bad("round_trip_violations", seg, "tokens or mask differ from the unit's rendering")
+                elif seg["token_key"]:
+                    verified[seg["fragment_id"]] = [seg["token_key"], have.hex()]
+                if seg["piece"] is not None:  # a piece may end inside a character: not decoded alone
+                    continue
+                if tok.decode(r.ids) != r.text:
+                    bad("round_trip_violations", seg, "decoded tokens differ from the rendered text")
+                if tok.decode(_trained(r.ids, mask)) != trained_text(kept, span, tok, tools):
+                    bad("trained_text_violations", seg, "trained tokens do not decode to the span's model text")
+            if detector is not None and _sampled(seg["fragment_id"], secret_sample):
                 out["secret_scanned"] += 1
                 found = detector.find(r.text)
                 if found:
@@ -429,13 +457,16 @@ def _ints(array: pa.Array) -> np.ndarray:
 
 def _token_pass(rb: pa.RecordBatch, ledger: dict[str, list[str]], stored: dict[tuple[str, int], bytes],
                 verified: dict[str, list[str]], to_render: dict[str, str], out: dict[str, Any],
-                bad: Callable[[str, dict[str, Any], str], None]) -> int:
+                bad: Callable[[str, dict[str, Any], str], None], toks: dict[str, Any],
+                layouts_of: dict[tuple[str, int], bytes]) -> int:
     """One batch of packs as stored, checked with array operations: per pack, the lengths agree
     (tokens, mask, positions, ``n_tokens`` <= ``seq_len``) and the segments tile [0, n_tokens)
     (the first starts at 0, each next where the previous ended, together covering every token) and
     share the pack's split; per segment, positions restart at 0 and count up. Each segment's
     tokens and mask are digested into ``stored``; one whose (token key, digest) the ledger holds is
-    ``verified``, the others go ``to_render``. Returns the segments seen."""
+    ``verified``, the others go ``to_render``, with their layout in ``layouts_of`` when their
+    tokenizer is a built-in one (``toks``: the tokenizers by id, loaded once). Returns the segments
+    seen."""
     n = rb.num_rows
     if not n:
         return 0
@@ -481,6 +512,9 @@ def _token_pass(rb: pa.RecordBatch, ledger: dict[str, list[str]], stored: dict[t
     moved = (off > 0) | (a != start) | (b != end)
     ids = np.ascontiguousarray(values["input_ids"], dtype="<i8")
     mask = np.ascontiguousarray(values["loss_mask"], dtype="<i1")
+    tokenizer_ids = rb.column("tokenizer_id").to_pylist()
+    aligned = bool((lens["input_ids"] == lens["loss_mask"]).all())  # else every digest differs anyway
+    layouts: dict[str, _TokenLayouts | None] = {}
     for k, i in enumerate(parent.tolist()):
         s, e = int(start[k]), int(end[k])
         pack = pack_ids[i]
@@ -495,9 +529,59 @@ def _token_pass(rb: pa.RecordBatch, ledger: dict[str, list[str]], stored: dict[t
         entry = [token_keys[k] or "", digest.hex()]
         if token_keys[k] and ledger.get(fragment_ids[k]) == entry:
             verified[fragment_ids[k]] = entry
-        else:
-            to_render[fragment_ids[k]] = keys[k]
+            continue
+        to_render[fragment_ids[k]] = keys[k]
+        tid = tokenizer_ids[i]
+        if aligned and tid not in layouts:
+            tok = _tokenizer(toks, tid)
+            layouts[tid] = (_TokenLayouts(ids, mask, tok) if isinstance(tok, Tokenizer) and tok.id == tid
+                            and tok.chat_template is None else None)
+        layout = layouts.get(tid)
+        if layout is not None:
+            g0 = i0 + min(lo, lens["input_ids"][i])
+            layouts_of[(pack, s)] = layout.digest(g0, max(g0, i0 + min(hi, lens["input_ids"][i])))
     return len(parent)
+
+
+def _tokenizer(toks: dict[str, Any], tokenizer_id: str) -> Any:
+    """The installed tokenizer of that name, loaded once per part (None where there is none: the
+    rendering step reports it)."""
+    from trajwh.schemas.errors import ConfigError
+
+    if tokenizer_id not in toks:
+        try:
+            toks[tokenizer_id] = tokenizer_of(tokenizer_id)
+        except ConfigError:
+            return None
+    return toks[tokenizer_id]
+
+
+class _TokenLayouts:
+    """The layouts (``render.layout_digest``) of runs of the stored tokens of one record batch: the
+    byte offsets of its tokens, its special tokens and the places its loss mask changes, computed
+    once for the batch; a run's layout slices them."""
+
+    def __init__(self, ids: np.ndarray, mask: np.ndarray, tok: Tokenizer) -> None:
+        lengths = tok.token_lengths
+        valid = (ids >= 0) & (ids < len(lengths))
+        known = np.where(valid, ids, 0)
+        size = lengths[known]
+        self.invalid = np.flatnonzero(~valid | (size <= 0))
+        self.at = np.concatenate([[0], np.cumsum(size)])
+        self.special = np.flatnonzero(tok.special_ids[known] & valid)
+        self.change = np.flatnonzero(mask[1:] != mask[:-1]) + 1
+        self.ids, self.mask, self.tok = ids, mask, tok
+
+    def digest(self, g0: int, g1: int) -> bytes:
+        """The layout of tokens ``[g0, g1)`` (of ids no tokenizer holds: a digest no rendering has)."""
+        if np.searchsorted(self.invalid, g0) != np.searchsorted(self.invalid, g1):
+            return b"invalid token ids"
+        text = self.tok.encoding.decode_bytes(self.ids[g0:g1].tolist())
+        sp = self.special[np.searchsorted(self.special, g0):np.searchsorted(self.special, g1)]
+        inner = self.change[np.searchsorted(self.change, g0, side="right"):np.searchsorted(self.change, g1)]
+        runs = np.concatenate([[g0], inner]) if g1 > g0 else inner
+        base = self.at[g0]
+        return layout_digest(text, self.ids[sp], self.at[sp] - base, self.at[runs] - base, self.mask[runs])
 
 
 def _trusted_segments(files: list[str], pack_set: str | None, trusted: dict[str, list[str]],

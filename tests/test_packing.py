@@ -318,6 +318,9 @@ def test_build_materializes_packs_and_its_check_passes(built: Warehouse):
     sampled = verify_packs(built, _pack_set(built), secret_sample=4)
     assert 0 < sampled["secret_scanned"] < r["secret_scanned"] and sampled["segments"] == r["segments"]
     assert verify_packs(built, _pack_set(built), secret_sample=4)["secret_scanned"] == sampled["secret_scanned"]
+    assert r["encoded"] == r["rendered"] == r["segments"]  # verify-packs encodes every unit again
+    layout = verify_packs(built, _pack_set(built), token_sample=10**12)  # (the build's check: one in 20)
+    assert violations(layout) == 0 and layout["encoded"] == 0 and layout["rendered"] == r["rendered"], layout
 
 
 def test_verify_packs_catches_a_tampered_pack(built: Warehouse, tmp_path: Path):
@@ -345,6 +348,8 @@ def test_verify_packs_catches_a_tampered_pack(built: Warehouse, tmp_path: Path):
     r = verify_packs(wh, ps, scan_secrets=False)
     assert r["round_trip_violations"] == 1 and r["split_violations"] >= 1 and r["mixed_split_violations"] == 1, r
     assert {e["check"] for e in r["examples"]} >= {"round_trip_violations", "split_violations"}
+    by_layout = verify_packs(wh, ps, scan_secrets=False, token_sample=10**12)  # no unit encoded again: the same
+    assert by_layout["encoded"] == 0 and by_layout["round_trip_violations"] == 1, by_layout
     parts = verify_packs(wh, ps, scan_secrets=False, workers=2)  # in two worker processes: the same findings
     assert {k: v for k, v in parts.items() if k != "examples"} == {k: v for k, v in r.items() if k != "examples"}
     assert {e["check"] for e in parts["examples"]} >= {"round_trip_violations", "split_violations"}
@@ -766,3 +771,61 @@ def test_the_check_takes_the_trained_tokens_the_mask_marks(pairs):
 
     ids, mask = [t for t, _ in pairs], [m for _, m in pairs]
     assert _trained(ids, np.array(mask, dtype=np.int8)) == [t for t, m in pairs if m]
+
+
+_LAYOUT_TEXT = st.lists(st.sampled_from(["a", "b c", " é", "\n", "<|im_end|>", "<|im_start|>", "<tool_call>", "🙂",
+                                          "'s", "{}", "\t\t", "123"]), max_size=12).map("".join)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["system", "user", "model", "environment"]), _LAYOUT_TEXT),
+                min_size=1, max_size=6), st.data())
+def test_the_layout_check_accepts_the_rendering_and_refuses_wrong_text_controls_or_mask(turns, data):
+    """The build's check compares most units by layout, not token by token: the layout of the tokens
+    a rendering makes is the layout its template describes (text with control-token strings and
+    multi-byte characters included); changing a token's text, its mask, or spelling a control token
+    as text (or text as a control token) changes it."""
+    from trajwh.packing.render import Layout, rendered_layout
+    from trajwh.packing.verify import _TokenLayouts
+
+    tok = get_tokenizer("qwen2.5")
+    steps = []
+    for k, (who, text) in enumerate(turns):
+        step = {"step_id": f"s{k}", **({"author": who} if who in ("model", "environment") else {"role": who})}
+        step["observation" if who == "environment" else "text"] = text
+        if who == "model" and k % 2:
+            step["tool_calls"] = [{"name": "bash", "arguments": '{"cmd": "' + text.replace('"', "") + '"}'}]
+        steps.append(step)
+    span = {s["step_id"] for s in steps}
+
+    def layout_of(ids: list[int], mask: list[int]) -> bytes:
+        return _TokenLayouts(np.array(ids, dtype=np.int64), np.array(mask, dtype=np.int8), tok).digest(0, len(ids))
+
+    r = render(steps, span, tok)
+    want = rendered_layout(render(steps, span, Layout(tok)), tok)
+    assert layout_of(r.ids, r.mask) == want
+    j = data.draw(st.integers(0, len(r.ids) - 1))
+    flipped = list(r.mask)
+    flipped[j] = 1 - flipped[j]
+    assert layout_of(r.ids, flipped) != want
+    specials = set(tok.special.values())
+    if r.ids[j] not in specials:  # another ordinary token: other text
+        other = list(r.ids)
+        other[j] = 0 if r.ids[j] else 1
+        assert layout_of(other, r.mask) != want
+    else:  # the control token spelled as text: the same bytes, not the same layout
+        spelled = tok.encode(tok.decode([r.ids[j]]))
+        ids = r.ids[:j] + spelled + r.ids[j + 1:]
+        mask = r.mask[:j] + [r.mask[j]] * len(spelled) + r.mask[j + 1:]
+        assert tok.decode(ids) == r.text and layout_of(ids, mask) != want
+    spelled = tok.encode("<|im_end|>")
+    n = len(spelled)
+    i = next((i for i in range(len(r.ids)) if r.ids[i:i + n] == spelled), None)
+    if i is not None:  # text that spells a control token packed as the control token: refused
+        ids = r.ids[:i] + [tok.special["<|im_end|>"]] + r.ids[i + n:]
+        mask = r.mask[:i + 1] + r.mask[i + n:]
+        assert layout_of(ids, mask) != want
+        k = next(k for k, t in enumerate(ids) if t == tok.special["<|im_end|>"] and k != i)  # every turn ends so
+        moved = ids[:k] + spelled + ids[k + 1:]  # and a real one spelled as text: as many control tokens as before
+        assert tok.decode(moved) == r.text and layout_of(moved, mask[:k] + [mask[k]] * n + mask[k + 1:]) != want
+    assert layout_of(r.ids + [10**7], r.mask + [0]) != want  # an id no vocabulary holds
