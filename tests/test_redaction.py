@@ -428,7 +428,8 @@ def test_fast_candidate_scans_find_what_the_full_patterns_find(text):
     from trajwh.redaction import engine
 
     assert [m.span(1) for m in engine._ipv6_candidates(text)] == [m.span(1) for m in engine._IPV6.finditer(text)]
-    blobs = [m.span(1) for r in engine._B64_RUN.finditer(text) for m in engine._B64.finditer(text, r.start(), r.end())]
+    assert list(engine._b64_runs(text)) == [m.span() for m in engine._B64_RUN.finditer(text)]
+    blobs = [m.span(1) for a, b in engine._b64_runs(text) for m in engine._B64.finditer(text, a, b)]
     assert blobs == [m.span(1) for m in engine._B64.finditer(text)]
 
 
