@@ -293,7 +293,7 @@ class Detector:
                 windows[key] = _windows(lower if shape.fold else text, shape.triggers)
             for start, end in windows[key]:
                 found += [Finding(*f) for f in shape.find(text[start:end], start)]
-        found += [Finding(*f) for f in find_keyed(text)]
+        found += [Finding(*f) for f in find_keyed(text, lower)]
         if self.personal_data:
             found += [Finding(*f) for f in user_names(text)]
             found += [Finding(*f) for f in person_names(text)]

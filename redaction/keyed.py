@@ -148,35 +148,64 @@ _NEEDLE_AUTOMATON = ahocorasick_rs.AhoCorasick(list(_NEEDLES))
 #: the characters a name (or a flag with its dashes) is made of, and what may stand before it
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-$@")
 _NAME_RUN_RIGHT = re.compile(r"[A-Za-z0-9_.\-]{0,80}")
-#: the longest quote before a name (``\\\"``, double-escaped JSON) and what may follow it up to
-#: the value's opening quote (the separator's blanks are rarely longer)
-_LEFT_MARGIN, _RIGHT_MARGIN = 4, 200
+#: the longest quote before or after a name (``\\\"``, double-escaped JSON), and before the value
+_QUOTE_MAX = 4
+_LEFT_MARGIN = _QUOTE_MAX
 
 
-def _name_windows(text: str) -> list[tuple[int, int]]:
+#: a flag's dashes stand at most this far before a needle in its name (``_FLAG``'s name: 41 characters)
+_FLAG_REACH = 44
+
+
+def _reach(text: str, right: int) -> tuple[int, bool]:
+    """Where an assignment (``_ASSIGN``) or flag (``_FLAG``) whose name ends at ``right`` ends at
+    the latest: after the name's closing quote, blanks, the separator (``=>``, ``:=``, ``=``, ``:``),
+    blanks and the value's opening quote; each part is skipped as far as its characters go (a
+    window that ran 200 characters past every name scanned twice the text for the same matches).
+    And whether a separator is there (else no assignment can name this name)."""
+    n, p = len(text), right
+    while p < n and p - right < _QUOTE_MAX and text[p] in "\\\"'":
+        p += 1
+    while p < n and text[p] in " \t":
+        p += 1
+    sep = p
+    while p < n and p - sep < 2 and text[p] in "=:>":
+        p += 1
+    assigned = p > sep and text[sep] != ">"
+    while p < n and text[p] in " \t":
+        p += 1
+    return min(n, p + _QUOTE_MAX), assigned
+
+
+def _name_windows(text: str, lower: str | None = None) -> list[tuple[int, int]]:
     """Small windows around each name that holds a needle (the name, its quotes, separator and
-    opening quote), merged: assignments are matched only there, not along whole lines (a secret
-    word in a line is common in code; an assignment to it is not)."""
-    lower = text.lower()
+    opening quote: ``_reach``), merged: assignments are matched only there, not along whole lines
+    (a secret word in a line is common in code; an assignment to it is not). ``lower``: the text
+    lower-cased, when the caller has it."""
+    lower = text.lower() if lower is None else lower
     if len(lower) != len(text):  # a character whose lower case is longer ("İ"): offsets would shift
         return [(0, len(text))]
     spans = []
     for _, i, after in _NEEDLE_AUTOMATON.find_matches_as_indexes(lower, overlapping=True):  # overlaps too
+        right = _NAME_RUN_RIGHT.match(text, after).end()
+        reach, assigned = _reach(text, right)
+        if not assigned and "-" not in text[max(0, i - _FLAG_REACH):i]:
+            continue  # neither an assignment to this name nor a flag: most needles are words in prose or output
         start, floor = i, max(0, i - 80)
         while start > floor and text[start - 1] in _NAME_CHARS:
             start -= 1
         start = max(0, start - _LEFT_MARGIN)
         line_start = text.rfind("\n", 0, i) + 1
-        right = _NAME_RUN_RIGHT.match(text, after).end()
         line_end = text.find("\n", right)
-        stop = min(len(text) if line_end < 0 else line_end, right + _RIGHT_MARGIN)
+        stop = min(len(text) if line_end < 0 else line_end, reach)
         spans.append((max(start, line_start), stop))
     return merge_spans(spans)
 
 
-def find_keyed(text: str) -> Iterator[tuple[int, int, str, str]]:
-    """``(start, end, entity, detector)`` of context-keyed secret values in ``text``."""
-    for start, end in _name_windows(text):
+def find_keyed(text: str, lower: str | None = None) -> Iterator[tuple[int, int, str, str]]:
+    """``(start, end, entity, detector)`` of context-keyed secret values in ``text`` (``lower``: the
+    text lower-cased, when the caller has it)."""
+    for start, end in _name_windows(text, lower):
         for s, e, entity, detector in _find_assignments(text, start, end):
             yield s, e, entity, detector
     for pattern, detector, needed in ((_MYSQL, "cli_flag", ("mysql", "mariadb")), (_CURL_USER, "cli_flag", ("-u",))):

@@ -18,7 +18,8 @@ EMAIL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._%+-]*@[A-Za-z0-9][A-Za-z0-9.-]*\.[A-
 _EMAILISH = st.text(alphabet="ab9.-_%+@ x:\n", max_size=60)
 _DIGITISH = st.text(alphabet="0123456789 .-()+a\n:", max_size=60)
 _KEYEDISH = st.lists(st.sampled_from(["token", "password", "=", ":", " ", '"', "'", "\\\"", "x9Kq2mZ7pL4w", "--api-key",
-                                      "\n", "KEY", "API_KEY", "abc", "&", "?", "{", ",", "session", "pass"]),
+                                      "\n", "KEY", "API_KEY", "abc", "&", "?", "{", ",", "session", "pass", "\t",
+                                      "=>", ":=", "      ", "\\\\\\\"", "`", "-p", "_"]),
                      max_size=14).map("".join)
 
 
