@@ -200,6 +200,7 @@ class Warehouse:
                         valid="wait for it to finish, or pass a longer --wait") from exc
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
+        con.execute("SET enable_progress_bar = false")  # a worker's long query would print one into the output
         self._attach_storage(con)
         if read_only:
             self._check_version(con)
