@@ -54,6 +54,9 @@ _LOCAL_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz01
 #: a ``+`` or ``(`` just before it belongs to it, added in Python: a pattern that starts with \d
 #: lets the engine skip ahead fast, an optional first character does not)
 _DIGIT_RUN = re.compile(r"\d[\d ().-]{5,}\d")
+#: ``_DIGIT_RUN`` over an ASCII text translated by ``_DIGIT_TABLE`` (``_digit_run_spans``)
+_DIGIT_TABLE = bytes(0x64 if chr(b) in "0123456789" else 0x73 if chr(b) in " ().-" else 0x20 for b in range(256))
+_DIGIT_RUN_MARKS = re.compile(rb"d[ds]{5,}d")
 # no look-behind at the start: a pattern that starts with \d lets the engine skip ahead fast;
 # the left boundary is checked in Python (``_PII_LEFT``)
 _IPV4 = re.compile(r"\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}(?![\d.]|\.\d)")
@@ -98,8 +101,19 @@ def _b64_runs(text: str) -> Iterator[tuple[int, int]]:
 def _digit_runs(text: str) -> list[tuple[int, int]]:
     """Where IPv4, card and phone candidates can be: each ``_DIGIT_RUN`` with the ``+`` or ``(``
     just before it, and two characters after it (what the candidates' look-aheads read)."""
-    return [(m.start() - 1 if m.start() and text[m.start() - 1] in "+(" else m.start(), m.end() + 2)
-            for m in _DIGIT_RUN.finditer(text)]
+    return [(a - 1 if a and text[a - 1] in "+(" else a, b + 2) for a, b in _digit_run_spans(text)]
+
+
+def _digit_run_spans(text: str) -> Iterator[tuple[int, int]]:
+    """``_DIGIT_RUN``'s matches. An ASCII text (whose only digits are 0-9) is translated in one C
+    pass to ``d`` (digit), ``s`` (a separator the run may hold) and blanks, where the run pattern
+    starts with a literal the engine skips to at once (4x the scan for the category of digits)."""
+    if not text.isascii():
+        for m in _DIGIT_RUN.finditer(text):
+            yield m.span()
+        return
+    for m in _DIGIT_RUN_MARKS.finditer(text.encode("ascii").translate(_DIGIT_TABLE)):
+        yield m.span()
 
 
 def _ipv6_candidates(text: str):

@@ -16,7 +16,7 @@ from trajwh.redaction.keyed import _find_assignments, _name_windows
 EMAIL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._%+-]*@[A-Za-z0-9][A-Za-z0-9.-]*\.[A-Za-z]{2,}")
 
 _EMAILISH = st.text(alphabet="ab9.-_%+@ x:\n", max_size=60)
-_DIGITISH = st.text(alphabet="0123456789 .-()+a\n:", max_size=60)
+_DIGITISH = st.text(alphabet="0123456789 .-()+a\n:\t٣é", max_size=60)  # an Arabic-Indic digit: a digit, not ASCII
 _KEYEDISH = st.lists(st.sampled_from(["token", "password", "=", ":", " ", '"', "'", "\\\"", "x9Kq2mZ7pL4w", "--api-key",
                                       "\n", "KEY", "API_KEY", "abc", "&", "?", "{", ",", "session", "pass", "\t",
                                       "=>", ":=", "      ", "\\\\\\\"", "`", "-p", "_"]),
@@ -39,6 +39,7 @@ def test_email_candidates_on_hand_made_cases():
 @given(_DIGITISH)
 def test_digit_runs_hold_every_ip_card_and_phone_candidate(text):
     runs = engine._digit_runs(text)
+    assert list(engine._digit_run_spans(text)) == [m.span() for m in engine._DIGIT_RUN.finditer(text)]
     for pattern in (engine._IPV4, engine._CARD, engine._PHONE_HINT):
         assert [m.span() for a, b in runs for m in pattern.finditer(text, a, b)] == \
                [m.span() for m in pattern.finditer(text)], pattern.pattern
