@@ -27,6 +27,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+import ahocorasick_rs
+
 SYSTEM_USERS = frozenset({
     "shared", "public", "default", "runner", "ubuntu", "root", "user", "username", "admin", "guest", "all users",
     "default user", "you", "me", "your_name", "yourname", "name", "runneradmin", "appveyor", "travis", "vagrant",
@@ -66,11 +68,22 @@ _TRIGGERS = ("pwd", "/Users/", "\\Users\\", "\\\\Users\\\\", "/home/", "-home-",
              "HOME")
 
 
+_TRIGGER_AUTOMATON = ahocorasick_rs.AhoCorasick(list(_TRIGGERS))
+#: a literal every match of the pattern of the same place in ``_PATTERNS`` holds (None: none that
+#: ``_TRIGGERS`` finds, the pattern runs whenever one of them occurs)
+_NEEDED: list[tuple[str, ...] | None] = [("/Users/",), ("/Users/",), None, ("/home/",), ("-home-", "-Users-"), ("@",),
+                                         ("whoami",), ("USER", "LOGNAME"), ("/home/",), ("/home/",)]
+
+
 def user_names(text: str) -> Iterator[tuple[int, int, str, str]]:
-    """``(start, end, "USERNAME", detector)`` for account names with evidence."""
-    if not any(t in text for t in _TRIGGERS):
+    """``(start, end, "USERNAME", detector)`` for account names with evidence: when one of
+    ``_TRIGGERS`` occurs (one pass of an automaton), each pattern whose needed literal occurs."""
+    present = set(_TRIGGER_AUTOMATON.find_matches_as_strings(text, overlapping=True))
+    if not present:
         return
-    for pattern, detector in _PATTERNS:
+    for (pattern, detector), needed in zip(_PATTERNS, _NEEDED, strict=True):
+        if needed is not None and present.isdisjoint(needed):
+            continue
         for m in pattern.finditer(text):
             v = m.group("v").rstrip(".")
             if len(v) < 2 or v.lower() in SYSTEM_USERS or v.startswith("<") or re.fullmatch(r"[\d.]+", v):

@@ -82,3 +82,43 @@ def test_memo_returns_copies():
     got = d.find(text)
     got.clear()
     assert d.find(text)
+
+
+_USERISH = st.lists(st.sampled_from(["/Users/", "Bob", "/home/", "alice", "/.bashrc", "-home-", "-Users-", "jdoe", "@",
+                                     "devbox", ":~/x$ ", "whoami\n", "USER=", "LOGNAME=", "HOME=", "echo $HOME\n",
+                                     "C:\\Users\\", "c:\\users\\", " ", "\n", "/", "pwd\n", "'"]), max_size=16).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_USERISH)
+def test_user_name_patterns_run_only_where_their_literal_is_and_find_the_same(text):
+    """Each user-name pattern runs only when a literal every match of it holds occurs: the same
+    findings as every pattern run whenever any trigger occurs."""
+    from trajwh.redaction import people
+
+    def plain(text):
+        if not any(t in text for t in people._TRIGGERS):
+            return []
+        out = []
+        for pattern, detector in people._PATTERNS:
+            for m in pattern.finditer(text):
+                v = m.group("v").rstrip(".")
+                if len(v) < 2 or v.lower() in people.SYSTEM_USERS or v.startswith("<") or re.fullmatch(r"[\d.]+", v):
+                    continue
+                if detector == "shell_prompt" and m.group("h").lower() in ("github.com", "gitlab.com", "bitbucket.org"):
+                    continue
+                out.append((m.start("v"), m.start("v") + len(v), "USERNAME", detector))
+        return out
+
+    assert list(people.user_names(text)) == plain(text)
+
+
+def test_every_user_name_pattern_still_finds_its_case():
+    from trajwh.redaction import people
+
+    cases = ["open /Users/jdoe/notes.txt", "ls /Users/jdoe", r"C:\Users\jdoe\x", "cat /home/jdoe/.bashrc",
+             "file -home-jdoe-proj", "jdoe@devbox:~/x$ ls", "$ whoami\njdoe\n", "USER=jdoe", "echo $HOME\n/home/jdoe\n",
+             "HOME=/home/jdoe"]
+    found = [{d for *_, d in people.user_names(t)} for t in cases]
+    assert found == [{"home_path"}, {"home_path"}, {"home_path"}, {"home_path"}, {"home_path_name"}, {"shell_prompt"},
+                     {"whoami"}, {"env_user"}, {"home_echo"}, {"env_user"}], found
