@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+import xxhash
 from trajwh.packing.tokenizers import Tokenizer
 
 TEMPLATE = "chatml-qwen2.5"
@@ -108,8 +109,6 @@ def layout_digest(text: bytes, special_ids: Any, special_at: Any, run_at: Any, r
     byte offsets, and its loss mask as runs (the byte offset where each run starts and its value).
     Two token sequences with the same layout decode to the same text, hold the same control tokens
     at the same places, and train the same bytes."""
-    import xxhash
-
     sizes = np.array([len(text), len(special_ids), len(run_at)], dtype="<i8")
     h = xxhash.xxh3_128(sizes)
     h.update(text)
@@ -119,7 +118,7 @@ def layout_digest(text: bytes, special_ids: Any, special_at: Any, run_at: Any, r
 
 
 def rendered_layout(layout: Rendered, tok: Tokenizer) -> bytes:
-    """``layout_digest`` of a rendering made with ``Layout(tok)``: what its tokens' must be."""
+    """``layout_digest`` of a rendering made with ``Layout(tok)``: what its tokens' layout must be."""
     atoms = np.asarray(layout.ids, dtype=np.int64)
     mask = np.asarray(layout.mask, dtype=np.int8)
     special = atoms >= 0
