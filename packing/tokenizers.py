@@ -97,11 +97,10 @@ class Tokenizer:
     @cached_property
     def token_lengths(self) -> np.ndarray:
         """Each token id's length in UTF-8 bytes (0 for an id the vocabulary does not hold)."""
-        enc = self.encoding
-        out = np.zeros(enc.max_token_value + 1, dtype=np.int64)
+        out = np.zeros(self.encoding.max_token_value + 1, dtype=np.int64)
         for i in range(len(out)):
             try:
-                out[i] = len(enc.decode_single_token_bytes(i))
+                out[i] = len(self.token_bytes(i))
             except KeyError:
                 pass
         return out

@@ -367,7 +367,7 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
             if seg["unit_kind"] is None:  # counted by the segment checks
                 continue
             out["rendered"] += 1
-            tok = toks.get(seg["tokenizer_id"]) or toks.setdefault(seg["tokenizer_id"], tokenizer_of(seg["tokenizer_id"]))
+            tok = _tokenizer(toks, seg["tokenizer_id"]) or tokenizer_of(seg["tokenizer_id"])  # (raises: not installed)
             if tok.id != seg["tokenizer_id"]:
                 bad("round_trip_violations", seg, f"tokenizer {seg['tokenizer_id']} is not the installed {tok.id}")
                 continue
