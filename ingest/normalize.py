@@ -13,7 +13,7 @@ rest of the batch goes on.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,11 +31,11 @@ from trajwh.ingest.test_output import parse_test_output
 from trajwh.ingest.truncation import truncation
 from trajwh.lineage.catalog import Warehouse, WriteSession, now_utc
 from trajwh.lineage.parallel import PARALLEL_MIN_ITEMS, ordered_chunks, workers_wanted
-from trajwh.lineage.rebuild import mark_running, run_row
+from trajwh.lineage.rebuild import chosen_batches, mark_running, run_row
 from trajwh.lineage.storage import WrittenFile
 from trajwh.schemas import ids
 from trajwh.schemas.arrow import arrow_schema
-from trajwh.schemas.errors import ConfigError, InputFormatError
+from trajwh.schemas.errors import ConfigError, InputFormatError, WarehouseBusyError
 from trajwh.schemas.repository import normalize_repository
 from trajwh.schemas.tables import (
     SCHEMA_VERSION,
@@ -66,6 +66,9 @@ class NormalizeSummary:
     companions: int = 0
     superseded: int = 0  # raw records of a session that a longer copy replaces (ingest/sessions.py)
     quarantine_reasons: dict[str, int] = field(default_factory=dict)
+    #: batches a per-batch run marked to build again: they hold a key or tool schema that a batch
+    #: committed before them keeps (their next run, or the next build, builds them)
+    marked_stale: list[str] = field(default_factory=list)
 
 
 def batch_transform_version(formats: list[str], facts_digest: str = "") -> str:
@@ -290,6 +293,8 @@ class _BatchNormalizer:
                  schemas_known: set[str] | None = None):
         self.session, self.batch_id, self.run_id, self.facts = session, batch_id, run_id, facts
         self.schemas_known = schemas_known if schemas_known is not None else set()  # tool schema digests stored
+        self.kept: dict[str, str] = {}  # trajectory key -> raw record of the episodes this batch keeps
+        self.schemas_new: set[str] = set()  # the tool schemas this batch stores
         self.superseded = superseded or {}
         self.parts = parts or {}  # an assembled session's owner record -> all its part records
         self.supersedes: dict[str, list[str]] = {}  # longer record -> the shorter copies it replaces
@@ -377,7 +382,7 @@ class _BatchNormalizer:
                             f"episode {index} of this record has trajectory key {key}, already built from "
                             f"raw record {owner}; kept the first")
                 continue
-            self.keys[key] = rec["record_id"]
+            self.keys[key] = self.kept[key] = rec["record_id"]
             kept.append(ordinal)
             keys.append(key)
             self.summary.episodes += 1
@@ -401,6 +406,7 @@ class _BatchNormalizer:
                 for i, digest in enumerate(table.column("tool_schema_digest").to_pylist()):
                     if digest not in self.schemas_known:
                         self.schemas_known.add(digest)
+                        self.schemas_new.add(digest)
                         first.append(i)
                 table = table.take(pa.array(first, type=pa.int64()))
             if table.num_rows:
@@ -466,73 +472,187 @@ def _edge(child: str, child_table: str, parent: str, parent_table: str, lineage:
             "run_id": lineage["_run_id"]}
 
 
-def _schemas_known(wh: Warehouse, rebuilding: set[str]) -> set[str]:
-    """Tool schema digests already stored by batches that are not being rebuilt."""
-    if not wh.files("tool_schemas"):
-        return set()
-    rows = wh.query("SELECT tool_schema_digest, _batch_id FROM tool_schemas").to_pylist()
-    return {r["tool_schema_digest"] for r in rows if r["_batch_id"] not in rebuilding}
+#: how often a per-batch run builds its batch again when earlier batches commit its keys meanwhile
+_ATTEMPTS = 3
 
 
-def _batch_outputs(wh: Warehouse, batch_id: str) -> list[Path]:
-    """The files a previous normalization of this batch wrote (replaced on rebuild)."""
-    rows = wh.query(
-        "SELECT path FROM table_files WHERE batch_id = ? AND coalesce(transform_version, '') LIKE '%;normalize=%' "
-        # the redaction stage's versions embed the normalized version they were made from: not ours
-        "AND NOT starts_with(coalesce(transform_version, ''), 'redact@') "
-        "AND (list_contains(?, table_name) OR table_name = 'quarantine')",
-        [batch_id, list(_DERIVED_TABLES)],
-    )
-    return [wh.data / p for p in rows.column(0).to_pylist()]
+class _Overtaken(Exception):
+    """An earlier batch committed a trajectory key or tool schema this batch kept (a partition run
+    beside others): the batch is built again against what is committed now."""
+
+
+@dataclass
+class _Stored:
+    """What batches that are up to date keep: trajectory key -> (raw record, batch's commit rank),
+    tool schema digest -> batch's commit rank."""
+
+    keys: dict[str, tuple[str, int]]
+    schemas: dict[str, int]
+
+    def before(self, rank: int) -> tuple[dict[str, str], set[str]]:
+        """The keys (-> their raw record) and schemas of the batches committed before ``rank``."""
+        return ({k: rec for k, (rec, r) in self.keys.items() if r < rank},
+                {d for d, r in self.schemas.items() if r < rank})
+
+
+def _stored(wh: Warehouse, pending: set[str], rank: dict[str, int]) -> _Stored:
+    """The keys and tool schemas of the stored batches that are not ``pending`` (to be built). A
+    batch that is no longer committed counts as the earliest."""
+    keys = {r["trajectory_key"]: (r["_record_id"], rank.get(r["_batch_id"], -1)) for r in wh.query(
+        "SELECT trajectory_key, _record_id, _batch_id FROM episodes WHERE NOT list_contains(?, _batch_id)",
+        [sorted(pending)]).to_pylist()}
+    schemas: dict[str, int] = {}
+    if wh.files("tool_schemas"):
+        for r in wh.query("SELECT tool_schema_digest, _batch_id FROM tool_schemas WHERE NOT list_contains(?, _batch_id)",
+                          [sorted(pending)]).to_pylist():
+            r_ = rank.get(r["_batch_id"], -1)
+            schemas[r["tool_schema_digest"]] = min(r_, schemas.get(r["tool_schema_digest"], r_))
+    return _Stored(keys, schemas)
+
+
+def _version_of(b: dict[str, Any], facts: FactIndex, by_batch: dict[str, list[str]]) -> str:
+    """A batch's normalize version: its formats' adapters and the facts, and the superseded copies
+    it holds or supersedes."""
+    version = batch_transform_version(orjson.loads(b["formats"]), facts.digest)
+    if by_batch.get(b["batch_id"]):  # a copy in this batch was superseded: rebuild it without
+        version += f";superseded={ids.digest(sorted(by_batch[b['batch_id']]))[:12]}"
+    return version
+
+
+def _batches_to_build(wh: Warehouse, committed: list[dict[str, Any]], facts: FactIndex,
+                      by_batch: dict[str, list[str]], full: bool) -> list[tuple[str, str]]:
+    """(batch, version) of every committed batch whose stored rows are not of its version now (all
+    with new records if ``full``), in commit order."""
+    built = {r["batch_id"]: r["version"] for r in wh.query(
+        "SELECT batch_id, any_value(transform_version) AS version FROM table_files "
+        "WHERE table_name = 'episodes' GROUP BY batch_id").to_pylist()}
+    todo = []
+    for b in committed:
+        version = _version_of(b, facts, by_batch)
+        if b["n_new"] and (full or built.get(b["batch_id"]) != version):
+            todo.append((b["batch_id"], version))
+    return todo
+
+
+def _commit_batch(session: WriteSession, worker: _BatchNormalizer, rank: dict[str, int], version: str,
+                  run_id: str) -> list[str]:
+    """Commit one built batch in place of its earlier output, deciding in the commit's transaction
+    against what is committed then: another batch that holds a key or tool schema this one keeps
+    is either earlier (``_Overtaken``: nothing is committed) or later, and then marked to build
+    again: its normalized and redacted files leave the manifest in the same transaction (no reader
+    sees a key twice), so the next normalize builds it. Returns the later batches marked."""
+    from trajwh.redaction.layer import redacted_outputs  # (imported here: redaction loads late)
+
+    batch_id, later = worker.batch_id, []
+
+    def guard(con: Any) -> list[Any]:
+        holders: set[str] = set()
+        for table, column, values in (("episodes", "trajectory_key", list(worker.kept)),
+                                      ("tool_schemas", "tool_schema_digest", sorted(worker.schemas_new))):
+            if values:
+                holders |= {b for (b,) in con.execute(
+                    f"SELECT DISTINCT _batch_id FROM {table} WHERE _batch_id IS DISTINCT FROM ? AND "
+                    f"{column} IN (SELECT unnest(?::VARCHAR[]))", [batch_id, values]).fetchall()}
+        mine = rank[batch_id]
+        earlier = sorted(b for b in holders if rank.get(b, -1) < mine)
+        if earlier:
+            raise _Overtaken(f"batch {earlier[0]} holds some of them")
+        later.extend(sorted(holders, key=lambda b: rank[b]))
+        gone = _batch_outputs(session.wh, batch_id, con)  # read in the transaction: a run of the same batch beside
+        for b in later:  # out of the manifest, normalized and redacted, until built again: nothing is held twice
+            gone += _batch_outputs(session.wh, b, con) + redacted_outputs(session.wh, b, con)
+        return gone
+
+    session.commit(worker.files, batch_id=batch_id, run_id=run_id, transform_version=version, guard=guard)
+    return later
+
+
+def _batch_outputs(wh: Warehouse, batch_id: str, con: Any = None) -> list[Path]:
+    """The files a previous normalization of this batch wrote (replaced on rebuild); read through
+    ``con`` when given (a commit's transaction)."""
+    sql = ("SELECT path FROM table_files WHERE batch_id = ? AND coalesce(transform_version, '') LIKE '%;normalize=%' "
+           # the redaction stage's versions embed the normalized version they were made from: not ours
+           "AND NOT starts_with(coalesce(transform_version, ''), 'redact@') "
+           "AND (list_contains(?, table_name) OR table_name = 'quarantine')")
+    params = [batch_id, list(_DERIVED_TABLES)]
+    paths = wh.query(sql, params).column(0).to_pylist() if con is None else [p for (p,) in con.execute(sql, params).fetchall()]
+    return [wh.data / p for p in paths]
 
 
 def normalize_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, lock_timeout: float = 60.0,
                         progress: Callable[[int], None] | None = None,
-                        on_plan: Callable[[int], None] | None = None) -> NormalizeSummary:
-    """Build ``episodes`` and ``steps`` for every batch that needs it (all batches if ``full``)."""
+                        on_plan: Callable[[int], None] | None = None,
+                        batches: Sequence[str] | None = None) -> NormalizeSummary:
+    """Build ``episodes`` and ``steps`` for every batch that needs it (all batches if ``full``),
+    in commit order.
+
+    A batch keeps an episode whose trajectory key no earlier batch (in commit order) keeps, and a
+    tool schema no earlier batch stores. ``batches``: only these (a run of their Dagster
+    partitions). Such a run holds the writers' lock shared, so runs of other batches go on beside
+    it, and decides against what is committed when it commits (``_commit_batch``): an earlier
+    batch that took one of its keys meanwhile makes it build again; a later batch that holds one
+    of its keys is marked to build again (its next run, or this run when it builds every batch).
+    Any order of partition runs then ends, once each marked batch is built again, with the
+    tables one build of every batch gives."""
     summary = NormalizeSummary(run_id)
     started = now_utc()
-    with wh.write_session("normalize", timeout=lock_timeout) as session:
+    with wh.write_session("normalize", timeout=lock_timeout, shared=batches is not None) as session:
         mark_running(session, run_id, "normalize", started)
-        batches = wh.query("SELECT batch_id, formats, n_new FROM batches WHERE status = 'committed' "
-                           "ORDER BY committed_at, batch_id").to_pylist()
-        built = {r["batch_id"]: r["version"] for r in wh.query(
-            "SELECT batch_id, any_value(transform_version) AS version FROM table_files "
-            "WHERE table_name = 'episodes' GROUP BY batch_id").to_pylist()}
         facts = FactIndex(wh)
         absorbed, parts = find_parts(wh)
         superseded = {**find_superseded(wh), **absorbed}
+        committed = wh.query("SELECT batch_id, formats, n_new FROM batches WHERE status = 'committed' "
+                             "ORDER BY committed_at, batch_id").to_pylist()
+        rank = {b["batch_id"]: i for i, b in enumerate(committed)}
+        n_new = {b["batch_id"]: b["n_new"] for b in committed}
         by_batch: dict[str, list[str]] = {}  # batches whose rows change: the copy dropped, the edges added
         for old, (new, new_batch, old_batch) in superseded.items():
             by_batch.setdefault(old_batch, []).append(old)
             by_batch.setdefault(new_batch, []).append(f"{new}>{old}")
-        todo = []
-        for b in batches:
-            version = batch_transform_version(orjson.loads(b["formats"]), facts.digest)
-            if by_batch.get(b["batch_id"]):  # a copy in this batch was superseded: rebuild it without
-                version += f";superseded={ids.digest(sorted(by_batch[b['batch_id']]))[:12]}"
-            if b["n_new"] == 0 or (not full and built.get(b["batch_id"]) == version):
-                summary.batches_skipped += 1
-            else:
-                todo.append((b["batch_id"], version))
-        rebuilding = {bid for bid, _ in todo}
-        n_new = {b["batch_id"]: b["n_new"] for b in batches}
-        keys: dict[str, str] = {}
-        schemas_known: set[str] = set()
-        if todo:  # the keys of every stored episode: read only when a batch is built
-            keys = {r["trajectory_key"]: r["_record_id"] for r in wh.query(
-                "SELECT trajectory_key, _record_id, _batch_id FROM episodes").to_pylist()
-                if r["_batch_id"] not in rebuilding}
-            schemas_known = _schemas_known(wh, rebuilding)
+        todo = _batches_to_build(wh, committed, facts, by_batch, full)
+        summary.batches_skipped = len(committed) - len(todo)
+        if batches is not None:
+            todo = chosen_batches(todo, list(rank), batches)
+            summary.batches_skipped = len(committed) - len(todo)
         if on_plan:
-            on_plan(sum(b["n_new"] for b in batches if b["batch_id"] in rebuilding))
-        for batch_id, version in todo:
-            worker = _BatchNormalizer(session, batch_id, run_id, keys, summary, facts, superseded, parts, schemas_known)
-            worker.run(wh.files("raw_records", batch_id=batch_id), progress, n_records=n_new[batch_id])
-            session.commit(worker.files, removed=_batch_outputs(wh, batch_id), batch_id=batch_id,
-                           run_id=run_id, transform_version=version)
+            on_plan(sum(n_new[bid] for bid, _ in todo))
+        pending = {b for b, _ in _batches_to_build(wh, committed, facts, by_batch, full)}
+        stored = _stored(wh, pending, rank) if todo else _Stored({}, {})
+        queue, marked = list(todo), []
+        here_keys: dict[str, str] = {}  # what the batches this run built keep (all earlier: it builds in commit order)
+        here_schemas: set[str] = set()
+        while queue:
+            batch_id, version = queue.pop(0)
+            for attempt in range(_ATTEMPTS):
+                if attempt:  # overtaken: what is up to date now
+                    pending = {b for b, _ in _batches_to_build(wh, committed, facts, by_batch, full)}
+                    stored = _stored(wh, pending | {batch_id}, rank)
+                keys, schemas = stored.before(rank[batch_id])
+                keys.update(here_keys)
+                schemas |= here_schemas
+                counts = {**summary.__dict__, "quarantine_reasons": dict(summary.quarantine_reasons)}
+                worker = _BatchNormalizer(session, batch_id, run_id, keys, summary, facts, superseded, parts, schemas)
+                worker.run(wh.files("raw_records", batch_id=batch_id), progress, n_records=n_new[batch_id])
+                try:
+                    later = _commit_batch(session, worker, rank, version, run_id)
+                except _Overtaken as exc:  # an earlier batch committed a key or schema of this one meanwhile
+                    summary.__dict__.update(counts)
+                    if attempt + 1 == _ATTEMPTS:
+                        raise WarehouseBusyError(f"normalize: batch {batch_id} was overtaken {_ATTEMPTS} times by "
+                                                 f"earlier batches committing its keys ({exc})",
+                                                 valid="run it again, or build every batch (trajwh build)") from None
+                    continue
+                break
+            here_keys.update(worker.kept)
+            here_schemas |= worker.schemas_new
             summary.batches_done += 1
+            for b in later:  # they hold a key or schema this batch keeps: built again after it
+                marked.append(b)
+                if batches is None and all(q != b for q, _ in queue):  # a whole build: in this run
+                    queue.append((b, _version_of(committed[rank[b]], facts, by_batch)))
+                    queue.sort(key=lambda t: rank[t[0]])
+        summary.marked_stale = sorted(set(marked) if batches is not None else set())
         session.upsert_rows("runs", [run_row(
-            run_id, "normalize", started, params={"full": full},
+            run_id, "normalize", started, params={"full": full, **({"batches": list(batches)} if batches else {})},
             counts={k: v for k, v in summary.__dict__.items() if k != "run_id"}, code_version=f"normalize@{NORMALIZE_VERSION}")])
     return summary

@@ -55,6 +55,7 @@ _DOC_NAME = re.compile(r"^(README|READ_ME|LICEN[CS]E|COPYING|NOTICE|CHANGELOG|CH
                        r"CITATION|SOURCES|MANIFEST)([._-].*)?$", re.I)
 INGEST_TRANSFORM = f"ingest@{INGEST_VERSION}"
 _SOURCE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/\-]{0,127}$")
+_BATCH_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
 @dataclass
@@ -68,8 +69,13 @@ class IngestOptions:
     lock_timeout: float = 60.0
     allow_forgotten: bool = False  # take records a deletion request removed (refused and counted otherwise)
     stdin: Any = None  # the binary stream a path "-" reads (standard input when None)
+    #: the batch's id, chosen by the caller (a Dagster partition added before the run that ingests
+    #: it); made here when None. 32 lowercase hex digits, the form of the ids made here
+    batch_id: str | None = None
 
     def validate(self) -> None:
+        if self.batch_id is not None and not _BATCH_ID.match(self.batch_id):
+            raise ConfigError(f"batch id {self.batch_id!r} is not usable", valid="32 lowercase hexadecimal digits")
         if not _SOURCE.match(self.source):
             raise ConfigError(f"source name {self.source!r} is not usable",
                               valid="1-128 characters of letters, digits and _ . : / -, starting with a letter or digit")
@@ -403,10 +409,14 @@ def _ingest_paths(wh: Warehouse, paths: list[str | os.PathLike[str]], names: dic
     if on_files:
         on_files(files)
     started = now_utc()
-    batch_id = ids.short_id(opts.source, started.isoformat(), str(os.getpid()), uuid.uuid4().hex)
+    batch_id = opts.batch_id or ids.short_id(opts.source, started.isoformat(), str(os.getpid()), uuid.uuid4().hex)
     run_id = run_id or f"ingest-{batch_id[:16]}"
     summary = IngestSummary(batch_id, run_id, opts.source)
     with wh.write_session("ingest", timeout=opts.lock_timeout) as session:
+        if opts.batch_id is not None and wh.query("SELECT count(*) FROM batches WHERE batch_id = ?",
+                                                  [batch_id]).column(0)[0].as_py():
+            raise ConfigError(f"batch {batch_id} exists already in {wh.root}",
+                              valid="a new batch id (or none: one is made)")
         writer = _BatchWriter(session, opts, batch_id, run_id)
         for path, reason in problems:
             summary.files.append(_file_error(path, reason, writer, opts, summary))

@@ -30,7 +30,7 @@ import os
 import re
 import socket
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import cache
@@ -389,26 +389,36 @@ class Warehouse:
     # --- writing -------------------------------------------------------------------------
 
     @contextmanager
-    def write_session(self, op: str, *, timeout: float = 60.0) -> Iterator[WriteSession]:
-        """Hold the warehouse's write lock for one operation (ingest, build, ...)."""
+    def write_session(self, op: str, *, timeout: float = 60.0, shared: bool = False) -> Iterator[WriteSession]:
+        """Hold the warehouse's write lock for one operation (ingest, build, ...).
+
+        ``shared``: a per-batch writer (a run of one batch's partition: normalize, redact). Several
+        hold the lock at once; each writes content-named files that no manifest lists yet and
+        commits them in the catalog's own write transaction (one process at a time), deciding there
+        against what the others committed (``WriteSession.commit``'s guard). Every other writer
+        holds it exclusively: it waits for the shared holders and they for it, and only it removes
+        unlisted files (a shared holder's files are unlisted until it commits)."""
         ensure_dir(self.root, restricted=True)
         lock_path = self.root / ".lock"
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            _acquire(fd, lock_path, op, timeout)
+            _acquire(fd, lock_path, op, timeout, shared=shared)
+            if shared and not self.catalog_path.exists():
+                raise CatalogError(f"no catalog at {self.catalog_path}: a per-batch writer needs an ingested warehouse")
             session = WriteSession(self, op)
             session.init_catalog()
-            session.collect_garbage()
+            if not shared:
+                session.collect_garbage()
             yield session
         finally:
             os.close(fd)  # releases the flock
 
 
-def _acquire(fd: int, lock_path: Path, op: str, timeout: float) -> None:
+def _acquire(fd: int, lock_path: Path, op: str, timeout: float, *, shared: bool = False) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
             break
         except BlockingIOError:
             if time.monotonic() >= deadline:
@@ -420,6 +430,10 @@ def _acquire(fd: int, lock_path: Path, op: str, timeout: float) -> None:
                 ) from None
             time.sleep(0.2)
     info = f"pid {os.getpid()} on {socket.gethostname()}, {op} since {now_utc().isoformat(timespec='seconds')}"
+    if shared:  # beside others: the last one's line (a whole line, padded over a longer one)
+        info = f"{info} (shared: per-batch writers)"
+        os.pwrite(fd, info.encode().ljust(512), 0)
+        return
     os.ftruncate(fd, 0)
     os.pwrite(fd, info.encode(), 0)
 
@@ -618,11 +632,18 @@ class WriteSession:
         batch_id: str | None = None,
         run_id: str | None = None,
         transform_version: str | None = None,
+        guard: Callable[[duckdb.DuckDBPyConnection], Sequence[DataPath]] | None = None,
     ) -> None:
-        """Make ``added`` visible, ``removed`` invisible and insert metadata ``rows``, atomically."""
+        """Make ``added`` visible, ``removed`` invisible and insert metadata ``rows``, atomically.
+        ``guard`` runs first in the same transaction (no other process can commit until it ends):
+        it may raise to abort the commit, and returns more files to remove, read from the catalog
+        as it is then (a writer that holds the lock shared decides there against what others
+        committed meanwhile)."""
         root = self.wh.data
         touched = {f.table for f in added}
         with self._transaction() as con:
+            if guard is not None:
+                removed = [*removed, *guard(con)]
             if removed:
                 rels = [str(p.relative_to(root)) for p in removed]
                 found = con.execute(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -126,3 +126,18 @@ def run_row(run_id: str, job: str, started: Any, *, params: dict[str, Any], coun
     """A succeeded run's row for the ``runs`` table."""
     return {"run_id": run_id, "job": job, "started_at": started, "finished_at": now_utc(), "status": "succeeded",
             "params": json_text(params), "counts": json_text(counts), "code_version": code_version, "error": None}
+
+
+def chosen_batches(todo: list[tuple[str, Any]], order: Sequence[str], chosen: Sequence[str]) -> list[tuple[str, Any]]:
+    """The (batch, version) pairs of ``todo`` (what a build of every batch would do) that are in
+    ``chosen`` (a Dagster partition run: one partition per ingest batch). ``order``: every
+    committed batch in commit order; a chosen batch that is not one is an error naming it."""
+    from trajwh.schemas.errors import ConfigError
+
+    unknown = sorted(set(chosen) - set(order))
+    if unknown:
+        recent = ", ".join(order[-5:]) or "none yet: ingest first"
+        raise ConfigError(f"batch {unknown[0]} is not a committed batch of this warehouse",
+                          valid=f"a committed batch id (the latest: {recent}; `trajwh status` lists them)")
+    picked = set(chosen)
+    return [t for t in todo if t[0] in picked]

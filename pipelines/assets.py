@@ -22,6 +22,46 @@ class IngestConfig(dg.Config):
     source: str = "landing"
     license: str | None = None
     format: str | None = None
+    batch_id: str | None = None  # the batch's id when its partition was added before the run (``new_batch``)
+
+
+#: one partition per committed ingest batch (its id): the per-batch assets (normalized, redacted)
+#: are partitioned by it, so the UI, backfills and retries work per batch. `trajwh build` and the
+#: raw_records asset add each committed batch; a run over a range of them is one step per asset
+#: (``BackfillPolicy.single_run``: the stage shares its batches out over the cores itself). A run
+#: that holds them must name partitions (Dagster reads a partitioned step's partitioned inputs by
+#: the run's range): a run that also ingests adds its batch's partition first (``new_batch``).
+BATCHES = dg.DynamicPartitionsDefinition(name="batches")
+_PER_BATCH = {"partitions_def": BATCHES, "backfill_policy": dg.BackfillPolicy.single_run()}
+
+
+def new_batch(instance: dg.DagsterInstance) -> tuple[str, dict[str, str]]:
+    """A batch id for a run that ingests and builds (``build(include_ingest=True)``, the landing
+    sensor): its partition is added first, so the run can cover every partition, the new one
+    included (a partitioned step must run in a partitioned run). Returns the id and the run's
+    partition range tags. A batch the ingest does not commit (nothing new) leaves a partition
+    that the next ``sync_partitions`` removes."""
+    import uuid
+
+    batch_id = uuid.uuid4().hex
+    instance.add_dynamic_partitions(BATCHES.name, [batch_id])
+    known = instance.get_dynamic_partitions(BATCHES.name)
+    return batch_id, range_tags(known[0], known[-1])
+
+
+def range_tags(first: str, last: str) -> dict[str, str]:
+    """A run's tags for the partitions from ``first`` to ``last`` (in the order they were added)."""
+    return {"dagster/asset_partition_range_start": first, "dagster/asset_partition_range_end": last}
+
+
+def run_batches(context: dg.AssetExecutionContext) -> list[str] | None:
+    """The batches a per-batch step builds: its run's partitions, or None (every batch) when the run
+    has none or covers every batch the instance knows (a whole build)."""
+    if not (context.has_partition_key_range or context.has_partition_key):
+        return None
+    keys = list(context.partition_keys)
+    known = context.instance.get_dynamic_partitions(BATCHES.name)
+    return None if set(known) <= set(keys) else keys
 
 
 class BuildConfig(dg.Config):
@@ -53,10 +93,12 @@ def raw_records(context: dg.AssetExecutionContext, config: IngestConfig,
         if p == landing_dir(warehouse):
             wh.root.joinpath("landing").mkdir(parents=True, exist_ok=True)
     opts = IngestOptions(source=config.source, license=config.license, format=config.format,
-                         lock_timeout=warehouse.lock_timeout)
+                         lock_timeout=warehouse.lock_timeout, batch_id=config.batch_id)
     with count_progress("ingesting files") as advance:
         s = ingest_paths(wh, paths, opts, run_id=context.run_id,
                          on_files=lambda files: advance.set_total(len(files)))
+    if s.recorded and not context.instance.has_dynamic_partition(BATCHES.name, s.batch_id):  # (added before, usually)
+        context.instance.add_dynamic_partitions(BATCHES.name, [s.batch_id])
     return dg.MaterializeResult(metadata={
         **table_metadata(warehouse, "raw_records"), "batch_id": s.batch_id, "files": len(s.files), "new": s.n_new, "already_present": s.n_duplicate,
         "quarantined": s.n_quarantined, "bytes": dg.MetadataValue.int(s.bytes_read)})
@@ -70,12 +112,13 @@ def raw_records(context: dg.AssetExecutionContext, config: IngestConfig,
                      description="Canonical steps (messages, tool calls, observations) with lineage."),
     ],
     can_subset=False,
+    **_PER_BATCH,
 )
 def normalized(context: dg.AssetExecutionContext, config: BuildConfig, warehouse: WarehouseResource):
     with count_progress("normalizing records") as advance:
         s = normalize_warehouse(warehouse.get(), run_id=context.run_id, full=config.full,
                                 lock_timeout=warehouse.lock_timeout, progress=advance,
-                                on_plan=advance.set_total)
+                                on_plan=advance.set_total, batches=run_batches(context))
     common = {"batches_built": s.batches_done, "batches_unchanged": s.batches_skipped,
               "quarantined": s.quarantined}
     yield dg.MaterializeResult(asset_key="episodes", metadata={**table_metadata(warehouse, "episodes"), **common, "episodes_built": s.episodes})
@@ -97,12 +140,14 @@ class RedactConfig(dg.Config):
                      description="One row per replacement (field, offsets, type, detector, placeholder), never the value."),
     ],
     can_subset=False,
+    **_PER_BATCH,
 )
 def redacted(context: dg.AssetExecutionContext, config: RedactConfig, warehouse: WarehouseResource):
     with count_progress("redacting episodes") as advance:
         s = redact_warehouse(warehouse.get(), run_id=context.run_id, full=config.full, scope_kind=config.scope,
                              private_addresses=warehouse.settings().redaction.private_addresses,
-                             lock_timeout=warehouse.lock_timeout, progress=advance, on_plan=advance.set_total)
+                             lock_timeout=warehouse.lock_timeout, progress=advance, on_plan=advance.set_total,
+                             batches=run_batches(context))
     if not s.vault_written:  # info, not a warning: `trajwh build` says it once, before the build
         context.log.info("vault not written: no key (set TRAJWH_VAULT_KEY or TRAJWH_VAULT_KEY_FILE); the next build "
                          "with a key writes it for the batches redacted without one")

@@ -170,6 +170,9 @@ def ingest(paths: tuple[str, ...], source: str, license_: str | None, format_: s
 @click.option("--select", "select", default=None, metavar="SELECTION",
               help="Only these assets, in Dagster's syntax: splits, group:curated, +fragments, packs+ "
                    "(their inputs must be built).")
+@click.option("--batch", "batch", default=None, metavar="BATCH_ID",
+              help="Only the per-batch assets (normalized, redacted) of this ingest batch: a run of its Dagster "
+                   "partition. A batch that follows one still to build is refused. Then `trajwh build` does the rest.")
 @click.option("--force", is_flag=True,
               help="Run the graph (and its checks) even when nothing changed since the last whole build.")
 @click.option("--ephemeral", is_flag=True,
@@ -178,8 +181,8 @@ def ingest(paths: tuple[str, ...], source: str, license_: str | None, format_: s
 @warehouse_option
 @handle_errors
 def build(full: bool, scope: str, config_path: str | None, cutoff: str | None, fractions: str | None,
-          whole_repository: bool | None, engine: str | None, select: str | None, force: bool, ephemeral: bool,
-          warehouse: str | None) -> None:
+          whole_repository: bool | None, engine: str | None, select: str | None, batch: str | None, force: bool,
+          ephemeral: bool, warehouse: str | None) -> None:
     """(Re)materialize the derived layers through the Dagster graph, in-process, with the
     settings of trajwh.toml (docs/config.md) and the overrides given here. When nothing a build
     reads changed since the last whole build whose checks passed (data, catalog, settings, code,
@@ -200,7 +203,10 @@ def build(full: bool, scope: str, config_path: str | None, cutoff: str | None, f
     render.console.print(f"settings: {settings.source or 'defaults'} (digest {settings.digest()})")
     t0 = time.monotonic()
     curate = {"cutoff": cutoff, "fractions": fractions, "whole_repository": whole_repository, "engine": engine}
-    if not (full or select or force) and _report_up_to_date(wh, scope, curate, config_path, t0):
+    if select and batch:
+        raise ConfigError("--select and --batch cannot be combined",
+                          valid="--batch BATCH_ID (its per-batch assets), or --select SELECTION")
+    if not (full or select or batch or force) and _report_up_to_date(wh, scope, curate, config_path, t0):
         return
     from trajwh.pipelines.definitions import build as run_build
     from trajwh.pipelines.definitions import resolve_selection, warehouse_instance
@@ -212,9 +218,10 @@ def build(full: bool, scope: str, config_path: str | None, cutoff: str | None, f
                                                                if added else ""))
     instance = None if ephemeral else warehouse_instance(wh.root)
     result = run_build(str(wh.root), full=full, scope=scope, config=config_path, instance=instance, only=only,
-                       curate=curate)
+                       curate=curate, batch=batch)
     print_build(result, time.monotonic() - t0)
-    print_split_summary(wh)
+    if batch is None:
+        print_split_summary(wh)
 
 
 def _report_up_to_date(wh: Warehouse, scope: str, curate: dict, config_path: str | None, t0: float) -> bool:

@@ -7,17 +7,21 @@
 
 import hashlib
 import os
+import uuid
 import warnings
 from pathlib import Path
 
 import dagster as dg
 from trajwh.pipelines.assets import (
+    BATCHES,
     curated,
     data_card,
     fragment_layer,
     licensed,
+    new_batch,
     normalized,
     packs,
+    range_tags,
     raw_records,
     redacted,
 )
@@ -32,7 +36,14 @@ build_job = dg.define_asset_job("build", selection=BUILD_SELECTION,
                                 description="Rebuild the derived layers from raw.")
 ingest_landing_job = dg.define_asset_job("ingest_landing", selection=dg.AssetSelection.all(),
                                          description="Ingest the landing folder, then build.")
-daily_build = dg.ScheduleDefinition(job=build_job, cron_schedule="0 3 * * *", name="daily_build")
+@dg.schedule(job=build_job, cron_schedule="0 3 * * *", name="daily_build",
+             description="Builds every committed batch and the global layers, daily.")
+def daily_build(context: dg.ScheduleEvaluationContext, warehouse: WarehouseResource):
+    wh = warehouse.get()
+    committed = sync_partitions(wh, context.instance) if wh.exists() else []
+    if not committed:
+        return dg.SkipReason(f"nothing ingested in {wh.root}")
+    return dg.RunRequest(tags=range_tags(committed[0], committed[-1]))
 
 
 def _landing_fingerprint(landing: Path) -> str:
@@ -54,8 +65,13 @@ def landing_sensor(context: dg.SensorEvaluationContext, warehouse: WarehouseReso
     fingerprint = _landing_fingerprint(landing)
     if not fingerprint or fingerprint == context.cursor:
         return dg.SkipReason(f"no new files in {landing}")
-    context.update_cursor(fingerprint)
-    return dg.RunRequest(run_key=fingerprint)
+    # the batch it ingests is a partition before its run starts (the run names every partition)
+    batch_id = uuid.uuid4().hex
+    known = context.instance.get_dynamic_partitions(BATCHES.name)
+    request = dg.RunRequest(run_key=fingerprint, tags=range_tags((known or [batch_id])[0], batch_id),
+                            run_config={"ops": {"raw_records": {"config": {"batch_id": batch_id}}}})
+    return dg.SensorResult(run_requests=[request], cursor=fingerprint,
+                           dynamic_partitions_requests=[BATCHES.build_add_request([batch_id])])
 
 
 def record_daemon_run(context: dg.RunStatusSensorContext, warehouse: WarehouseResource, status: str,
@@ -169,19 +185,40 @@ def resolve_selection(text: str) -> tuple[list[str], list[str]]:
     return sorted(whole), sorted(whole - chosen)
 
 
+def sync_partitions(wh, instance: dg.DagsterInstance) -> list[str]:
+    """Make the instance's ``batches`` partitions the warehouse's committed batches, in commit
+    order (new ones added, those no longer committed, e.g. forgotten, deleted); returns them.
+    The partitions' order is the order they were added in, so a range names a run of batches."""
+    committed = ([] if not wh.exists() else wh.query(
+        "SELECT batch_id FROM batches WHERE status = 'committed' ORDER BY committed_at, batch_id").column(0).to_pylist())
+    known = instance.get_dynamic_partitions(BATCHES.name)
+    for gone in sorted(set(known) - set(committed)):
+        instance.delete_dynamic_partition(BATCHES.name, gone)
+    kept = [k for k in known if k in set(committed)]
+    if kept != committed[:len(kept)]:  # out of commit order (batches added elsewhere): added again in order
+        for k in kept:
+            instance.delete_dynamic_partition(BATCHES.name, k)
+        kept = []
+    if committed[len(kept):]:
+        instance.add_dynamic_partitions(BATCHES.name, committed[len(kept):])
+    return committed
+
+
 def build(warehouse: str, *, full: bool = False, include_ingest: bool = False,
           ingest_config: dict | None = None, instance: dg.DagsterInstance | None = None,
           log_level: str = "WARNING", scope: str = "episode", curate: dict | None = None,
           config: str | None = None, pack: dict | None = None,
-          only: list[str] | None = None, job: str = "build") -> dg.ExecuteInProcessResult:
+          only: list[str] | None = None, job: str = "build", batch: str | None = None) -> dg.ExecuteInProcessResult:
     """Materialize the graph in-process (``trajwh build`` and the tests use this); ``only``: just
-    these assets (their inputs must exist), e.g. ``["packs"]`` for ``trajwh pack``.
+    these assets (their inputs must exist), e.g. ``["packs"]`` for ``trajwh pack``; ``batch``: the
+    per-batch assets (normalized, redacted) of that one ingest batch, as a run of its partition.
+
+    Every committed batch is a partition of the per-batch assets (``sync_partitions``); a whole
+    build runs the range of all of them, so the instance records each batch's materialization.
 
     ``job`` names the run: the Dagster job the UI lists it under, and the ``runs`` row that
     records it (status running, then succeeded or failed, with the selection and what it
     materialized), beside one row per stage under the same run id."""
-    import uuid
-
     from trajwh.lineage.build_state import (
         build_inputs_digest,
         build_params,
@@ -192,13 +229,15 @@ def build(warehouse: str, *, full: bool = False, include_ingest: bool = False,
     from trajwh.lineage.rebuild import mark_running, run_row
 
     selection = dg.AssetSelection.all() if include_ingest else BUILD_SELECTION
+    if batch is not None:
+        if only or include_ingest:
+            raise ValueError("build(batch=...) runs the per-batch assets alone: no only / include_ingest")
+        only = sorted(k.to_user_string() for a in ASSETS if a.partitions_def is not None for k in a.keys)
     if only:
         selection = dg.AssetSelection.assets(*only)
     ops: dict = {"normalized": {"config": {"full": full}}, "redacted": {"config": {"full": full, "scope": scope}},
                  "curated": {"config": {"full": full, **{k: v for k, v in (curate or {}).items() if v is not None}}},
                  "licensed": {"config": {"full": full}}, "fragment_layer": {"config": {"full": full}}, "packs": {"config": {"full": full, **(pack or {})}}}
-    if include_ingest:
-        ops["raw_records"] = {"config": ingest_config or {}}
     if only:  # config only for the ops that run
         keep = {n for a in ASSETS for n in [a.op.name] if set(only) & {k.to_user_string() for k in a.keys}}
         ops = {k: v for k, v in ops.items() if k in keep}
@@ -206,34 +245,64 @@ def build(warehouse: str, *, full: bool = False, include_ingest: bool = False,
                           asset_checks=[*ALL_CHECKS],
                           resources={"warehouse": WarehouseResource(path=str(warehouse), config=config or "")})
     wh, run_id, started = Warehouse(warehouse), str(uuid.uuid4()), now_utc()
-    params = {"full": full, "selection": only or ("all" if include_ingest else "build"), "dagster_job": job}
-    with wh.write_session(job) as session:
+    instance = instance or dg.DagsterInstance.ephemeral()
+    committed = sync_partitions(wh, instance)
+    # a run holding the per-batch assets names partitions: Dagster reads a partitioned step's
+    # partitioned inputs by the run's range
+    partition: dict = {}
+    if batch is not None:
+        partition = {"partition_key": batch}
+        if batch not in committed:  # refused by the stage too, but before a run starts is clearer
+            from trajwh.lineage.rebuild import chosen_batches
+
+            chosen_batches([], committed, [batch])
+    elif include_ingest:  # the batch it ingests is a partition before the run starts
+        new_id, tags = new_batch(instance)
+        ops["raw_records"] = {"config": {**(ingest_config or {}), "batch_id": new_id}}
+        partition = {"tags": tags}
+    elif committed:
+        partition = {"tags": range_tags(committed[0], committed[-1])}
+    else:  # nothing ingested yet: no batch, so no per-batch step; the others run on empty layers
+        per_batch = [k for a in ASSETS if a.partitions_def is not None for k in a.keys]
+        names = {k.to_user_string() for k in per_batch} | {a.op.name for a in ASSETS if a.partitions_def is not None}
+        selection = selection - dg.AssetSelection.assets(*per_batch)
+        ops = {k: v for k, v in ops.items() if k not in names}
+        defs = dg.Definitions(jobs=[dg.define_asset_job(name=job, selection=selection)], assets=[*ASSETS],
+                              asset_checks=[*ALL_CHECKS],
+                              resources={"warehouse": WarehouseResource(path=str(warehouse), config=config or "")})
+    params = {"full": full, "selection": only or ("all" if include_ingest else "build"), "dagster_job": job,
+              **({"batch": batch} if batch is not None else {})}
+    with wh.write_session(job, shared=batch is not None) as session:  # (a batch's run goes on beside others)
         mark_running(session, run_id, job, started)
     try:
         result = defs.resolve_job_def(job).execute_in_process(
             run_config={"ops": ops, "loggers": {"console": {"config": {"log_level": log_level}}}},
-            instance=instance, raise_on_error=True, run_id=run_id)
+            instance=instance, raise_on_error=True, run_id=run_id, **partition)
     except BaseException as exc:
         forget_built(wh)
+        if include_ingest:  # a batch that was not committed leaves no partition
+            sync_partitions(wh, instance)
         try:  # recorded when it can be; never in place of the error itself
             _record_job(wh, run_row(run_id, job, started, params=params, counts={}, code_version=""),
-                        f"{type(exc).__name__}: {exc}")
+                        f"{type(exc).__name__}: {exc}", shared=batch is not None)
         except Exception:  # noqa: BLE001
             pass
         raise
+    if include_ingest:
+        sync_partitions(wh, instance)
     checks = result.get_asset_check_evaluations()
     failed = sorted(c.check_name for c in checks if not c.passed)
-    if only is None and not failed:  # the whole graph built and checked: what it left is up to date
+    if only is None and batch is None and not failed:  # the whole graph built and checked: what it left is up to date
         record_built(wh, build_inputs_digest(wh, build_params(scope, curate, pack), config), run_id)
     else:
         forget_built(wh)
     counts = {"materialized": sorted(m.asset_key.to_user_string() for m in result.get_asset_materialization_events()),
               "checks_passed": sum(c.passed for c in checks), "checks_failed": failed}
     _record_job(wh, run_row(run_id, job, started, params=params, counts=counts, code_version=""),
-                f"checks failed: {', '.join(failed)}" if failed else None)
+                f"checks failed: {', '.join(failed)}" if failed else None, shared=batch is not None)
     return result
 
 
-def _record_job(wh, row: dict, error: str | None) -> None:
-    with wh.write_session(row["job"]) as session:
+def _record_job(wh, row: dict, error: str | None, *, shared: bool = False) -> None:
+    with wh.write_session(row["job"], shared=shared) as session:
         session.upsert_rows("runs", [{**row, "status": "failed", "error": error[:2000]} if error else row])

@@ -14,7 +14,7 @@ the normalized layer.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +28,7 @@ from trajwh.lineage.parallel import (
     workers_wanted,
     workers_within,
 )
-from trajwh.lineage.rebuild import mark_running, run_row
+from trajwh.lineage.rebuild import chosen_batches, mark_running, run_row
 from trajwh.lineage.storage import WrittenFile
 from trajwh.redaction.engine import (
     POLICY_VERSION,
@@ -467,17 +467,28 @@ def _without_vault(wh: Warehouse, vault: Vault) -> set[str]:
     return {b for b in with_events if not any((vault.root / b).glob("part-*.parquet"))}
 
 
+def redacted_outputs(wh: Warehouse, batch_id: str, con: Any) -> list[Any]:
+    """The files of a batch's redacted layer (and its lineage edges), read through ``con`` (a
+    commit's transaction)."""
+    return [wh.data / p for (p,) in con.execute(
+        "SELECT path FROM table_files WHERE batch_id = ? AND (list_contains(?, table_name) OR "
+        "(table_name = 'lineage_edges' AND transform_version LIKE 'redact@%'))", [batch_id, list(_OUT_TABLES)]).fetchall()]
+
+
 def redact_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, scope_kind: str = "episode",
                      private_addresses: bool = True, lock_timeout: float = 60.0,
                      progress: Callable[[int], None] | None = None,
-                     on_plan: Callable[[int], None] | None = None) -> RedactSummary:
-    """Build the redacted layer for every batch whose normalized rows or policy changed.
-    ``private_addresses=False`` keeps private network addresses (``[redaction]`` in trajwh.toml)."""
+                     on_plan: Callable[[int], None] | None = None,
+                     batches: Sequence[str] | None = None) -> RedactSummary:
+    """Build the redacted layer for every batch whose normalized rows or policy changed (only
+    those of ``batches`` when given: a Dagster partition run; a batch's redaction reads no other
+    batch). ``private_addresses=False`` keeps private network addresses (``[redaction]`` in
+    trajwh.toml)."""
     if scope_kind not in SCOPE_KINDS:
         raise ConfigError(f"unknown redaction scope {scope_kind!r}", valid=", ".join(SCOPE_KINDS))
     summary = RedactSummary(run_id)
     started = now_utc()
-    with wh.write_session("redact", timeout=lock_timeout) as session:
+    with wh.write_session("redact", timeout=lock_timeout, shared=batches is not None) as session:
         mark_running(session, run_id, "redact", started)
         vault = Vault(wh, load_key())
         vault.check_key()  # a key that does not open this vault stops the build before anything is written
@@ -489,7 +500,11 @@ def redact_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, scope_ki
         unvaulted = _without_vault(wh, vault) if vault.enabled else set()
         todo = [(b, layer_version(scope_kind, v, private_addresses)) for b, v in sorted(sources.items())
                 if full or b in unvaulted or built.get(b) != layer_version(scope_kind, v, private_addresses)]
-        summary.vault_backfilled = len(unvaulted & set(sources))
+        if batches is not None:
+            order = wh.query("SELECT batch_id FROM batches WHERE status = 'committed' ORDER BY committed_at, batch_id"
+                             ).column(0).to_pylist()
+            todo = chosen_batches(todo, order, batches)
+        summary.vault_backfilled = len(unvaulted & {b for b, _ in todo})
         summary.batches_skipped = len(sources) - len(todo)
         if on_plan:
             on_plan(wh.query("SELECT count(*) FROM episodes WHERE list_contains(?, _batch_id)",
@@ -500,16 +515,14 @@ def redact_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, scope_ki
         for batch_id, version in todo:
             files, entries = _redact_batch(wh, session, batch_id, run_id, redactor, scope_kind, summary, progress,
                                            private_addresses)
-            old = [wh.data / p for p in wh.query(
-                "SELECT path FROM table_files WHERE batch_id = ? AND (list_contains(?, table_name) OR "
-                "(table_name = 'lineage_edges' AND transform_version LIKE 'redact@%'))",
-                [batch_id, list(_OUT_TABLES)]).column(0).to_pylist()]
             vault.write_batch(batch_id, entries)
-            session.commit(files, removed=old, batch_id=batch_id, run_id=run_id, transform_version=version)
+            # the batch's earlier output, read in the commit's transaction (a run of the same batch may commit beside)
+            session.commit(files, batch_id=batch_id, run_id=run_id, transform_version=version,
+                           guard=lambda con, b=batch_id: redacted_outputs(wh, b, con))
             summary.batches_done += 1
         redacted = set(wh.manifest_query("SELECT DISTINCT batch_id FROM table_files WHERE table_name = 'redacted_episodes'")
                        .column(0).to_pylist())
-        gone = redacted - set(sources)  # batches whose normalized rows no longer exist
+        gone = redacted - set(sources) if batches is None else set()  # batches whose normalized rows no longer exist
         for batch_id in gone:
             old = [wh.data / p for p in wh.query("SELECT path FROM table_files WHERE batch_id = ? AND list_contains(?, table_name)",
                                                  [batch_id, list(_OUT_TABLES)]).column(0).to_pylist()]

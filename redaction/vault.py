@@ -72,11 +72,19 @@ class Vault:
         return self._fernet is not None
 
     def salt(self) -> bytes:
-        """The warehouse's placeholder salt (made on first use, owner-only)."""
+        """The warehouse's placeholder salt (made on first use, owner-only). Made without replacing
+        one made meanwhile: two per-batch runs redacting at once must use the same salt."""
         ensure_dir(self.root, restricted=True)
         path = self.root / "salt"
         if not path.exists():
-            write_bytes_atomic(secrets.token_bytes(32), path, restricted=True)
+            tmp = self.root / f".salt-{os.getpid()}-{secrets.token_hex(4)}"
+            write_bytes_atomic(secrets.token_bytes(32), tmp, restricted=True)
+            try:
+                os.link(tmp, path)  # fails when another process made it first: that one is kept
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink(missing_ok=True)
         return path.read_bytes()
 
     CHECK = b"trajwh-vault-key-check"

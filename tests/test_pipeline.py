@@ -10,7 +10,15 @@ from trajwh.ingest.adapters.native import NativeAdapter
 from trajwh.ingest.raw_store import IngestOptions, ingest_paths
 from trajwh.lineage.checks import lineage_gaps, passed
 from trajwh.pipelines.checks import ALL_CHECKS
-from trajwh.pipelines.definitions import build, defs, landing_sensor
+from trajwh.pipelines.definitions import (
+    ASSETS,
+    build,
+    daily_build,
+    defs,
+    ingest_landing_job,
+    landing_sensor,
+    warehouse_instance,
+)
 from trajwh.pipelines.resources import WarehouseResource
 
 
@@ -289,14 +297,31 @@ def test_landing_fingerprint_is_the_same_in_another_process(tmp_path, cases):
 def test_landing_sensor_requests_a_run_only_for_new_files(wh, cases):
     resource = WarehouseResource(path=str(wh.root))
     landing = wh.root / "landing"
-    ctx = dg.build_sensor_context(resources={"warehouse": resource})
+    instance = warehouse_instance(wh.root)  # persistent, as the daemon's (a schedule's context needs its ref)
+    ctx = dg.build_sensor_context(resources={"warehouse": resource}, instance=instance)
     assert isinstance(landing_sensor(ctx), dg.SkipReason)
     landing.mkdir(parents=True)
     (landing / "a.jsonl").write_bytes((cases / "two_episodes.jsonl").read_bytes())
-    req = landing_sensor(ctx)
-    assert isinstance(req, dg.RunRequest)
-    ctx2 = dg.build_sensor_context(resources={"warehouse": resource}, cursor=ctx.cursor)
+    result = landing_sensor(ctx)
+    assert isinstance(result, dg.SensorResult) and len(result.run_requests) == 1
+    # the batch it will ingest is a partition before the run starts, and the run names it
+    (add,) = result.dynamic_partitions_requests
+    (req,) = result.run_requests
+    batch = req.run_config["ops"]["raw_records"]["config"]["batch_id"]
+    assert add.partition_keys == [batch] and req.tags["dagster/asset_partition_range_end"] == batch
+    ctx2 = dg.build_sensor_context(resources={"warehouse": resource}, cursor=result.cursor, instance=instance)
     assert isinstance(landing_sensor(ctx2), dg.SkipReason)
+    # the run it asks for, as the daemon would start it: ingests and builds, recording the batch's partition
+    instance.add_dynamic_partitions(add.partitions_def_name, add.partition_keys)
+    job = dg.Definitions(assets=ASSETS, asset_checks=ALL_CHECKS, jobs=[ingest_landing_job],
+                         resources={"warehouse": resource}).resolve_job_def("ingest_landing")
+    run = job.execute_in_process(instance=instance, tags=req.tags, run_config=req.run_config)
+    assert run.success
+    assert wh.query("SELECT batch_id FROM batches").column(0).to_pylist() == [batch]
+    assert instance.get_materialized_partitions(dg.AssetKey("redacted_steps")) == {batch}
+    # and the daily schedule builds every committed batch, by their partitions
+    tick = daily_build(dg.build_schedule_context(instance=instance, resources={"warehouse": resource}))
+    assert (tick.tags["dagster/asset_partition_range_start"], tick.tags["dagster/asset_partition_range_end"]) == (batch, batch)
 
 
 def test_full_rebuild_regenerates_every_batch(wh, cases):

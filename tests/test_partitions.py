@@ -1,0 +1,192 @@
+"""The per-batch assets as Dagster dynamic partitions (one per committed ingest batch): a whole
+build records each batch's materialization; a run of one partition builds that batch alone,
+holding the writers' lock shared so runs of other batches go on beside it; runs in any order,
+then a whole build, give the tables one whole build gives (docs/scale.md, "Per-batch work")."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from test_incremental import DERIVED, rows
+from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+from trajwh.lineage.catalog import Warehouse
+from trajwh.pipelines.assets import BATCHES
+from trajwh.pipelines.definitions import build, sync_partitions
+from trajwh.redaction.vault import Vault
+from trajwh.schemas.errors import ConfigError
+
+PER_BATCH_TABLES = ("episodes", "steps", "redacted_episodes", "redacted_steps", "redaction_events")
+
+
+def _shards(corpus: Path) -> list[Path]:
+    shards = sorted(p for p in corpus.iterdir() if p.name.startswith("episodes-"))
+    assert len(shards) >= 3
+    return shards
+
+
+def _ingested(root: Path, shards: list[Path]) -> tuple[Warehouse, list[str]]:
+    wh = Warehouse(root)
+    return wh, [ingest_paths(wh, [p], IngestOptions(source="synthetic")).batch_id for p in shards]
+
+
+def _materialized(instance: dg.DagsterInstance, asset: str) -> set[str]:
+    return set(instance.get_materialized_partitions(dg.AssetKey(asset)))
+
+
+def _twins(tmp_path: Path, paths: list[Path]) -> tuple[Warehouse, Warehouse, list[str]]:
+    """Two warehouses holding the same batches (one ingest each of ``paths``) and one placeholder
+    salt, so that their redacted text can be compared."""
+    whole = Warehouse(tmp_path / "whole")
+    batches = [ingest_paths(whole, [p], IngestOptions(source="cases")).batch_id for p in paths]
+    parts = Warehouse(tmp_path / "parts")
+    shutil.copytree(whole.root, parts.root)
+    salt = Vault(whole, None).salt()
+    (parts.root / "vault").mkdir(exist_ok=True)
+    (parts.root / "vault" / "salt").write_bytes(salt)
+    return whole, parts, batches
+
+
+def _same_tables(parts: Warehouse, whole: Warehouse, tables: tuple[str, ...] = (*PER_BATCH_TABLES, *DERIVED)) -> None:
+    for table in tables:
+        extra = ("quarantine_id", "quarantined_at") if table == "quarantine" else ()  # (named by the run, timed)
+        assert rows(parts, table, extra) == rows(whole, table, extra), f"{table}: partition runs differ from one whole build"
+
+
+def test_partition_runs_in_any_order_then_a_build_equal_one_whole_build(tmp_path: Path, small_corpus: Path):
+    whole, parts, batches = _twins(tmp_path, _shards(small_corpus))
+    one = dg.DagsterInstance.ephemeral()
+    build(str(whole.root), instance=one)
+    assert one.get_dynamic_partitions(BATCHES.name) == batches  # in commit order
+    for asset in PER_BATCH_TABLES:  # the whole build's range run recorded every batch
+        assert _materialized(one, asset) == set(batches)
+
+    many = dg.DagsterInstance.ephemeral()
+    for i, batch in enumerate(reversed(batches)):  # the latest first: each keeps what no earlier batch holds
+        result = build(str(parts.root), instance=many, batch=batch)
+        done = {m.asset_key.to_user_string() for m in result.get_asset_materialization_events()}
+        assert done == set(PER_BATCH_TABLES)  # the per-batch assets alone, not the global ones
+        assert {m.partition for m in result.get_asset_materialization_events()} == {batch}
+        assert _materialized(many, "redacted_steps") == set(batches[-i - 1:])
+        built = parts.query("SELECT DISTINCT batch_id FROM table_files WHERE table_name = 'redacted_steps'")
+        assert sorted(built.column(0).to_pylist()) == sorted(batches[-i - 1:])  # that batch, nothing else
+    assert parts.query("SELECT count(*) FROM table_files WHERE table_name = 'fragments'").column(0)[0].as_py() == 0
+    last = build(str(parts.root), instance=many)
+    meta = {m.asset_key.to_user_string(): m.materialization.metadata for m in last.get_asset_materialization_events()}
+    assert meta["episodes"]["batches_built"].value == 0  # the partition runs left nothing to do
+    assert meta["redacted_steps"]["batches_built"].value == 0
+    _same_tables(parts, whole)
+
+
+def _summary(wh: Warehouse, run: int = -1) -> dict:
+    import orjson
+
+    counts = wh.query("SELECT counts FROM runs WHERE job = 'normalize' AND status = 'succeeded' ORDER BY finished_at"
+                      ).column(0).to_pylist()
+    return orjson.loads(counts[run])
+
+
+def _held(wh: Warehouse, key_of: str) -> list[str]:
+    return wh.query("SELECT _batch_id FROM episodes WHERE source_episode_id = ? ORDER BY 1", [key_of]).column(0).to_pylist()
+
+
+def test_a_later_batch_built_first_is_marked_when_an_earlier_one_keeps_its_key(tmp_path: Path, cases: Path):
+    """The same episode (one trajectory key) in two batches: the earlier one keeps it. Built in
+    the other order, the earlier batch's commit marks the later one to build again."""
+    whole, parts, (early, late) = _twins(tmp_path, [cases / "two_episodes.jsonl", cases / "one_episode_pretty.json"])
+    build(str(whole.root))
+    assert _held(whole, "case-ep-1") == [early]
+    instance = dg.DagsterInstance.ephemeral()
+    build(str(parts.root), instance=instance, batch=late)
+    assert _held(parts, "case-ep-1") == [late]  # no earlier batch holds it yet
+    build(str(parts.root), instance=instance, batch=early)
+    assert _summary(parts)["marked_stale"] == [late]
+    assert _held(parts, "case-ep-1") == [early]  # never twice: the later batch left the manifest to build again
+    for table in ("episodes", "redacted_episodes", "redacted_steps"):
+        assert parts.query(f"SELECT count(*) FROM {table} WHERE _batch_id = ?", [late]).column(0)[0].as_py() == 0
+    build(str(parts.root), instance=instance, batch=late)  # built again: the key is the earlier batch's now
+    assert _held(parts, "case-ep-1") == [early]
+    assert _summary(parts)["quarantine_reasons"] == {"duplicate_episode": 1}
+    build(str(parts.root), instance=instance)
+    _same_tables(parts, whole, (*PER_BATCH_TABLES, "quarantine"))
+
+
+def test_a_batch_overtaken_by_an_earlier_commit_is_built_again(tmp_path: Path, cases: Path, monkeypatch):
+    """An earlier batch commits a key of this batch while this batch is being built (a run of
+    the earlier batch's partition beside it): its commit is refused in the transaction and it is
+    built again against what is committed, keeping nothing twice."""
+    from trajwh.ingest import normalize
+
+    whole, parts, (early, late) = _twins(tmp_path, [cases / "two_episodes.jsonl", cases / "one_episode_pretty.json"])
+    build(str(whole.root))
+    run = normalize._BatchNormalizer.run
+    beside = []
+
+    def run_then_let_the_earlier_batch_commit(self, *args, **kwargs):
+        out = run(self, *args, **kwargs)
+        if self.batch_id == late and not beside:  # once: the earlier batch's run finishes meanwhile
+            beside.append(normalize.normalize_warehouse(parts, run_id="beside", batches=[early]))
+        return out
+
+    monkeypatch.setattr(normalize._BatchNormalizer, "run", run_then_let_the_earlier_batch_commit)
+    summary = normalize.normalize_warehouse(parts, run_id="late", batches=[late])
+    assert beside and beside[0].batches_done == 1 and beside[0].marked_stale == []  # nothing of the late one yet
+    assert summary.batches_done == 1 and summary.quarantine_reasons == {"duplicate_episode": 1}  # once, not twice
+    assert _held(parts, "case-ep-1") == [early]
+    monkeypatch.undo()
+    build(str(parts.root))
+    _same_tables(parts, whole, (*PER_BATCH_TABLES, "quarantine"))
+
+
+def test_per_batch_writers_share_the_lock_and_whole_stages_wait(tmp_path: Path, small_corpus: Path):
+    from trajwh.schemas.errors import WarehouseBusyError
+
+    wh, batches = _ingested(tmp_path / "wh", _shards(small_corpus)[:2])
+    with wh.write_session("another batch's run", shared=True):
+        build(str(wh.root), batch=batches[0])  # goes on beside it
+        with pytest.raises(WarehouseBusyError, match="another writer holds its lock"):
+            with wh.write_session("curate", timeout=0.5):
+                pass
+    with pytest.raises(ConfigError, match="batch nope is not a committed batch"):
+        build(str(wh.root), batch="nope")
+
+
+def test_two_batch_runs_at_once_then_a_build_equal_one_whole_build(tmp_path: Path, small_corpus: Path):
+    whole, parts, batches = _twins(tmp_path, _shards(small_corpus)[:3])
+    build(str(whole.root))
+    cli = [sys.executable, "-m", "trajwh.pipelines.cli", "build", "--warehouse", str(parts.root)]
+    runs = [subprocess.Popen([*cli, "--batch", b], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for b in batches[1:]]
+    for p in runs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    assert sorted(parts.query("SELECT DISTINCT batch_id FROM table_files WHERE table_name = 'redacted_steps'")
+                  .column(0).to_pylist()) == sorted(batches[1:])
+    build(str(parts.root))
+    _same_tables(parts, whole)
+
+
+def test_partitions_follow_the_committed_batches(tmp_path: Path, small_corpus: Path):
+    wh, batches = _ingested(tmp_path / "wh", _shards(small_corpus)[:2])
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(BATCHES.name, ["gone", batches[1]])  # a forgotten batch; one out of order
+    assert sync_partitions(wh, instance) == batches
+    assert instance.get_dynamic_partitions(BATCHES.name) == batches
+    assert sync_partitions(Warehouse(tmp_path / "empty"), dg.DagsterInstance.ephemeral()) == []
+
+
+def test_the_cli_builds_one_batch(tmp_path: Path, small_corpus: Path):
+    wh, batches = _ingested(tmp_path / "wh", _shards(small_corpus)[:2])
+    cli = [sys.executable, "-m", "trajwh.pipelines.cli", "build", "--warehouse", str(wh.root)]
+    bad = subprocess.run([*cli, "--batch", "nope"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "nope is not a committed batch" in bad.stderr, bad.stderr
+    both = subprocess.run([*cli, "--batch", batches[0], "--select", "packs"], capture_output=True, text=True)
+    assert both.returncode == 2 and "cannot be combined" in both.stderr
+    ok = subprocess.run([*cli, "--batch", batches[1]], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert wh.query("SELECT DISTINCT batch_id FROM table_files WHERE table_name = 'episodes'").column(0).to_pylist() \
+        == [batches[1]]
