@@ -33,7 +33,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
 TRAJWH = str(Path(sys.executable).parent / "trajwh")
-STAGES = ("normalize", "redact", "curate", "eligibility", "fragments", "packs")
+STAGES = ("normalize", "redact", "features", "curate", "eligibility", "fragments", "packs")
 
 
 class TreeSampler:
@@ -116,7 +116,7 @@ def stage_windows(wh: Path, step: dict) -> list[dict]:
     try:
         rows = con.execute(
             "SELECT job, started_at, finished_at, counts FROM runs WHERE finished_at IS NOT NULL "
-            "AND job IN ('normalize', 'redact', 'curate', 'eligibility', 'fragments', 'packs') ORDER BY started_at").fetchall()
+            "AND job IN ('normalize', 'redact', 'features', 'curate', 'eligibility', 'fragments', 'packs') ORDER BY started_at").fetchall()
     finally:
         con.close()
     out = []

@@ -13,7 +13,7 @@ fewest steps, then the earliest start, then the trajectory key.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,7 @@ from trajwh.lineage.parallel import (
 from trajwh.lineage.rebuild import (
     TableSetWriter,
     batch_fingerprints,
+    chosen_batches,
     inputs_fingerprint,
     is_current,
     mark_running,
@@ -349,9 +350,10 @@ def _batch_features(wh: Warehouse, batch_id: str, lineage: dict[str, Any], cfg: 
 
 
 def _featurize(wh: Warehouse, session: Any, cfg: CurateConfig, run_id: str, full: bool,
-               progress: Callable[[str], None] | None) -> tuple[int, int]:
+               progress: Callable[[str], None] | None, batches: Sequence[str] | None = None) -> tuple[int, int]:
     """Compute and store ``episode_features`` for every redacted batch that is new or changed
-    since its features were stored (all with ``full``); drop those of batches that are gone.
+    since its features were stored (all with ``full``; only those of ``batches`` when given, a run
+    of their partitions); drop those of batches that are gone (not in a run of chosen batches).
     Streams each batch's episodes in key order and writes a file per ``chunk`` episodes, so
     memory holds one chunk. Returns (batches featurized, episodes)."""
     fv = features_version(cfg)
@@ -359,7 +361,7 @@ def _featurize(wh: Warehouse, session: Any, cfg: CurateConfig, run_id: str, full
     built = {r["batch_id"]: r["v"] for r in wh.query(
         "SELECT batch_id, any_value(transform_version) AS v FROM table_files WHERE table_name = 'episode_features' "
         "GROUP BY batch_id").to_pylist()}
-    gone = [b for b in built if b not in sources]
+    gone = [b for b in built if b not in sources] if batches is None else []
     if gone:
         session.commit(removed=[wh.data / p for p in wh.query(
             "SELECT path FROM table_files WHERE table_name = 'episode_features' AND list_contains(?, batch_id)",
@@ -367,20 +369,57 @@ def _featurize(wh: Warehouse, session: Any, cfg: CurateConfig, run_id: str, full
     done = episodes = 0
     sizes = {r["batch_id"]: r["n"] for r in wh.manifest_query(
         "SELECT batch_id, sum(rows) AS n FROM table_files WHERE table_name = 'redacted_episodes' GROUP BY 1").to_pylist()}
+    chosen = None if batches is None else set(batches)
     for batch_id, src in sorted(sources.items()):
         version = f"{fv};inputs={src}"
-        if not full and built.get(batch_id) == version:
+        if (not full and built.get(batch_id) == version) or (chosen is not None and batch_id not in chosen):
             continue
         if progress:
             progress(f"features of batch {batch_id}")
         lineage = {"_batch_id": batch_id, "_run_id": run_id, "_transform": "features", "_transform_version": version}
         files, n = _batch_features(wh, batch_id, lineage, cfg, sizes.get(batch_id, 0))
         episodes += n
-        old = [wh.data / p for p in wh.query("SELECT path FROM table_files WHERE table_name = 'episode_features' "
-                                            "AND batch_id = ?", [batch_id]).column(0).to_pylist()]
-        session.commit(files, removed=old, batch_id=batch_id, run_id=run_id, transform_version=version)
+        # the batch's earlier features, read in the commit's transaction (a run of the same batch may commit beside)
+        session.commit(files, batch_id=batch_id, run_id=run_id, transform_version=version,
+                       guard=lambda con, b=batch_id: [wh.data / p for (p,) in con.execute(
+                           "SELECT path FROM table_files WHERE table_name = 'episode_features' AND batch_id = ?",
+                           [b]).fetchall()])
         done += 1
     return done, episodes
+
+
+@dataclass
+class FeaturesSummary:
+    run_id: str
+    batches_featurized: int = 0
+    batches_unchanged: int = 0
+    episodes_featurized: int = 0
+
+
+def featurize_warehouse(wh: Warehouse, *, run_id: str, cfg: CurateConfig = CurateConfig(), full: bool = False,
+                        lock_timeout: float = 60.0, batches: Sequence[str] | None = None,
+                        progress: Callable[[str], None] | None = None) -> FeaturesSummary:
+    """The per-batch half of curation: ``episode_features`` (MinHash signatures, grouping keys,
+    times, leak evidence) of every batch whose redacted rows changed, or of ``batches`` only (a
+    run of their Dagster partitions, holding the writers' lock shared beside runs of other
+    batches). ``curate_warehouse`` then reads the stored features of every episode."""
+    summary = FeaturesSummary(run_id)
+    started = now_utc()
+    with wh.write_session("features", timeout=lock_timeout, shared=batches is not None) as session:
+        mark_running(session, run_id, "features", started)
+        if batches is not None:  # a chosen batch that is not committed is an error naming it
+            order = wh.query("SELECT batch_id FROM batches WHERE status = 'committed' ORDER BY committed_at, batch_id"
+                             ).column(0).to_pylist()
+            chosen_batches([], order, batches)
+        summary.batches_featurized, summary.episodes_featurized = _featurize(wh, session, cfg, run_id, full, progress,
+                                                                             batches)
+        n = wh.manifest_query("SELECT count(DISTINCT batch_id) FROM table_files WHERE table_name = 'redacted_episodes'"
+                              ).column(0)[0].as_py()
+        summary.batches_unchanged = (n if batches is None else len(set(batches))) - summary.batches_featurized
+        session.upsert_rows("runs", [run_row(run_id, "features", started,
+                                             params={"full": full, **({"batches": list(batches)} if batches else {})},
+                                             counts=summary.__dict__, code_version=f"features@{FEATURES_VERSION}")])
+    return summary
 
 
 _SIDE = {"train": "train", "valid": "eval", "test": "eval", "held_out": "held_out"}

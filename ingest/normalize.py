@@ -539,8 +539,8 @@ def _commit_batch(session: WriteSession, worker: _BatchNormalizer, rank: dict[st
     """Commit one built batch in place of its earlier output, deciding in the commit's transaction
     against what is committed then: another batch that holds a key or tool schema this one keeps
     is either earlier (``_Overtaken``: nothing is committed) or later, and then marked to build
-    again: its normalized and redacted files leave the manifest in the same transaction (no reader
-    sees a key twice), so the next normalize builds it. Returns the later batches marked."""
+    again: its normalized, redacted and episode-features files leave the manifest in the same
+    transaction (no reader sees a key twice), so the next normalize builds it. Returns the later batches marked."""
     from trajwh.redaction.layer import redacted_outputs  # (imported here: redaction loads late)
 
     batch_id, later = worker.batch_id, []
@@ -559,8 +559,10 @@ def _commit_batch(session: WriteSession, worker: _BatchNormalizer, rank: dict[st
             raise _Overtaken(f"batch {earlier[0]} holds some of them")
         later.extend(sorted(holders, key=lambda b: rank[b]))
         gone = _batch_outputs(session.wh, batch_id, con)  # read in the transaction: a run of the same batch beside
-        for b in later:  # out of the manifest, normalized and redacted, until built again: nothing is held twice
-            gone += _batch_outputs(session.wh, b, con) + redacted_outputs(session.wh, b, con)
+        for b in later:  # out of the manifest (normalized, redacted, features) until built again: nothing held twice
+            gone += _batch_outputs(session.wh, b, con) + redacted_outputs(session.wh, b, con) + [
+                session.wh.data / p for (p,) in con.execute(
+                    "SELECT path FROM table_files WHERE table_name = 'episode_features' AND batch_id = ?", [b]).fetchall()]
         return gone
 
     session.commit(worker.files, batch_id=batch_id, run_id=run_id, transform_version=version, guard=guard)

@@ -3,7 +3,7 @@
 # no `from __future__ import annotations`: Dagster reads these annotations at runtime
 
 import dagster as dg
-from trajwh.dedup.layer import CurateConfig, curate_warehouse
+from trajwh.dedup.layer import CurateConfig, curate_warehouse, featurize_warehouse
 from trajwh.fragments.layer import build_fragments
 from trajwh.ingest.normalize import normalize_warehouse
 from trajwh.ingest.raw_store import IngestOptions, ingest_paths
@@ -177,8 +177,25 @@ def curate_config(config: CurateAssetConfig, warehouse: WarehouseResource) -> Cu
 
 
 @dg.multi_asset(
+    specs=[dg.AssetSpec("episode_features", deps=["redacted_episodes", "redacted_steps"], group_name="curated",
+                        description="Per episode: MinHash signatures (actions and text), grouping keys, times and leak "
+                                    "evidence; computed per batch, what the global curation reads.")],
+    **_PER_BATCH,
+)
+def featurized(context: dg.AssetExecutionContext, config: CurateAssetConfig,
+               warehouse: WarehouseResource) -> dg.MaterializeResult:
+    with count_progress("featurizing") as advance:
+        s = featurize_warehouse(warehouse.get(), run_id=context.run_id, cfg=curate_config(config, warehouse),
+                                full=config.full, lock_timeout=warehouse.lock_timeout, batches=run_batches(context),
+                                progress=lambda m: advance.describe(f"featurizing: {m}"))
+    return dg.MaterializeResult(asset_key="episode_features", metadata={**table_metadata(warehouse, "episode_features"),
+                                          "batches_built": s.batches_featurized, "batches_unchanged": s.batches_unchanged,
+                                          "episodes_built": s.episodes_featurized})
+
+
+@dg.multi_asset(
     specs=[
-        dg.AssetSpec("near_dup_clusters", deps=["redacted_episodes", "redacted_steps"], group_name="curated",
+        dg.AssetSpec("near_dup_clusters", deps=["episode_features", "redacted_episodes", "redacted_steps"], group_name="curated",
                      description="MinHash near-duplicate clusters (actions and text), one representative, weights."),
         dg.AssetSpec("task_groups", deps=["redacted_episodes", "redacted_steps"], group_name="curated",
                      description="Repository / task groups: never split across train and evaluation."),
@@ -206,7 +223,7 @@ def curated(context: dg.AssetExecutionContext, config: CurateAssetConfig, wareho
         context.log.warning(f"episodes changed side since the last curation: {s.moved} (docs/dedup.md)")
     yield dg.MaterializeResult(asset_key="splits", metadata={**table_metadata(warehouse, "splits"),
         **common, **{f"split:{k}": v for k, v in sorted(s.splits.items())},
-        **{f"moved:{k}": v for k, v in s.moved.items()}, "batches_featurized": s.batches_featurized})
+        **{f"moved:{k}": v for k, v in s.moved.items()}})
     yield dg.MaterializeResult(asset_key="leak_flags", metadata={**table_metadata(warehouse, "leak_flags"), **common, "flags": s.leaks})
 
 

@@ -237,6 +237,21 @@ def redaction_events_point_at_redacted_rows(warehouse: WarehouseResource) -> dg.
         FROM redaction_events""")))
 
 
+@dg.asset_check(asset="episode_features", blocking=True,
+                description="Each featurized batch has one features row per redacted episode of that batch, and none "
+                            "for an episode it does not hold (a batch not yet featurized, in a run of other batches' "
+                            "partitions, is not counted).")
+def features_one_per_episode(warehouse: WarehouseResource) -> dg.AssetCheckResult:
+    wh = warehouse.get()
+    return _result(cached(wh, "features_one_per_episode", ["episode_features", "redacted_episodes"], lambda: _counts(wh, """
+        WITH f AS (SELECT _batch_id AS b, trajectory_key FROM episode_features),
+             r AS (SELECT _batch_id AS b, trajectory_key FROM redacted_episodes WHERE _batch_id IN (SELECT b FROM f))
+        SELECT (SELECT count(*) FROM f) AS features,
+               (SELECT count(*) - count(DISTINCT trajectory_key) FROM f) AS duplicate_violations,
+               (SELECT count(*) FROM (SELECT * FROM r EXCEPT SELECT * FROM f)) AS missing_violations,
+               (SELECT count(*) FROM (SELECT * FROM f EXCEPT SELECT * FROM r)) AS orphan_violations""")))
+
+
 @dg.asset_check(asset="near_dup_clusters",
                 description="Each episode in one cluster; each cluster has exactly one representative and the size "
                             "its rows say.")
@@ -315,6 +330,7 @@ def card_agrees_with_warehouse(warehouse: WarehouseResource) -> dg.AssetCheckRes
 
 
 ALL_CHECKS = [raw_records_are_whole, redacted_episodes_are_one_per_episode, redaction_events_point_at_redacted_rows,
+              features_one_per_episode,
               one_representative_per_cluster, one_group_per_episode, leak_flags_name_split_episodes,
               task_stats_are_of_known_tasks, license_facts_are_explained, card_agrees_with_warehouse,
               every_episode_decided, packs_round_trip, fragments_only_from_train, one_outcome_per_episode, no_group_crosses_splits, redacted_layer_has_no_secrets, redacted_steps_have_lineage, episodes_have_lineage, steps_have_lineage, normalized_reconciles_with_raw]

@@ -16,6 +16,7 @@ from trajwh.pipelines.assets import (
     BATCHES,
     curated,
     data_card,
+    featurized,
     fragment_layer,
     licensed,
     new_batch,
@@ -28,7 +29,7 @@ from trajwh.pipelines.assets import (
 from trajwh.pipelines.checks import ALL_CHECKS
 from trajwh.pipelines.resources import WarehouseResource
 
-ASSETS = [raw_records, normalized, redacted, curated, licensed, fragment_layer, packs, data_card]
+ASSETS = [raw_records, normalized, redacted, featurized, curated, licensed, fragment_layer, packs, data_card]
 #: the derived layers (everything but the ingest itself): what `trajwh build` materializes
 BUILD_SELECTION = dg.AssetSelection.all() - dg.AssetSelection.assets(raw_records)
 
@@ -149,9 +150,22 @@ def warehouse_instance(warehouse: str | os.PathLike) -> dg.DagsterInstance:
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"
     current = config.read_text() if config.exists() else None
-    if current is None or (current.startswith(_OURS) and current != _DAGSTER_YAML):  # ours, and older: updated
-        config.write_text(_DAGSTER_YAML)
-    return dg.DagsterInstance.from_config(str(home))
+    # two processes opening a new instance at once (two `trajwh build --batch` runs) would both create
+    # its sqlite tables ("table secondary_indexes already exists"): one at a time, storages touched
+    import fcntl
+
+    fd = os.open(home / ".init.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if current is None or (current.startswith(_OURS) and current != _DAGSTER_YAML):  # ours, and older: updated
+            config.write_text(_DAGSTER_YAML)
+        instance = dg.DagsterInstance.from_config(str(home))
+        instance.get_runs(limit=1)  # run storage
+        instance.get_dynamic_partitions("batches")  # event log storage (its index)
+        instance.all_instigator_state()  # schedule storage
+    finally:
+        os.close(fd)
+    return instance
 
 
 def resolve_selection(text: str) -> tuple[list[str], list[str]]:
@@ -237,6 +251,7 @@ def build(warehouse: str, *, full: bool = False, include_ingest: bool = False,
         selection = dg.AssetSelection.assets(*only)
     ops: dict = {"normalized": {"config": {"full": full}}, "redacted": {"config": {"full": full, "scope": scope}},
                  "curated": {"config": {"full": full, **{k: v for k, v in (curate or {}).items() if v is not None}}},
+                 "featurized": {"config": {"full": full, **{k: v for k, v in (curate or {}).items() if v is not None}}},
                  "licensed": {"config": {"full": full}}, "fragment_layer": {"config": {"full": full}}, "packs": {"config": {"full": full, **(pack or {})}}}
     if only:  # config only for the ops that run
         keep = {n for a in ASSETS for n in [a.op.name] if set(only) & {k.to_user_string() for k in a.keys}}

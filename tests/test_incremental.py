@@ -63,8 +63,9 @@ def test_incremental_build_redoes_only_the_new_batch_and_equals_a_full_rebuild(t
     after = wh.query("SELECT count(*) FROM outcomes").column(0)[0].as_py()
     new = after - before
     assert new > 0
-    curate = run_counts(wh, "curate")
-    assert curate["batches_featurized"] == 1 and curate["episodes_featurized"] == new  # only the new batch
+    features = run_counts(wh, "features")
+    assert features["batches_featurized"] == 1 and features["episodes_featurized"] == new  # only the new batch
+    assert run_counts(wh, "curate")["batches_featurized"] == 0  # (the features step did them: a partitioned asset)
     frag = run_counts(wh, "fragments")
     assert frag["rebuilt"] is not None and new <= frag["rebuilt"] < after  # not every episode again
     assert frag["episodes"] == after  # the summary still counts the whole table

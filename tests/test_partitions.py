@@ -20,7 +20,7 @@ from trajwh.pipelines.definitions import build, sync_partitions
 from trajwh.redaction.vault import Vault
 from trajwh.schemas.errors import ConfigError
 
-PER_BATCH_TABLES = ("episodes", "steps", "redacted_episodes", "redacted_steps", "redaction_events")
+PER_BATCH_TABLES = ("episodes", "steps", "redacted_episodes", "redacted_steps", "redaction_events", "episode_features")
 
 
 def _shards(corpus: Path) -> list[Path]:

@@ -34,7 +34,7 @@ def test_definitions_load():
                                                                                        "task_groups", "splits", "leak_flags",
                                                                                        "outcomes", "task_stats", "fragments",
                                                                                        "packs", "license_facts", "eligibility",
-                                                                                       "data_card"}
+                                                                                       "data_card", "episode_features"}
     assert defs.resolve_job_def("build") is not None
     assert defs.resolve_schedule_def("daily_build").cron_schedule == "0 3 * * *"
 
@@ -45,7 +45,7 @@ def test_graph_ingests_builds_and_passes_checks(wh, small_corpus):
     assert result.success
     # every check ran (raw_records is selected this time) and passed
     assert checks_of(result) == {c.name: True for d in ALL_CHECKS for c in d.check_specs}
-    assert len(checks_of(result)) == 19 and checks_of(result)["raw_records_are_whole"]
+    assert len(checks_of(result)) == 20 and checks_of(result)["raw_records_are_whole"]
     mats = {m.asset_key.to_user_string(): m.materialization.metadata for m in result.get_asset_materialization_events()}
     for table in ("episodes", "redacted_steps", "splits", "fragments", "eligibility", "packs"):  # the table as it is
         md = mats[table]
