@@ -612,13 +612,13 @@ def normalize_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, lock_
             by_batch.setdefault(old_batch, []).append(old)
             by_batch.setdefault(new_batch, []).append(f"{new}>{old}")
         todo = _batches_to_build(wh, committed, facts, by_batch, full)
+        pending = {b for b, _ in todo}  # every batch to build, chosen or not: its stored rows do not count
         summary.batches_skipped = len(committed) - len(todo)
         if batches is not None:
             todo = chosen_batches(todo, list(rank), batches)
             summary.batches_skipped = len(committed) - len(todo)
         if on_plan:
             on_plan(sum(n_new[bid] for bid, _ in todo))
-        pending = {b for b, _ in _batches_to_build(wh, committed, facts, by_batch, full)}
         stored = _stored(wh, pending, rank) if todo else _Stored({}, {})
         queue, marked = list(todo), []
         here_keys: dict[str, str] = {}  # what the batches this run built keep (all earlier: it builds in commit order)

@@ -392,7 +392,8 @@ class Warehouse:
     def write_session(self, op: str, *, timeout: float = 60.0, shared: bool = False) -> Iterator[WriteSession]:
         """Hold the warehouse's write lock for one operation (ingest, build, ...).
 
-        ``shared``: a per-batch writer (a run of one batch's partition: normalize, redact). Several
+        ``shared``: a per-batch writer (a run of chosen batches' partitions: normalize, redact, the
+        episode features). Several
         hold the lock at once; each writes content-named files that no manifest lists yet and
         commits them in the catalog's own write transaction (one process at a time), deciding there
         against what the others committed (``WriteSession.commit``'s guard). Every other writer

@@ -25,8 +25,8 @@ class IngestConfig(dg.Config):
     batch_id: str | None = None  # the batch's id when its partition was added before the run (``new_batch``)
 
 
-#: one partition per committed ingest batch (its id): the per-batch assets (normalized, redacted)
-#: are partitioned by it, so the UI, backfills and retries work per batch. `trajwh build` and the
+#: one partition per committed ingest batch (its id): the per-batch assets (normalized, redacted,
+#: featurized) are partitioned by it, so the UI, backfills and retries work per batch. `trajwh build` and the
 #: raw_records asset add each committed batch; a run over a range of them is one step per asset
 #: (``BackfillPolicy.single_run``: the stage shares its batches out over the cores itself). A run
 #: that holds them must name partitions (Dagster reads a partitioned step's partitioned inputs by

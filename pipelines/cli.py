@@ -171,8 +171,8 @@ def ingest(paths: tuple[str, ...], source: str, license_: str | None, format_: s
               help="Only these assets, in Dagster's syntax: splits, group:curated, +fragments, packs+ "
                    "(their inputs must be built).")
 @click.option("--batch", "batch", default=None, metavar="BATCH_ID",
-              help="Only the per-batch assets (normalized, redacted) of this ingest batch: a run of its Dagster "
-                   "partition. A batch that follows one still to build is refused. Then `trajwh build` does the rest.")
+              help="Only the per-batch assets (normalized, redacted, episode features) of this ingest batch: a run "
+                   "of its Dagster partition, beside runs of other batches. Then `trajwh build` does the rest.")
 @click.option("--force", is_flag=True,
               help="Run the graph (and its checks) even when nothing changed since the last whole build.")
 @click.option("--ephemeral", is_flag=True,

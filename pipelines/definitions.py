@@ -225,7 +225,7 @@ def build(warehouse: str, *, full: bool = False, include_ingest: bool = False,
           only: list[str] | None = None, job: str = "build", batch: str | None = None) -> dg.ExecuteInProcessResult:
     """Materialize the graph in-process (``trajwh build`` and the tests use this); ``only``: just
     these assets (their inputs must exist), e.g. ``["packs"]`` for ``trajwh pack``; ``batch``: the
-    per-batch assets (normalized, redacted) of that one ingest batch, as a run of its partition.
+    per-batch assets (normalized, redacted, featurized) of that one ingest batch, as a run of its partition.
 
     Every committed batch is a partition of the per-batch assets (``sync_partitions``); a whole
     build runs the range of all of them, so the instance records each batch's materialization.
