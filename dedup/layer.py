@@ -381,11 +381,15 @@ def _featurize(wh: Warehouse, session: Any, cfg: CurateConfig, run_id: str, full
         episodes += n
         # the batch's earlier features, read in the commit's transaction (a run of the same batch may commit beside)
         session.commit(files, batch_id=batch_id, run_id=run_id, transform_version=version,
-                       guard=lambda con, b=batch_id: [wh.data / p for (p,) in con.execute(
-                           "SELECT path FROM table_files WHERE table_name = 'episode_features' AND batch_id = ?",
-                           [b]).fetchall()])
+                       guard=lambda con, b=batch_id: features_outputs(wh, b, con))
         done += 1
     return done, episodes
+
+
+def features_outputs(wh: Warehouse, batch_id: str, con: Any) -> list[Any]:
+    """The files of a batch's episode features, read through ``con`` (a commit's transaction)."""
+    return [wh.data / p for (p,) in con.execute(
+        "SELECT path FROM table_files WHERE table_name = 'episode_features' AND batch_id = ?", [batch_id]).fetchall()]
 
 
 @dataclass
@@ -408,9 +412,7 @@ def featurize_warehouse(wh: Warehouse, *, run_id: str, cfg: CurateConfig = Curat
     with wh.write_session("features", timeout=lock_timeout, shared=batches is not None) as session:
         mark_running(session, run_id, "features", started)
         if batches is not None:  # a chosen batch that is not committed is an error naming it
-            order = wh.query("SELECT batch_id FROM batches WHERE status = 'committed' ORDER BY committed_at, batch_id"
-                             ).column(0).to_pylist()
-            chosen_batches([], order, batches)
+            chosen_batches(wh, [], batches)
         summary.batches_featurized, summary.episodes_featurized = _featurize(wh, session, cfg, run_id, full, progress,
                                                                              batches)
         n = wh.manifest_query("SELECT count(DISTINCT batch_id) FROM table_files WHERE table_name = 'redacted_episodes'"

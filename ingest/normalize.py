@@ -541,7 +541,8 @@ def _commit_batch(session: WriteSession, worker: _BatchNormalizer, rank: dict[st
     is either earlier (``_Overtaken``: nothing is committed) or later, and then marked to build
     again: its normalized, redacted and episode-features files leave the manifest in the same
     transaction (no reader sees a key twice), so the next normalize builds it. Returns the later batches marked."""
-    from trajwh.redaction.layer import redacted_outputs  # (imported here: redaction loads late)
+    from trajwh.dedup.layer import features_outputs  # (imported here: the later layers load late)
+    from trajwh.redaction.layer import redacted_outputs
 
     batch_id, later = worker.batch_id, []
 
@@ -560,9 +561,8 @@ def _commit_batch(session: WriteSession, worker: _BatchNormalizer, rank: dict[st
         later.extend(sorted(holders, key=lambda b: rank[b]))
         gone = _batch_outputs(session.wh, batch_id, con)  # read in the transaction: a run of the same batch beside
         for b in later:  # out of the manifest (normalized, redacted, features) until built again: nothing held twice
-            gone += _batch_outputs(session.wh, b, con) + redacted_outputs(session.wh, b, con) + [
-                session.wh.data / p for (p,) in con.execute(
-                    "SELECT path FROM table_files WHERE table_name = 'episode_features' AND batch_id = ?", [b]).fetchall()]
+            gone += (_batch_outputs(session.wh, b, con) + redacted_outputs(session.wh, b, con)
+                     + features_outputs(session.wh, b, con))
         return gone
 
     session.commit(worker.files, batch_id=batch_id, run_id=run_id, transform_version=version, guard=guard)
@@ -615,7 +615,7 @@ def normalize_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, lock_
         pending = {b for b, _ in todo}  # every batch to build, chosen or not: its stored rows do not count
         summary.batches_skipped = len(committed) - len(todo)
         if batches is not None:
-            todo = chosen_batches(todo, list(rank), batches)
+            todo = chosen_batches(wh, todo, batches)
             summary.batches_skipped = len(committed) - len(todo)
         if on_plan:
             on_plan(sum(n_new[bid] for bid, _ in todo))

@@ -128,12 +128,19 @@ def run_row(run_id: str, job: str, started: Any, *, params: dict[str, Any], coun
             "params": json_text(params), "counts": json_text(counts), "code_version": code_version, "error": None}
 
 
-def chosen_batches(todo: list[tuple[str, Any]], order: Sequence[str], chosen: Sequence[str]) -> list[tuple[str, Any]]:
+def committed_batches(wh: Warehouse) -> list[str]:
+    """Every committed ingest batch, in commit order (the order of the per-batch partitions)."""
+    return wh.query("SELECT batch_id FROM batches WHERE status = 'committed' ORDER BY committed_at, batch_id"
+                    ).column(0).to_pylist()
+
+
+def chosen_batches(wh: Warehouse, todo: list[tuple[str, Any]], chosen: Sequence[str]) -> list[tuple[str, Any]]:
     """The (batch, version) pairs of ``todo`` (what a build of every batch would do) that are in
-    ``chosen`` (a Dagster partition run: one partition per ingest batch). ``order``: every
-    committed batch in commit order; a chosen batch that is not one is an error naming it."""
+    ``chosen`` (a Dagster partition run: one partition per ingest batch); a chosen batch that is
+    not a committed one is an error naming it."""
     from trajwh.schemas.errors import ConfigError
 
+    order = committed_batches(wh)
     unknown = sorted(set(chosen) - set(order))
     if unknown:
         recent = ", ".join(order[-5:]) or "none yet: ingest first"

@@ -203,8 +203,9 @@ def sync_partitions(wh, instance: dg.DagsterInstance) -> list[str]:
     """Make the instance's ``batches`` partitions the warehouse's committed batches, in commit
     order (new ones added, those no longer committed, e.g. forgotten, deleted); returns them.
     The partitions' order is the order they were added in, so a range names a run of batches."""
-    committed = ([] if not wh.exists() else wh.query(
-        "SELECT batch_id FROM batches WHERE status = 'committed' ORDER BY committed_at, batch_id").column(0).to_pylist())
+    from trajwh.lineage.rebuild import committed_batches
+
+    committed = committed_batches(wh) if wh.exists() else []
     known = instance.get_dynamic_partitions(BATCHES.name)
     for gone in sorted(set(known) - set(committed)):
         instance.delete_dynamic_partition(BATCHES.name, gone)
@@ -270,7 +271,7 @@ def build(warehouse: str, *, full: bool = False, include_ingest: bool = False,
         if batch not in committed:  # refused by the stage too, but before a run starts is clearer
             from trajwh.lineage.rebuild import chosen_batches
 
-            chosen_batches([], committed, [batch])
+            chosen_batches(wh, [], [batch])
     elif include_ingest:  # the batch it ingests is a partition before the run starts
         new_id, tags = new_batch(instance)
         ops["raw_records"] = {"config": {**(ingest_config or {}), "batch_id": new_id}}

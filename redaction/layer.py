@@ -501,9 +501,7 @@ def redact_warehouse(wh: Warehouse, *, run_id: str, full: bool = False, scope_ki
         todo = [(b, layer_version(scope_kind, v, private_addresses)) for b, v in sorted(sources.items())
                 if full or b in unvaulted or built.get(b) != layer_version(scope_kind, v, private_addresses)]
         if batches is not None:
-            order = wh.query("SELECT batch_id FROM batches WHERE status = 'committed' ORDER BY committed_at, batch_id"
-                             ).column(0).to_pylist()
-            todo = chosen_batches(todo, order, batches)
+            todo = chosen_batches(wh, todo, batches)
         summary.vault_backfilled = len(unvaulted & {b for b, _ in todo})
         summary.batches_skipped = len(sources) - len(todo)
         if on_plan:
