@@ -55,6 +55,7 @@ from trajwh.lineage.storage import (
 from trajwh.schemas.arrow import (
     CATALOG_TABLES,
     PARQUET_TABLES,
+    PLAIN_COLUMNS,
     RESTRICTED_LAYERS,
     TABLE_LAYERS,
     arrow_schema,
@@ -531,7 +532,8 @@ def write_table_file(wh: Warehouse, table: str, data: pa.Table) -> WrittenFile:
     if not data.schema.equals(expected, check_metadata=False):
         data = data.cast(expected)
     data = data.replace_schema_metadata(expected.metadata)
-    return write_parquet(table, data, wh.table_dir(table), restricted=wh.is_restricted(table))
+    return write_parquet(table, data, wh.table_dir(table), restricted=wh.is_restricted(table),
+                         plain=PLAIN_COLUMNS.get(table, frozenset()))
 
 
 class WriteSession:

@@ -79,11 +79,14 @@ def content_sha256(path: DataPath) -> str:
     return h.hexdigest()
 
 
-def write_parquet(table_name: str, table: pa.Table, folder: DataPath, *, restricted: bool) -> WrittenFile:
-    """Write ``table`` as one content-named Parquet file under ``folder``."""
+def write_parquet(table_name: str, table: pa.Table, folder: DataPath, *, restricted: bool,
+                  plain: frozenset[str] = frozenset()) -> WrittenFile:
+    """Write ``table`` as one content-named Parquet file under ``folder``; the columns named in
+    ``plain`` without a dictionary (``schemas.arrow.PLAIN_COLUMNS``)."""
     ensure_dir(folder, restricted=restricted)
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd", row_group_size=ROW_GROUP_ROWS)
+    dictionary = [c for c in table.column_names if c not in plain] if plain else True
+    pq.write_table(table, sink, compression="zstd", row_group_size=ROW_GROUP_ROWS, use_dictionary=dictionary)
     data = sink.getvalue().to_pybytes()
     sha = hashlib.sha256(data).hexdigest()
     final = folder / f"part-{sha[:32]}.parquet"

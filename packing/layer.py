@@ -57,7 +57,7 @@ from trajwh.schemas.errors import ConfigError
 from trajwh.schemas.tables import PackRow
 
 TRANSFORM = "packs"
-PACKS_VERSION = "1.3.0"  # 1.3: evaluation episodes only when eligible for training; 1.1: tool definitions rendered; 1.2: stable windows (incremental builds)
+PACKS_VERSION = "1.4.0"  # 1.4: token columns int32 / int8 / int32, written without dictionaries; 1.3: evaluation episodes only when eligible for training; 1.1: tool definitions rendered; 1.2: stable windows (incremental builds)
 #: the tables a pack set is made from (its fingerprint, and the round-trip check's cache key)
 PACK_INPUTS = ["fragments", "redacted_steps", "redacted_episodes", "redacted_tool_schemas", "near_dup_clusters",
                "splits", "outcomes", "eligibility"]
@@ -223,6 +223,22 @@ def pack_set_id(cfg: PackConfig, tok: Any = None) -> str:
                                cfg.packer, cfg.evaluation, cfg.window, PACKS_VERSION])[:16]
 
 
+def _config_rules(cfg: PackConfig, tok: Any) -> str:
+    """The part of a set's rules that its configuration makes (``build_packs``'s ``rules`` after
+    the packing version and the set id)."""
+    return (f"tokenizer={tok.id};template={tok.template_id};seq_len={cfg.seq_len};policy={cfg.policy};"
+            f"dedup={cfg.dedup};packer={cfg.packer};evaluation={cfg.evaluation};window={cfg.window}")
+
+
+def _outdated_sets(wh: Warehouse, cfg: PackConfig, tok: Any) -> list[dict[str, Any]]:
+    """The files of the sets an earlier packing version made from this configuration: the build
+    of the current version replaces them (an upgrade never leaves the old set beside the new)."""
+    return [r for r in wh.query(
+        "SELECT path, transform_version FROM table_files WHERE table_name = 'packs' AND NOT starts_with(transform_version, ?)",
+        [f"{TRANSFORM}@{PACKS_VERSION};"]).to_pylist()
+        if r["transform_version"].split(";inputs=")[0].split(";", 2)[2:] == [_config_rules(cfg, tok)]]
+
+
 def _windowed(cfg: PackConfig, where: str = "") -> str:
     return WINDOWED_SQL.format(units=_UNITS.format(evaluation="true" if cfg.evaluation else "false"),
                                dedup="representative" if cfg.dedup == "representative" else "true",
@@ -304,10 +320,7 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
     tok = get_tokenizer(cfg.tokenizer)
     summary = PackSummary(run_id, pack_set=pack_set_id(cfg, tok), seq_len=cfg.seq_len)
     started = now_utc()
-    template_id = tok.template_id
-    rules = (f"{TRANSFORM}@{PACKS_VERSION};set={summary.pack_set};tokenizer={tok.id};template={template_id};"
-             f"seq_len={cfg.seq_len};policy={cfg.policy};dedup={cfg.dedup};packer={cfg.packer};"
-             f"evaluation={cfg.evaluation};window={cfg.window}")
+    rules = f"{TRANSFORM}@{PACKS_VERSION};set={summary.pack_set};{_config_rules(cfg, tok)}"
     version = f"{rules};inputs={inputs_fingerprint(wh, PACK_INPUTS)}"
     schema = arrow_schema(PackRow)
     with wh.write_session("packs", timeout=lock_timeout) as session:
@@ -316,7 +329,8 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
                         "starts_with(transform_version, ?)", [f"{TRANSFORM}@{PACKS_VERSION};set={summary.pack_set};"]
                         ).to_pylist()
         old_versions = {r["transform_version"] for r in mine}
-        if not full and mine and old_versions == {version}:
+        outdated = _outdated_sets(wh, cfg, tok)
+        if not full and mine and old_versions == {version} and not outdated:
             summary = _stored_summary(wh, run_id, version, summary)
             session.upsert_rows("runs", [run_row(run_id, "packs", started, params={"version": version, "skipped": True},
                                                  counts=_counts(summary), code_version=f"{TRANSFORM}@{PACKS_VERSION}")])
@@ -372,7 +386,8 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
             files.append(session.write("packs", pa.Table.from_pylist([], schema=schema)))
         kept = set().union(*plan.copy_units.values()) | plan.dropped
         summary.drops.update({u: k for u, k in known_drops.items() if u in kept})
-        session.commit(files, removed=[wh.data / r["path"] for r in mine], run_id=run_id, transform_version=version)
+        session.commit(files, removed=[wh.data / r["path"] for r in mine + outdated], run_id=run_id,
+                       transform_version=version)
         write_drops(wh, summary.pack_set, summary.drops)
         session.upsert_rows("runs", [run_row(run_id, "packs", started, params={"version": version},
                                              counts=_counts(summary), code_version=f"{TRANSFORM}@{PACKS_VERSION}")])
@@ -429,11 +444,12 @@ def pack_table(rows: list[dict], schema: pa.Schema) -> pa.Table:
     (``from_pylist`` converts them value by value: 3 of the 8 s of an incremental pack build)."""
     table = pa.Table.from_pylist([{**r, **{k: [] for k in _TOKEN_COLUMNS}} for r in rows], schema=schema)
     for k in _TOKEN_COLUMNS:
-        arrays = [np.asarray(r[k], dtype=np.int64) for r in rows]
+        field = schema.field(k)
+        dtype = field.type.value_type.to_pandas_dtype()
+        arrays = [np.asarray(r[k], dtype=dtype) for r in rows]
         offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
         np.cumsum([len(a) for a in arrays], out=offsets[1:])
-        values = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
-        field = schema.field(k)
+        values = np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype)
         table = table.set_column(schema.get_field_index(k), field,
                                  pa.ListArray.from_arrays(pa.array(offsets), pa.array(values), type=field.type))
     return table

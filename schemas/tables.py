@@ -24,6 +24,18 @@ class _JsonMarker:
 JsonText = Annotated[str, _JsonMarker()]
 
 
+class ArrowWidth:
+    """Marks an ``int`` field stored narrower than int64 (``schemas.arrow``): the packed layer's
+    token columns, hundreds of millions of values whose range the tokenizer and ``seq_len`` bound."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name  # a pyarrow type factory: "int32", "int8"
+
+
+Int32 = Annotated[int, ArrowWidth("int32")]
+Int8 = Annotated[int, ArrowWidth("int8")]
+
+
 class _Row(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -578,9 +590,9 @@ class PackRow(_Row):
     seq_len: int
     n_tokens: int
     n_trainable: int
-    input_ids: list[int]
-    loss_mask: list[int]
-    position_ids: list[int]
+    input_ids: list[Int32]  # a vocabulary fits 31 bits
+    loss_mask: list[Int8]  # 0 or 1
+    position_ids: list[Int32]  # below seq_len (at most 2**20)
     segments: list[PackSegmentRow]
     window_id: str | None = None  # the packing window: split / batch / key range (packing.windows)
     window_digest: str | None = None  # the window's packing inputs: equal digests give equal packs

@@ -301,6 +301,47 @@ def test_packs_table_per_split_beside_other_pack_sets(built: Warehouse):
 # --- verification, exports and token lineage over the built warehouse --------------------------------
 
 
+def test_a_new_packing_version_replaces_its_configurations_old_set(built: Warehouse, tmp_path: Path, monkeypatch):
+    """A set an earlier packing version made leaves when the current version builds the same
+    configuration (an upgrade never leaves two sets of one configuration); a set of another
+    configuration stays. Token columns are stored int32 / int8 / int32, without dictionaries."""
+    import shutil
+
+    import pyarrow.parquet as pq
+    from trajwh.packing import layer
+    from trajwh.packing.layer import PackConfig, build_packs
+
+    wh = Warehouse(tmp_path / "wh")
+    shutil.copytree(built.root, wh.root)
+    cfg, other_cfg = PackConfig(window=8), PackConfig(window=8, seq_len=4096)
+    before = set(wh.query("SELECT DISTINCT pack_set FROM packs").column(0).to_pylist())
+    with monkeypatch.context() as m:
+        m.setattr(layer, "PACKS_VERSION", "0.9.0")
+        old = build_packs(wh, run_id="old", cfg=cfg)
+        kept = build_packs(wh, run_id="old2", cfg=other_cfg)
+    old_files = wh.query("SELECT path FROM table_files WHERE table_name = 'packs' AND starts_with(transform_version, "
+                         "'packs@0.9.0;set=' || ?)", [old.pack_set]).column(0).to_pylist()
+    assert old_files and all((wh.data / p).exists() for p in old_files)
+    new = build_packs(wh, run_id="new", cfg=cfg)
+    assert new.pack_set != old.pack_set and not new.skipped
+    sets = {r["pack_set"]: r["n"] for r in wh.query("SELECT pack_set, count(*) AS n FROM packs GROUP BY 1").to_pylist()}
+    assert old.pack_set not in sets
+    assert set(sets) == before | {new.pack_set, kept.pack_set}, sets  # the old set of this configuration left, the other stays
+    assert sets[new.pack_set] == sum(new.sequences.values())
+    assert not any((wh.data / p).exists() for p in old_files)  # physically deleted, not only unlisted
+    assert build_packs(wh, run_id="again", cfg=cfg).skipped
+    path = wh.query("SELECT path FROM table_files WHERE table_name = 'packs' AND starts_with(transform_version, ?)",
+                    [f"packs@{layer.PACKS_VERSION};set={new.pack_set}"]).column(0)[0].as_py()
+    f = pq.ParquetFile(wh.data / path)
+    types = {n: str(f.schema_arrow.field(n).type.value_type) for n in ("input_ids", "loss_mask", "position_ids")}
+    assert types == {"input_ids": "int32", "loss_mask": "int8", "position_ids": "int32"}
+    columns = {f.metadata.row_group(0).column(i).path_in_schema: f.metadata.row_group(0).column(i)
+               for i in range(f.metadata.num_columns)}
+    for name in ("input_ids.list.element", "loss_mask.list.element", "position_ids.list.element"):
+        assert not columns[name].has_dictionary_page, name
+    assert columns["pack_set"].has_dictionary_page  # the other columns keep theirs
+
+
 def _pack_set(wh: Warehouse) -> str:
     from trajwh.packing.layer import PackConfig, build_packs
 
