@@ -141,11 +141,11 @@ def cached_per_batch(wh: Warehouse, name: str, tables: list[str], compute: Calla
         kept[batch_id] = entry
     if n_cached < len(current) or set(stored) != set(current):
         _store_cache(wh, name, {"batches": kept})
-    total = _combined([e["result"] for e in kept.values()], examples)
+    total = combined([e["result"] for e in kept.values()], examples)
     return {**total, "batches_cached": n_cached, "cached": bool(current) and n_cached == len(current)}
 
 
-def _combined(results: list[dict[str, Any]], examples: int = 5) -> dict[str, Any]:
+def combined(results: list[dict[str, Any]], examples: int = 5) -> dict[str, Any]:
     """Per-batch results added up: numbers summed, lists joined (the first ``examples`` kept)."""
     total: dict[str, Any] = {}
     for result in results:
@@ -166,5 +166,5 @@ def stored_result(wh: Warehouse, prefix: str) -> dict[str, Any] | None:
     if not isinstance(hit, dict):
         return None
     if isinstance(hit.get("batches"), dict):
-        return _combined([e["result"] for e in hit["batches"].values() if isinstance(e, dict) and "result" in e])
+        return combined([e["result"] for e in hit["batches"].values() if isinstance(e, dict) and "result" in e])
     return hit.get("result") if isinstance(hit.get("result"), dict) else None

@@ -17,12 +17,12 @@ of the rendering (a piece may end inside a character, so it is not decoded alone
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -157,7 +157,7 @@ def read_files_ledger(wh: Warehouse, pack_set: str) -> set[str]:
     """The sha256 of each pack file whose every pack a passing check verified (tokens, masks,
     positions, lengths, one split per pack); a lost or unreadable one only means reading again."""
     try:
-        data = json.loads(_files_ledger_path(wh, pack_set).read_text())
+        data = orjson.loads(_files_ledger_path(wh, pack_set).read_bytes())
         return set(data) if isinstance(data, list) else set()
     except (OSError, ValueError):
         return set()
@@ -166,7 +166,7 @@ def read_files_ledger(wh: Warehouse, pack_set: str) -> set[str]:
 def _write_files_ledger(wh: Warehouse, pack_set: str, shas: set[str]) -> None:
     path = _files_ledger_path(wh, pack_set)
     ensure_dir(path.parent, restricted=True)
-    write_bytes_atomic(json.dumps(sorted(shas)).encode(), path, restricted=True)
+    write_bytes_atomic(orjson.dumps(sorted(shas)), path, restricted=True)
 
 
 def set_files(wh: Warehouse, pack_set: str) -> list[tuple[Path, str]]:
@@ -191,7 +191,7 @@ def read_ledger(wh: Warehouse, pack_set: str) -> dict[str, list[str]]:
     """Unit (or piece) -> [token key, digest of its stored tokens] that a passing check verified
     against its rendering; a lost or unreadable ledger only means rendering again."""
     try:
-        data = json.loads(_ledger_path(wh, pack_set).read_text())
+        data = orjson.loads(_ledger_path(wh, pack_set).read_bytes())
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
@@ -200,7 +200,8 @@ def read_ledger(wh: Warehouse, pack_set: str) -> dict[str, list[str]]:
 def _write_ledger(wh: Warehouse, pack_set: str, entries: dict[str, list[str]]) -> None:
     path = _ledger_path(wh, pack_set)
     ensure_dir(path.parent, restricted=True)
-    write_bytes_atomic(json.dumps(entries, sort_keys=True).encode(), path, restricted=True)
+    # orjson: the ledger of a set at 107,000 episodes took 0.4 s with the json module
+    write_bytes_atomic(orjson.dumps(entries, option=orjson.OPT_SORT_KEYS), path, restricted=True)
 
 
 #: a pack set with at least this many sequences is verified in parts, one in this process and each

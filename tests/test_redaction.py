@@ -444,7 +444,7 @@ def test_ipv6_addresses_are_found_in_their_runs(text, found):
     assert spans == ([found] if found else [])
 
 
-def test_the_rescan_check_goes_batch_by_batch(redaction_case_wh, cases):
+def test_the_rescan_check_goes_batch_by_batch(redaction_case_wh, cases, monkeypatch):
     """Each batch is rescanned once while its files are unchanged; a new batch is rescanned alone,
     and a secret left in its redacted steps is still found."""
     import pyarrow.parquet as pq
@@ -474,3 +474,17 @@ def test_the_rescan_check_goes_batch_by_batch(redaction_case_wh, cases):
     third = rescan_by_batch(wh)
     assert third["secret_violations"] >= 1 and third["batches_cached"] == 1
     assert third["examples"][0]["step_id"] == rows[0]["step_id"]
+    # a big batch is rescanned in parts (touched steps dealt by id, the sample in the first): the
+    # parts together scan and find what one scan does, and the planted secret is found once
+    from trajwh.redaction import audit
+
+    one = rescan_sample(wh, 50, batch_id=new_batch)
+    halves = [rescan_sample(wh, 50, batch_id=new_batch, part=(i, 2)) for i in range(2)]
+    assert sum(h["steps_scanned"] for h in halves) == one["steps_scanned"]
+    assert sorted(h["secret_violations"] for h in halves) == [0, one["secret_violations"]]
+    monkeypatch.setattr(audit, "PARALLEL_MIN_STEPS", 1)
+    steps = wh.query("SELECT count(*) FROM redacted_steps WHERE _batch_id = ?", [new_batch]).column(0)[0].as_py()
+    parted = audit.rescan_batch(wh, new_batch, steps)
+    alone = rescan_sample(wh, audit.batch_sample(steps), batch_id=new_batch)
+    assert {k: parted[k] for k in ("steps_scanned", "secret_violations")} == \
+        {k: alone[k] for k in ("steps_scanned", "secret_violations")}
