@@ -106,26 +106,21 @@ def ordered_chunks(fn: Callable[[list[Any]], Any], items: Iterable[Any], *, chun
                    initializer: Callable[..., None] | None = None,
                    initargs: tuple[Any, ...] = ()) -> Iterator[tuple[list[Any], Any]]:
     """``(chunk, fn(chunk))`` for consecutive chunks of ``items``, in input order."""
+    release_memory()
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=initializer, initargs=initargs) as pool:
         pending: collections.deque = collections.deque()
         part: list[Any] = []
-        released = False
         for item in items:
             part.append(item)
             if len(part) >= chunk:
                 pending.append((part, pool.submit(fn, part)))
                 part = []
-                if not released:  # while the workers start (``run_parts``)
-                    release_memory()
-                    released = True
                 while len(pending) > 2 * workers:
                     done, fut = pending.popleft()
                     yield done, fut.result()
         if part:
             pending.append((part, pool.submit(fn, part)))
-        if not released:
-            release_memory()
         while pending:
             done, fut = pending.popleft()
             yield done, fut.result()
