@@ -655,11 +655,18 @@ class WriteSession:
                 touched |= {t for (t,) in found}
                 con.execute("DELETE FROM table_files WHERE list_contains(?, path)", [rels])
             stamp = now_utc()
-            for f in added:
+            if added:  # one statement: a row at a time took 9 ms a file (a pack build commits ~160)
+                first: dict[str, WrittenFile] = {}
+                for f in added:  # a path listed twice: its first (as the row-at-a-time inserts kept)
+                    first.setdefault(str(f.path.relative_to(root)), f)
+                files = list(first.items())
                 con.execute(
-                    "INSERT OR IGNORE INTO table_files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [f.table, str(f.path.relative_to(root)), f.sha256, f.rows, f.size, batch_id,
-                     run_id, transform_version, stamp],
+                    "INSERT OR IGNORE INTO table_files SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
+                    "unnest(?::VARCHAR[]), unnest(?::BIGINT[]), unnest(?::BIGINT[]), ?::VARCHAR, ?::VARCHAR, "
+                    "?::VARCHAR, ?::TIMESTAMPTZ",
+                    [[f.table for _, f in files], [rel for rel, _ in files], [f.sha256 for _, f in files],
+                     [f.rows for _, f in files], [f.size for _, f in files], batch_id, run_id, transform_version,
+                     stamp],
                 )
             for table, table_rows in (rows or {}).items():
                 if not table_rows:
@@ -678,19 +685,24 @@ class WriteSession:
         ``rows``, in one transaction; the old files are then deleted (deletion propagation)."""
         root = self.wh.data
         with self._transaction() as con:
-            touched = set()
-            for old, new in pairs:
-                rel = str(old.relative_to(root))
-                found = con.execute("SELECT table_name, batch_id, run_id, transform_version, added_at FROM table_files "
-                                    "WHERE path = ?", [rel]).fetchall()
-                if not found:
-                    raise CatalogError(f"{rel} is not in the manifest of {root}: it cannot be replaced")
-                table, batch_id, run_id, version, added_at = found[0]
-                con.execute("DELETE FROM table_files WHERE path = ?", [rel])
-                con.execute("INSERT OR IGNORE INTO table_files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                            [table, str(new.path.relative_to(root)), new.sha256, new.rows, new.size, batch_id,
-                             run_id, version, added_at])
-                touched.add(table)
+            rels = [str(old.relative_to(root)) for old, _ in pairs]
+            attrs = {r[0]: r[1:] for r in con.execute(
+                "SELECT path, table_name, batch_id, run_id, transform_version, added_at FROM table_files "
+                "WHERE list_contains(?, path)", [rels]).fetchall()}
+            missing = [rel for rel in rels if rel not in attrs]
+            if missing:
+                raise CatalogError(f"{missing[0]} is not in the manifest of {root}: it cannot be replaced")
+            con.execute("DELETE FROM table_files WHERE list_contains(?, path)", [rels])
+            rows_in: dict[str, tuple] = {}  # a new path listed twice: its first (as the row-at-a-time inserts kept)
+            for rel, (_, new) in zip(rels, pairs, strict=True):
+                rows_in.setdefault(str(new.path.relative_to(root)), (attrs[rel], new))
+            cols = list(zip(*[(a[0], path, new.sha256, new.rows, new.size, a[1], a[2], a[3], a[4])
+                              for path, (a, new) in rows_in.items()], strict=True))
+            if cols:
+                con.execute("INSERT OR IGNORE INTO table_files SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
+                            "unnest(?::VARCHAR[]), unnest(?::BIGINT[]), unnest(?::BIGINT[]), unnest(?::VARCHAR[]), "
+                            "unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::TIMESTAMPTZ[])", [list(c) for c in cols])
+            touched = {a[0] for a in attrs.values()}
             for table, table_rows in (rows or {}).items():
                 if table_rows:
                     _replace_rows(con, table, table_rows)
