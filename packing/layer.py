@@ -47,6 +47,7 @@ from trajwh.packing.windows import (
     plan_windows,
     read_drops,
     read_stored,
+    remove_drops,
     stored_state,
     stored_tokens,
     write_drops,
@@ -239,6 +240,15 @@ def _outdated_sets(wh: Warehouse, cfg: PackConfig, tok: Any) -> list[dict[str, A
         if r["transform_version"].split(";inputs=")[0].split(";", 2)[2:] == [_config_rules(cfg, tok)]]
 
 
+def _forget_caches(wh: Warehouse, outdated: list[dict[str, Any]]) -> None:
+    """The cached state (drops, the check's ledgers) of the sets ``_outdated_sets`` removed."""
+    from trajwh.packing.verify import remove_ledgers  # verify imports this module
+
+    for pack_set in {r["transform_version"].split(";")[1].removeprefix("set=") for r in outdated}:
+        remove_drops(wh, pack_set)
+        remove_ledgers(wh, pack_set)
+
+
 def _windowed(cfg: PackConfig, where: str = "") -> str:
     return WINDOWED_SQL.format(units=_UNITS.format(evaluation="true" if cfg.evaluation else "false"),
                                dedup="representative" if cfg.dedup == "representative" else "true",
@@ -389,6 +399,7 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
         session.commit(files, removed=[wh.data / r["path"] for r in mine + outdated], run_id=run_id,
                        transform_version=version)
         write_drops(wh, summary.pack_set, summary.drops)
+        _forget_caches(wh, outdated)
         session.upsert_rows("runs", [run_row(run_id, "packs", started, params={"version": version},
                                              counts=_counts(summary), code_version=f"{TRANSFORM}@{PACKS_VERSION}")])
     return summary

@@ -149,6 +149,12 @@ def prune_ledgers(wh: Warehouse) -> int:
     return removed
 
 
+def remove_ledgers(wh: Warehouse, pack_set: str) -> None:
+    """Forget what the check verified of a set that is gone (its unit and file ledgers)."""
+    _ledger_path(wh, pack_set).unlink(missing_ok=True)
+    _files_ledger_path(wh, pack_set).unlink(missing_ok=True)
+
+
 def _files_ledger_path(wh: Warehouse, pack_set: str) -> Path:
     return wh.root / "_cache" / LEDGER_DIR / f"{pack_set}{FILES_SUFFIX}"
 

@@ -195,6 +195,11 @@ def read_drops(wh: Warehouse, pack_set: str) -> dict[str, str]:
         return {}
 
 
+def remove_drops(wh: Warehouse, pack_set: str) -> None:
+    """Forget a set's drops (the set is gone)."""
+    _drops_path(wh, pack_set).unlink(missing_ok=True)
+
+
 def write_drops(wh: Warehouse, pack_set: str, drops: dict[str, str]) -> None:
     path = _drops_path(wh, pack_set)
     ensure_dir(path.parent, restricted=True)

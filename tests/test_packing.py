@@ -310,6 +310,7 @@ def test_a_new_packing_version_replaces_its_configurations_old_set(built: Wareho
     import pyarrow.parquet as pq
     from trajwh.packing import layer
     from trajwh.packing.layer import PackConfig, build_packs
+    from trajwh.packing.verify import verify_packs, violations
 
     wh = Warehouse(tmp_path / "wh")
     shutil.copytree(built.root, wh.root)
@@ -319,6 +320,10 @@ def test_a_new_packing_version_replaces_its_configurations_old_set(built: Wareho
         m.setattr(layer, "PACKS_VERSION", "0.9.0")
         old = build_packs(wh, run_id="old", cfg=cfg)
         kept = build_packs(wh, run_id="old2", cfg=other_cfg)
+        assert violations(verify_packs(wh, old.pack_set, ledger=True)) == 0  # the check's ledgers of the old set
+    caches = [wh.root / "_cache" / "verified_packs" / f"{old.pack_set}{suffix}" for suffix in (".json", ".files.json")]
+    caches.append(wh.root / "_cache" / "pack_drops" / f"{old.pack_set}.json")
+    assert all(p.exists() for p in caches), caches
     old_files = wh.query("SELECT path FROM table_files WHERE table_name = 'packs' AND starts_with(transform_version, "
                          "'packs@0.9.0;set=' || ?)", [old.pack_set]).column(0).to_pylist()
     assert old_files and all((wh.data / p).exists() for p in old_files)
@@ -329,6 +334,8 @@ def test_a_new_packing_version_replaces_its_configurations_old_set(built: Wareho
     assert set(sets) == before | {new.pack_set, kept.pack_set}, sets  # the old set of this configuration left, the other stays
     assert sets[new.pack_set] == sum(new.sequences.values())
     assert not any((wh.data / p).exists() for p in old_files)  # physically deleted, not only unlisted
+    assert not any(p.exists() for p in caches)  # and what was cached of it (drops, the check's ledgers)
+    assert (wh.root / "_cache" / "pack_drops" / f"{kept.pack_set}.json").exists()
     assert build_packs(wh, run_id="again", cfg=cfg).skipped
     path = wh.query("SELECT path FROM table_files WHERE table_name = 'packs' AND starts_with(transform_version, ?)",
                     [f"packs@{layer.PACKS_VERSION};set={new.pack_set}"]).column(0)[0].as_py()
