@@ -29,7 +29,7 @@ from trajwh.ingest.raw_store import quarantine_row
 from trajwh.ingest.sessions import find_parts, find_superseded
 from trajwh.ingest.test_output import parse_test_output
 from trajwh.ingest.truncation import truncation
-from trajwh.lineage.catalog import Warehouse, WriteSession, now_utc
+from trajwh.lineage.catalog import Warehouse, WriteSession, now_utc, write_table_file
 from trajwh.lineage.parallel import PARALLEL_MIN_ITEMS, ordered_chunks, workers_wanted
 from trajwh.lineage.rebuild import chosen_batches, mark_running, run_row
 from trajwh.lineage.storage import WrittenFile
@@ -117,8 +117,11 @@ class FactIndex:
         return lambda kind, key: self.index.get((source, kind, key), {})
 
 
-#: records per chunk sent to a worker process (big batches only; lineage.parallel)
+#: records a worker makes into rows at a time (big batches only; lineage.parallel)
 _CHUNK_RECORDS = 32
+#: a worker's task is a raw file, or a range of one when the batch has fewer files than twice the
+#: workers; never fewer records than this
+_TASK_RECORDS_MIN = 256
 
 
 def _facts_lookup(index: dict) -> Callable[[str], Any]:
@@ -275,15 +278,105 @@ def _chunk_tables(rows: dict[str, list[dict[str, Any]]], owners: dict[str, list[
     raise AssertionError("rows still unwritable after their records were left out")
 
 
-def _init_worker(facts_index: dict, batch_id: str, run_id: str, defer: set[str]) -> None:
+def _init_worker(facts_index: dict, batch_id: str, run_id: str, defer: set[str], root: str,
+                 taken: frozenset[str]) -> None:
     global _worker_state
-    _worker_state = (_facts_lookup(facts_index), batch_id, run_id, defer)
+    _worker_state = (_facts_lookup(facts_index), batch_id, run_id, defer, Warehouse(root), taken)
 
 
-def _chunk_in_worker(recs: list[dict[str, Any]]) -> _Chunk:
+@dataclass
+class _Segment:
+    """Consecutive records of a worker's task whose rows it wrote itself (files not yet visible):
+    every one parsed cleanly and none of their trajectory keys was taken when the worker looked.
+    Where they are in the raw file, to build them again in the batch's process when an earlier
+    task of the batch took one of the keys meanwhile (``_BatchNormalizer.take_segment``)."""
+
+    path: Any
+    start: int
+    count: int
+    record_ids: list[str]
+    verdicts: list[tuple]
+    files: list[WrittenFile]
+    tool_schemas: pa.Table
+
+
+def _raw_slice(path: Any, start: int, count: int) -> pa.Table:
+    return pq.ParquetFile(path).read(columns=_RAW_COLUMNS).slice(start, count)
+
+
+def _raw_tasks(raw_files: list[Any], workers: int) -> list[tuple[Any, int, int]]:
+    """(raw file, first record, records) per worker task: whole files, each cut in equal ranges
+    when the batch has fewer files than twice the workers (each range reads its file)."""
+    sizes = [(p, pq.ParquetFile(p).metadata.num_rows) for p in raw_files]
+    cuts = -(-2 * workers // max(1, len(sizes)))
+    tasks = []
+    for path, n in sizes:
+        step = -(-n // max(1, min(cuts, n // _TASK_RECORDS_MIN)))
+        tasks += [(path, a, min(step, n - a)) for a in range(0, n, step)]
+    return tasks
+
+
+def _clean(chunk: _Chunk) -> list[str] | None:
+    """The trajectory keys of a chunk whose every record parsed into writable episodes (``None``
+    when one did not: a reject, a companion, a deferred record, a value Arrow cannot hold)."""
+    if chunk.bad:
+        return None
+    keys = []
+    for verdict in chunk.verdicts:
+        if verdict[0] != "ok" or any(ordinal is None or problem for ordinal, _, _, problem, _ in verdict[3]):
+            return None
+        keys += [key for _, _, key, _, _ in verdict[3]]
+    return keys
+
+
+def _task_in_worker(tasks: list[tuple[Any, int, int]]) -> list[tuple]:
+    """One task's records made into rows (``build_chunk``), in order: runs of clean records whose
+    keys are new to this worker are written here, up to ``FLUSH_STEPS`` steps a file
+    (``("segment", _Segment)``); any other chunk goes back as rows for the batch's process to decide
+    (``("rows", records, chunk)``), as every chunk did before workers wrote."""
     assert _worker_state is not None
-    facts, batch_id, run_id, defer = _worker_state
-    return build_chunk(recs, facts, batch_id, run_id, defer)
+    facts, batch_id, run_id, defer, wh, taken = _worker_state
+    ((path, start, count),) = tasks
+    raw = _raw_slice(path, start, count)
+    out: list[tuple] = []
+    seen: set[str] = set()
+    held: dict[str, list[pa.Table]] = {name: [] for name in _MODELS}
+    ids_, verdicts = [], []
+    first, steps = 0, 0
+
+    def flush(upto: int) -> None:
+        nonlocal first, steps, ids_, verdicts
+        if ids_:
+            files = [write_table_file(wh, name, pa.concat_tables(held[name]))
+                     for name in ("episodes", "steps", "lineage_edges") if any(t.num_rows for t in held[name])]
+            schemas = (pa.concat_tables(held["tool_schemas"]) if held["tool_schemas"]
+                       else pa.Table.from_pylist([], schema=arrow_schema(ToolSchemaRow)))
+            out.append(("segment", _Segment(path, start + first, upto - first, ids_, verdicts, files, schemas)))
+        for name in held:
+            held[name] = []
+        ids_, verdicts, first, steps = [], [], upto, 0
+
+    for i in range(0, raw.num_rows, _CHUNK_RECORDS):
+        recs = raw.slice(i, _CHUNK_RECORDS).to_pylist()
+        chunk = build_chunk(recs, facts, batch_id, run_id, defer)
+        keys = _clean(chunk)
+        if keys is None or len(set(keys)) < len(keys) or any(k in seen or k in taken for k in keys):
+            flush(i)
+            out.append(("rows", recs, chunk))
+            first = i + len(recs)
+            seen.update(k for v in chunk.verdicts if v[0] == "ok" for _, _, k, _, _ in v[3] if k)
+            continue
+        seen.update(keys)
+        for name, table in chunk.tables.items():
+            if table.num_rows:
+                held[name].append(table.drop_columns([_EP]))
+        ids_ += [r["record_id"] for r in recs]
+        verdicts += chunk.verdicts
+        steps += chunk.tables["steps"].num_rows
+        if steps >= FLUSH_STEPS:
+            flush(i + len(recs))
+    flush(raw.num_rows)
+    return out
 
 
 class _BatchNormalizer:
@@ -328,18 +421,44 @@ class _BatchNormalizer:
         defer = set(self.superseded) | set(self.parts)
         n_workers = workers_wanted()
         if n_workers < 2 or n_records < PARALLEL_MIN_ITEMS:
-            made: Iterator[tuple[list[dict[str, Any]], _Chunk]] = (
-                (recs, build_chunk(recs, self.facts.lookup, self.batch_id, self.run_id, defer)) for recs in chunks())
-        else:  # records made into rows and tables in worker processes; which episodes are kept, and writes, stay here
-            made = ordered_chunks(_chunk_in_worker, records(), chunk=_CHUNK_RECORDS, workers=n_workers,
-                                  initializer=_init_worker, initargs=(self.facts.index, self.batch_id, self.run_id, defer))
-        for recs, chunk in made:
-            self.take(recs, chunk)
+            made: Iterator[tuple] = (("rows", recs, build_chunk(recs, self.facts.lookup, self.batch_id, self.run_id, defer))
+                                     for recs in chunks())
+        else:  # workers read their raw files, make the rows and write the clean ones; which episodes are kept stays here
+            made = (item for _, items in ordered_chunks(
+                _task_in_worker, _raw_tasks(raw_files, n_workers), chunk=1, workers=n_workers, initializer=_init_worker,
+                initargs=(self.facts.index, self.batch_id, self.run_id, defer, str(self.session.wh.root),
+                          frozenset(self.keys))) for item in items)
+        for item in made:
+            if item[0] == "rows":
+                self.take(item[1], item[2])
+                n = len(item[1])
+            else:
+                n = self.take_segment(item[1], defer)
             if self.buffered_steps >= FLUSH_STEPS or self.quarantine_bytes >= FLUSH_QUARANTINE_BYTES:
                 self.flush()
             if progress:
-                progress(len(recs))
+                progress(n)
         self.flush(final=True)
+
+    def take_segment(self, seg: _Segment, defer: set[str]) -> int:
+        """A worker's written records: kept whole, their files committed with the batch's, when none
+        of their keys is taken (by an earlier record); else built again here and decided record by
+        record (their files are left unlisted: garbage to the next writer)."""
+        if any(self.keys.get(key, rid) != rid for rid, v in zip(seg.record_ids, seg.verdicts, strict=True)
+               for _, _, key, _, _ in v[3]):
+            recs = _raw_slice(seg.path, seg.start, seg.count).to_pylist()
+            for i in range(0, len(recs), _CHUNK_RECORDS):
+                part = recs[i:i + _CHUNK_RECORDS]
+                self.take(part, build_chunk(part, self.facts.lookup, self.batch_id, self.run_id, defer))
+            return len(recs)
+        for rid, verdict in zip(seg.record_ids, seg.verdicts, strict=True):
+            self.summary.records += 1
+            self._decide({"record_id": rid}, verdict, {})
+        self.files += seg.files
+        self.wrote_episodes |= any(f.table == "episodes" for f in seg.files)
+        self._buffer({"tool_schemas": seg.tool_schemas.append_column(
+            _EP, pa.array([0] * seg.tool_schemas.num_rows, type=pa.int32()))}, [0], every=True)
+        return seg.count
 
     def take(self, recs: list[dict[str, Any]], chunk: _Chunk) -> None:
         """Decide each record's episodes in input order (the first record of a trajectory key keeps
@@ -394,8 +513,8 @@ class _BatchNormalizer:
                     **lineage, "_transform": "assembles" if old in assembled else "supersedes"}))
         return kept
 
-    def _buffer(self, tables: dict[str, pa.Table], kept: list[int]) -> None:
-        every = tables["episodes"].num_rows == len(kept)
+    def _buffer(self, tables: dict[str, pa.Table], kept: list[int], every: bool | None = None) -> None:
+        every = tables["episodes"].num_rows == len(kept) if every is None else every
         chosen = pa.array(kept, type=pa.int32())
         for name, table in tables.items():
             if not every:
@@ -411,7 +530,7 @@ class _BatchNormalizer:
                 table = table.take(pa.array(first, type=pa.int64()))
             if table.num_rows:
                 self.buffers[name].append(table)
-        self.buffered_steps += tables["steps"].num_rows
+        self.buffered_steps += tables["steps"].num_rows if "steps" in tables else 0
 
     def _payloads(self, record_ids: list[str]) -> list[bytes]:
         rows = self.session.wh.query("SELECT record_id, payload FROM raw_records WHERE list_contains(?, record_id)",

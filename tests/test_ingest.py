@@ -168,6 +168,52 @@ def test_normalize_in_worker_processes_equals_one_process(tmp_path, small_corpus
     assert _fingerprint(one) == _fingerprint(many)
 
 
+def test_normalize_workers_write_rows_and_a_key_two_tasks_hold_is_kept_first(tmp_path, cases, monkeypatch):
+    """Workers read their ranges of the raw files and write the rows of clean records themselves;
+    a trajectory key that two workers' ranges both hold (neither knew of the other) is kept by the
+    first record in input order, the later one quarantined, exactly as one process does, and a
+    rejected record in between goes to the batch's process as rows."""
+    import shutil
+
+    import orjson
+    import trajwh.ingest.normalize as normalize
+    from test_crash_and_concurrency import _fingerprint
+    from trajwh.lineage.catalog import Warehouse
+
+    base = orjson.loads((cases / "two_episodes.jsonl").read_bytes().splitlines()[0])
+    lines = [orjson.dumps({**base, "episode_id": f"case-ep-{i}"}) for i in range(40)]
+    lines.insert(20, (cases / "schema_invalid.jsonl").read_bytes().splitlines()[0])  # the adapter rejects it
+    # the first episode again under its key, other bytes: a duplicate in the last worker's range
+    twin = orjson.loads(lines[0])
+    twin["steps"][0]["text"] = "another rendering of the same attempt"
+    lines.append(orjson.dumps(twin))
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "eps.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    one = Warehouse(tmp_path / "one")
+    ingest_paths(one, [src], IngestOptions(source="x"))
+    shutil.copytree(one.root, tmp_path / "many")
+    many = Warehouse(tmp_path / "many")
+    monkeypatch.setenv("TRAJWH_WORKERS", "1")
+    a = normalize.normalize_warehouse(one, run_id="n")
+    monkeypatch.setenv("TRAJWH_WORKERS", "2")
+    monkeypatch.setattr(normalize, "PARALLEL_MIN_ITEMS", 1)
+    monkeypatch.setattr(normalize, "_TASK_RECORDS_MIN", 1)  # the one raw file in four ranges, one task each
+    monkeypatch.setattr(normalize, "_CHUNK_RECORDS", 4)
+    redone = []
+    real = normalize._raw_slice
+    monkeypatch.setattr(normalize, "_raw_slice", lambda *a: redone.append(a) or real(*a))  # (this process only)
+    b = normalize.normalize_warehouse(many, run_id="n")
+    assert len(normalize._raw_tasks(many.files("raw_records"), 2)) == 4
+    assert redone, "no worker's written records were built again here: the cross-task duplicate was not exercised"
+    assert a.episodes == b.episodes == 40
+    assert a.quarantine_reasons == b.quarantine_reasons == {"duplicate_episode": 1, "invalid_record": 1}
+    assert _fingerprint(one) == _fingerprint(many)
+    kept = many.query("SELECT _record_id FROM episodes e JOIN raw_records r ON r.record_id = e._record_id "
+                      "WHERE r.line_no = 1").num_rows
+    assert kept == 1  # the first line's record holds the key
+
+
 def test_documentation_files_are_skipped_not_quarantined(wh, cases, tmp_path):
     folder = tmp_path / "release"
     folder.mkdir()
