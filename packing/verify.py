@@ -213,6 +213,12 @@ def _write_ledger(wh: Warehouse, pack_set: str, entries: dict[str, list[str]]) -
 #: a pack set with at least this many sequences is verified in parts, one in this process and each
 #: other one in a worker process (spawning one costs about 1.5 s; 1,000 sequences: about 8 M tokens)
 PARALLEL_MIN_PACKS = 1_000
+#: with the ledger (the build's check), parts only when this many segments are to be rendered again
+#: (not in the ledger) or this many packs read token by token: at 107,000 + 1 % episodes an
+#: incremental build's check rendered 498 segments and read 88 of 133 files (about 9,000 packs),
+#: 4.2-4.6 s in one part and 5.1-5.5 s in two (the worker's start is most of the work then)
+PARALLEL_MIN_RENDERS = 2_000
+PARALLEL_MIN_READ = 20_000
 #: the DuckDB memory of each part's queries by the number of parts, in MB at the default memory
 #: budget (``duckdb_memory``): two parts at once stay within the build's bound
 _PART_MEMORY = {1: 512}
@@ -273,7 +279,8 @@ def verify_packs(wh: Warehouse, pack_set: str | None = None, *, scan_secrets: bo
                            "trained_text_violations": 0, "position_violations": 0, "secret_violations": 0,
                            "secret_scanned": 0, "rendered": 0, "encoded": 0, **checks}
     n = workers if workers is not None else (
-        parts_within(workers_wanted(), PART_MB) if n_packs >= PARALLEL_MIN_PACKS else 1)
+        parts_within(workers_wanted(), PART_MB) if _parallel_work(wh, pack_set, n_packs, out["segments"], unread,
+                                                                 use_ledger) else 1)
     n = max(1, min(n, len(trusted) + len(unread)))
     task = {"root": str(wh.root), "pack_set": pack_set, "scan_secrets": scan_secrets, "examples": examples,
             "secret_sample": secret_sample, "token_sample": token_sample, "ledger": use_ledger, "parts": n}
@@ -296,6 +303,21 @@ def verify_packs(wh: Warehouse, pack_set: str | None = None, *, scan_secrets: bo
         _write_ledger(wh, pack_set, verified)
         _write_files_ledger(wh, pack_set, {sha for _, sha in set_files(wh, pack_set)})
     return out
+
+
+def _parallel_work(wh: Warehouse, pack_set: str | None, n_packs: int, n_segments: int, unread: list[str],
+                   use_ledger: bool) -> bool:
+    """Whether a check is worth parts: ``PARALLEL_MIN_PACKS`` packs or more and, with the ledger,
+    enough segments to render again or packs to read token by token."""
+    if n_packs < PARALLEL_MIN_PACKS:
+        return False
+    if not use_ledger or pack_set is None:
+        return True
+    renders = n_segments - len(read_ledger(wh, pack_set))
+    rows = {str(wh.data / r["path"]): r["rows"] for r in wh.query(
+        "SELECT path, rows FROM table_files WHERE table_name = 'packs' AND contains(transform_version, ?)",
+        [f"set={pack_set};"]).to_pylist()}
+    return renders >= PARALLEL_MIN_RENDERS or sum(rows.get(p, 0) for p in unread) >= PARALLEL_MIN_READ
 
 
 def _deal(trusted: list[str], unread: list[str], n: int) -> list[dict[str, list[str]]]:

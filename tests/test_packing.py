@@ -456,6 +456,33 @@ def test_verify_packs_in_parts_counts_and_trusts_what_one_part_does(built: Wareh
     assert again["rendered"] == 0 and again["segments"] == one["segments"]
 
 
+def test_a_check_with_little_to_render_or_read_runs_in_one_part(built: Warehouse, tmp_path: Path, monkeypatch):
+    """With the ledger, parts (a worker's start costs about a second) only pay when many segments
+    are to be rendered again or many packs read token by token: a set the ledger covers is one
+    part, the same set without a ledger (or with it gone) is parts."""
+    import shutil
+
+    import trajwh.packing.verify as verify
+
+    wh = Warehouse(tmp_path / "copy")
+    shutil.copytree(built.root, wh.root)
+    ps = _pack_set(wh)
+    monkeypatch.setattr(verify, "PARALLEL_MIN_PACKS", 1)
+    monkeypatch.setattr(verify, "PARALLEL_MIN_RENDERS", 5)
+    files = [str(p) for p, _ in verify.set_files(wh, ps)]
+    row = wh.query("SELECT count(*) AS p, sum(len(segments)) AS s FROM packs WHERE pack_set = ?", [ps]).to_pylist()[0]
+    n_packs, n_segments = row["p"], row["s"]
+    monkeypatch.setattr(verify, "PARALLEL_MIN_READ", n_packs + 1)
+    assert verify._parallel_work(wh, ps, n_packs, n_segments, files, use_ledger=False)  # everything rendered
+    assert len(verify.read_ledger(wh, ps)) >= n_segments - 4  # the build's check covered the set
+    assert not verify._parallel_work(wh, ps, n_packs, n_segments, files, use_ledger=True)
+    monkeypatch.setattr(verify, "PARALLEL_MIN_READ", n_packs)  # every file unread: enough packs to read
+    assert verify._parallel_work(wh, ps, n_packs, n_segments, files, use_ledger=True)
+    assert not verify._parallel_work(wh, ps, n_packs, n_segments, files[:0], use_ledger=True)
+    verify._ledger_path(wh, ps).unlink()  # nothing verified before: every segment rendered again
+    assert verify._parallel_work(wh, ps, n_packs, n_segments, [], use_ledger=True)
+
+
 def _read_megatron(prefix: Path) -> list[np.ndarray]:
     """An independent reader of the Megatron-Core indexed dataset, from its documentation: header
     MMIDIDX\\0\\0, <Q version, <B dtype code, <Q sequence count, <Q document count, int32 lengths,
