@@ -142,12 +142,29 @@ def test_a_warehouse_inside_the_input_folder_is_not_ingested(tmp_path, cases):
     assert [f.path for f in again.files] == [str(tmp_path / "a.jsonl")] and again.n_quarantined == 0
 
 
-def test_normalize_in_worker_processes_equals_one_process(tmp_path, small_corpus, cases, monkeypatch):
-    """Big batches are parsed and annotated in worker processes: same rows, same quarantine (bad
-    records, duplicates kept-first in input order) as one process."""
+def _normalized_alone_and_in_workers(one, tmp_path, monkeypatch, **settings):
+    """``one`` (ingested) copied, then normalized in one process and the copy in two workers with
+    the normalize module's ``settings``: (one's summary, the copy's, the copy)."""
     import shutil
 
     import trajwh.ingest.normalize as normalize
+    from trajwh.lineage.catalog import Warehouse
+
+    shutil.copytree(one.root, tmp_path / "many")
+    many = Warehouse(tmp_path / "many")
+    monkeypatch.setenv("TRAJWH_WORKERS", "1")
+    a = normalize.normalize_warehouse(one, run_id="n")
+    monkeypatch.setenv("TRAJWH_WORKERS", "2")
+    monkeypatch.setattr(normalize, "PARALLEL_MIN_ITEMS", 1)
+    for name, value in settings.items():
+        monkeypatch.setattr(normalize, name, value)
+    return a, normalize.normalize_warehouse(many, run_id="n"), many
+
+
+def test_normalize_in_worker_processes_equals_one_process(tmp_path, small_corpus, cases, monkeypatch):
+    """Big batches are parsed and annotated in worker processes: same rows, same quarantine (bad
+    records, duplicates kept-first in input order) as one process."""
+
     from test_crash_and_concurrency import _fingerprint
     from trajwh.lineage.catalog import Warehouse
 
@@ -156,14 +173,7 @@ def test_normalize_in_worker_processes_equals_one_process(tmp_path, small_corpus
                        cases / "malformed_and_truncated.jsonl", cases / "swe_agent"], IngestOptions(source="mixed"))
     ingest_paths(one, [small_corpus / sorted(p.name for p in small_corpus.iterdir() if p.is_file())[0]],
                  IngestOptions(source="again"))  # the same episodes from another source: duplicates
-    shutil.copytree(one.root, tmp_path / "many")
-    many = Warehouse(tmp_path / "many")
-    monkeypatch.setenv("TRAJWH_WORKERS", "1")
-    a = normalize.normalize_warehouse(one, run_id="n")
-    monkeypatch.setenv("TRAJWH_WORKERS", "2")
-    monkeypatch.setattr(normalize, "PARALLEL_MIN_ITEMS", 1)
-    monkeypatch.setattr(normalize, "_CHUNK_RECORDS", 7)
-    b = normalize.normalize_warehouse(many, run_id="n")
+    a, b, many = _normalized_alone_and_in_workers(one, tmp_path, monkeypatch, _CHUNK_RECORDS=7)
     assert a.episodes == b.episodes > 100 and a.quarantine_reasons == b.quarantine_reasons and a.quarantined > 0
     assert _fingerprint(one) == _fingerprint(many)
 
@@ -173,7 +183,6 @@ def test_normalize_workers_write_rows_and_a_key_two_tasks_hold_is_kept_first(tmp
     a trajectory key that two workers' ranges both hold (neither knew of the other) is kept by the
     first record in input order, the later one quarantined, exactly as one process does, and a
     rejected record in between goes to the batch's process as rows."""
-    import shutil
 
     import orjson
     import trajwh.ingest.normalize as normalize
@@ -192,18 +201,11 @@ def test_normalize_workers_write_rows_and_a_key_two_tasks_hold_is_kept_first(tmp
     (src / "eps.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     one = Warehouse(tmp_path / "one")
     ingest_paths(one, [src], IngestOptions(source="x"))
-    shutil.copytree(one.root, tmp_path / "many")
-    many = Warehouse(tmp_path / "many")
-    monkeypatch.setenv("TRAJWH_WORKERS", "1")
-    a = normalize.normalize_warehouse(one, run_id="n")
-    monkeypatch.setenv("TRAJWH_WORKERS", "2")
-    monkeypatch.setattr(normalize, "PARALLEL_MIN_ITEMS", 1)
-    monkeypatch.setattr(normalize, "_TASK_RECORDS_MIN", 1)  # the one raw file in four ranges, one task each
-    monkeypatch.setattr(normalize, "_CHUNK_RECORDS", 4)
     redone = []
     real = normalize._raw_slice
     monkeypatch.setattr(normalize, "_raw_slice", lambda *a: redone.append(a) or real(*a))  # (this process only)
-    b = normalize.normalize_warehouse(many, run_id="n")
+    # the one raw file in four ranges, one task each
+    a, b, many = _normalized_alone_and_in_workers(one, tmp_path, monkeypatch, _TASK_RECORDS_MIN=1, _CHUNK_RECORDS=4)
     assert len(normalize._raw_tasks(many.files("raw_records"), 2)) == 4
     assert redone, "no worker's written records were built again here: the cross-task duplicate was not exercised"
     assert a.episodes == b.episodes == 40
