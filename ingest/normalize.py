@@ -301,6 +301,8 @@ class _Segment:
 
 
 def _raw_slice(path: Any, start: int, count: int) -> pa.Table:
+    """Records of a raw file as Arrow (a raw file holds at most ingest's ``flush_bytes``, 64 MB, of
+    payloads and one record more; they become Python objects a chunk at a time)."""
     return pq.ParquetFile(path).read(columns=_RAW_COLUMNS).slice(start, count)
 
 
