@@ -309,7 +309,7 @@ def _raw_slice(path: Any, start: int, count: int) -> pa.Table:
 def _raw_tasks(raw_files: list[Any], workers: int) -> list[tuple[Any, int, int]]:
     """(raw file, first record, records) per worker task: whole files, each cut in equal ranges
     when the batch has fewer files than twice the workers (each range reads its file)."""
-    sizes = [(p, pq.ParquetFile(p).metadata.num_rows) for p in raw_files]
+    sizes = [(p, n) for p in raw_files if (n := pq.ParquetFile(p).metadata.num_rows)]  # (none: a forget emptied it)
     cuts = -(-2 * workers // max(1, len(sizes)))
     tasks = []
     for path, n in sizes:

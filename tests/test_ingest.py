@@ -207,6 +207,11 @@ def test_normalize_workers_write_rows_and_a_key_two_tasks_hold_is_kept_first(tmp
     # the one raw file in four ranges, one task each
     a, b, many = _normalized_alone_and_in_workers(one, tmp_path, monkeypatch, _TASK_RECORDS_MIN=1, _CHUNK_RECORDS=4)
     assert len(normalize._raw_tasks(many.files("raw_records"), 2)) == 4
+    import pyarrow.parquet as pq
+
+    empty = tmp_path / "empty.parquet"  # a raw file with no record left gives no task
+    pq.write_table(pq.read_table(many.files("raw_records")[0]).slice(0, 0), empty)
+    assert normalize._raw_tasks([empty, *many.files("raw_records")], 2) == normalize._raw_tasks(many.files("raw_records"), 2)
     assert redone, "no worker's written records were built again here: the cross-task duplicate was not exercised"
     assert a.episodes == b.episodes == 40
     assert a.quarantine_reasons == b.quarantine_reasons == {"duplicate_episode": 1, "invalid_record": 1}
