@@ -363,10 +363,6 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
             for written, table, segments in kept:  # committed again with this run's version, not rewritten
                 files.append(written)
                 _count_copied(summary, table, segments, seen)
-            for table, segments in copied_packs(wh, summary.pack_set, plan, schema, lineage, rewrite):
-                files.append(session.write("packs", table))
-                _count_copied(summary, table, segments, seen)
-            _count_dropped_in_copies(summary, plan, seen)
 
             todo = sorted(set(plan.digests) - set(plan.copy))
             if workers is None:  # below PARALLEL_MIN_ITEMS units a worker's start-up costs more than it saves
@@ -374,18 +370,23 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
                            if plan.rendered_units + len(plan.reuse) >= PARALLEL_MIN_ITEMS else 1)
             n = max(1, min(workers, len(todo)))
             if n == 1:
+                files += _rewrite_copied(wh, summary.pack_set, plan, schema, lineage, rewrite, summary, seen)
+
                 def write(rows: list[dict]) -> None:
                     files.append(session.write("packs", pack_table(rows, schema)))
 
                 pack_stream(_units_to_pack(wh, summary.pack_set, plan, units, memory=_ONE_PART_MEMORY), cfg, tok, summary,
                             write, lineage)
-            else:  # the windows dealt out to parts (this process and workers), each packing and writing its own
+            else:  # the windows dealt out to parts (this process and workers), each packing and writing its own;
+                # this process's part also rewrites the copied windows, while the workers start
                 tasks = [{"root": str(wh.root), "cfg": cfg, "pack_set": summary.pack_set, "plan": plan,
-                          "windows": todo[i::n], "units": str(units), "lineage": lineage, "run_id": run_id}
-                         for i in range(n)]
-                for written, part in run_parts(_pack_part, tasks):
+                          "windows": todo[i::n], "units": str(units), "lineage": lineage, "run_id": run_id,
+                          "rewrite": rewrite if i == 0 else []} for i in range(n)]
+                for written, part, copied in run_parts(_pack_part, tasks):
                     files += written
                     _add_counts(summary, part)
+                    seen |= copied
+            _count_dropped_in_copies(summary, plan, seen)
         finally:
             units.unlink(missing_ok=True)
         summary.fragments = plan.units
@@ -421,22 +422,36 @@ _PART_MEMORY = 192
 _ONE_PART_MEMORY = 512
 
 
-def _pack_part(t: dict[str, Any]) -> tuple[list[Any], PackSummary]:
+def _rewrite_copied(wh: Warehouse, pack_set: str, plan: Plan, schema: pa.Schema, lineage: dict[str, str],
+                    rewrite: list[Path], summary: PackSummary, seen: set[str]) -> list[Any]:
+    """The stored files of copied windows that ``kept_files`` does not keep, written again with
+    their segments brought up to date (``copied_packs``), counted in ``summary``."""
+    files = []
+    for table, segments in copied_packs(wh, pack_set, plan, schema, lineage, rewrite):
+        files.append(write_table_file(wh, "packs", table))
+        _count_copied(summary, table, segments, seen)
+    return files
+
+
+def _pack_part(t: dict[str, Any]) -> tuple[list[Any], PackSummary, set[str]]:
     """A share of the windows rendered, packed and written (files not yet visible: the build
-    commits them), with their counts; in the build's process or a worker. Its two queries get
+    commits them), and the copied windows' files ``t["rewrite"]`` written again, with their counts
+    and the units the copies hold; in the build's process or a worker. Its two queries get
     ``_PART_MEMORY``: two parts at once stay within the memory bound."""
     wh, cfg = Warehouse(t["root"]), t["cfg"]
     tok = get_tokenizer(cfg.tokenizer)
     part = PackSummary(t["run_id"], pack_set=t["pack_set"], seq_len=cfg.seq_len)
     schema = arrow_schema(PackRow)
-    files: list[Any] = []
+    seen: set[str] = set()
+    files: list[Any] = _rewrite_copied(wh, t["pack_set"], t["plan"], schema, t["lineage"], t.get("rewrite", []),
+                                       part, seen)
 
     def write(rows: list[dict]) -> None:
         files.append(write_table_file(wh, "packs", pack_table(rows, schema)))
 
     pack_stream(_units_to_pack(wh, t["pack_set"], t["plan"], Path(t["units"]), t["windows"], memory=_PART_MEMORY),
                 cfg, tok, part, write, t["lineage"])
-    return files, part
+    return files, part, seen
 
 
 def _add_counts(summary: PackSummary, part: PackSummary) -> None:

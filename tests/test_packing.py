@@ -777,22 +777,40 @@ def test_a_pack_build_in_worker_processes_makes_the_same_packs(built: Warehouse,
     a = build_packs(one, run_id="p", cfg=cfg, full=True, workers=1)
     b = build_packs(two, run_id="p", cfg=cfg, full=True, workers=2)
     assert packs(one) == packs(two) and a.sequences == b.sequences and a.tokens == b.tokens and a.fragments == b.fragments
-    # an incremental build: some units of one window leave (a representative changes), so windows are
-    # copied and one is packed again with stored tokens
+    # an incremental build: units of two windows leave (their representatives change), so those two are
+    # packed again with stored tokens (in two parts), and a third window's segments take a new dedup
+    # weight: copied with its segments brought up to date (rewritten in the build's own part while the
+    # worker starts)
+    placed = one.query("SELECT window_id, list_transform(segments, lambda s: s.trajectory_key) AS keys FROM packs "
+                       "ORDER BY window_id, pack_id").to_pylist()
+    train = {r["trajectory_key"] for r in one.query("SELECT trajectory_key FROM fragments WHERE trainable").to_pylist()}
+    windows = sorted({p["window_id"] for p in placed if p["window_id"].startswith("train/")})
+    assert len(windows) >= 3
+    first_key = {w: next(k for p in placed if p["window_id"] == w for k in p["keys"] if k in train) for w in windows[:3]}
+    leave, reweight = [first_key[windows[0]], first_key[windows[1]]], first_key[windows[2]]
     for wh in (one, two):
         with wh.write_session("t") as session:
-            rel = wh.query("SELECT path FROM table_files WHERE table_name = 'near_dup_clusters'").column(0)[0].as_py()
-            t = pq.read_table(wh.root / rel)
-            rows = t.to_pylist()
-            train = {r["trajectory_key"] for r in wh.query("SELECT trajectory_key FROM fragments WHERE trainable").to_pylist()}
-            k = next(i for i, r in enumerate(rows) if r["trajectory_key"] in train)
-            rows[k]["is_representative"] = False
-            session.commit([session.write("near_dup_clusters", type(t).from_pylist(rows, schema=t.schema))],
-                           removed=[wh.root / rel])
+            changed = []
+            for table, change in (("near_dup_clusters", lambda r: r.update(is_representative=False) if r["trajectory_key"]
+                                   in leave else None),
+                                  ("fragments", lambda r: r.update(dedup_weight=0.125) if r["trajectory_key"] == reweight
+                                   else None)):
+                for rel in wh.query("SELECT path FROM table_files WHERE table_name = ?", [table]).column(0).to_pylist():
+                    t = pq.read_table(wh.root / rel)
+                    rows = t.to_pylist()
+                    for r in rows:
+                        change(r)
+                    changed.append((session.write(table, type(t).from_pylist(rows, schema=t.schema)), wh.root / rel))
+            session.commit([w for w, _ in changed], removed=[r for _, r in changed])
     a = build_packs(one, run_id="q", cfg=cfg, workers=1)
     b = build_packs(two, run_id="q", cfg=cfg, workers=2)
-    assert a.windows["copied"] > 0 and a.windows["repacked"] > 0 and a.units_reused > 0, a
+    assert a.windows["copied"] > 0 and a.windows["repacked"] >= 2 and a.units_reused > 0, a
     assert packs(one) == packs(two) and a.windows == b.windows and a.sequences == b.sequences
+    assert (a.tokens, a.trainable, a.dropped, a.truncated, a.split_fragments) == (
+        b.tokens, b.trainable, b.dropped, b.truncated, b.split_fragments)
+    for wh in (one, two):  # the reweighted window was copied, its segments rewritten by this run
+        assert 0.125 in wh.query("SELECT flatten(list(list_transform(segments, lambda s: s.dedup_weight))) FROM packs "
+                                 "WHERE window_id = ? AND _run_id = 'q'", [windows[2]]).column(0)[0].as_py()
 
 
 def test_the_check_reads_again_only_files_it_has_not_verified(built: Warehouse, tmp_path: Path):
