@@ -262,11 +262,47 @@ class Warehouse:
 
     def query(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
         """Run read-only SQL against the catalog; returns an Arrow table."""
-        con = self.connect(read_only=True)
-        try:
+        with self._reading() as con:
             return con.sql(sql, params=list(params or [])).to_arrow_table()
+
+    @contextmanager
+    def _reading(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A read-only cursor on the catalog, cheaper than ``connect``: opening a DuckDB database
+        starts an instance (about 15 ms, most of it the instance's own set-up, whatever the file),
+        and a build asks short questions of the catalog 150 times and more (2.4 s of a 38 s
+        incremental build at 107,000 episodes). This process keeps one in-memory instance per
+        warehouse and attaches the catalog file read-only to it while any of its cursors is open
+        (about 3 ms), detaching it after the last: between two questions the file is not held, so
+        a writer in another process is never kept waiting and the next question sees its commit.
+        Settings are per cursor (``file_search_path``) or the instance's own (the spill folder and
+        memory limit a file instance of the catalog has), so nothing one question sets leaks into
+        the next."""
+        self.require()
+        reader = _reader(self)
+        with reader.lock:
+            if reader.users == 0:
+                _attach_with_retry(self, reader)
+            reader.users += 1
+        cur = None
+        try:
+            cur = reader.db.cursor()
+            cur.execute(f"USE {reader.alias}")
+            cur.execute(f"SET file_search_path = '{_sql_str(str(self.root))}'")
+            if self.remote:  # the store as the environment names it now (a changed key, a new filesystem)
+                fs = duckdb_filesystem()
+                if reader.fs is not fs:
+                    if reader.fs is not None:
+                        reader.db.unregister_filesystem("s3")
+                    reader.db.register_filesystem(fs)
+                    reader.fs = fs
+            yield cur
         finally:
-            con.close()
+            if cur is not None:
+                cur.close()
+            with reader.lock:
+                reader.users -= 1
+                if reader.users == 0:
+                    reader.db.execute(f"DETACH {reader.alias}")
 
     def stream(self, sql: str, params: Sequence[Any] | None = None, *, batch_rows: int = 10_000,
                memory_limit: str | None = None, arrow: bool = False, threads: int | None = None) -> Iterator[Any]:
@@ -492,6 +528,69 @@ def copy_result(con: duckdb.DuckDBPyConnection, rel: duckdb.DuckDBPyRelation, ou
 
 
 _MEMORY: list[Any] = []  # [pid, in-memory connection]
+
+
+class _Reader:
+    """This process's in-memory DuckDB instance for reading one warehouse's catalog
+    (``Warehouse._reading``): the catalog is attached while ``users`` > 0."""
+
+    def __init__(self, wh: Warehouse):
+        import threading
+
+        self.db = duckdb.connect(":memory:")
+        # where a file instance of the catalog spills (made only if a query spills: a reader writes nothing)
+        self.db.execute(f"SET temp_directory = '{_sql_str(str(wh.catalog_path))}.tmp'")
+        self.db.execute("SET enable_progress_bar = false")
+        self.alias = "wh_" + hashlib.sha256(str(wh.catalog_path).encode()).hexdigest()[:16]
+        self.lock = threading.Lock()
+        self.users = 0
+        self.fs: Any = None  # the S3 filesystem registered on the instance, if any
+
+
+#: (pid, catalog path) -> its reader; a few warehouses at most (the tests open hundreds in turn)
+_READERS: dict[tuple[int, str], _Reader] = {}
+_MAX_READERS = 4
+
+
+def _reader(wh: Warehouse) -> _Reader:
+    key = (os.getpid(), str(wh.catalog_path))  # an instance is not inherited across a fork
+    hit = _READERS.pop(key, None)
+    if hit is None:
+        for old in [k for k, r in _READERS.items() if k[0] != key[0] or r.users == 0][:max(0, len(_READERS) + 1 - _MAX_READERS)]:
+            stale = _READERS.pop(old)
+            if old[0] == key[0]:
+                stale.db.close()
+        hit = _Reader(wh)
+    _READERS[key] = hit  # most recently used last
+    return hit
+
+
+def _attach_with_retry(wh: Warehouse, reader: _Reader, timeout: float = 30.0) -> None:
+    """Attach the catalog read-only to ``reader``, retrying while another process commits (as
+    ``Warehouse.connect`` does), and check its schema version."""
+    deadline, delay = time.monotonic() + timeout, 0.05
+    while True:
+        try:
+            reader.db.execute(f"ATTACH '{_sql_str(str(wh.catalog_path))}' AS {reader.alias} (READ_ONLY)")
+            break
+        except duckdb.IOException as exc:
+            if "lock" not in str(exc).lower():
+                raise CatalogError(f"cannot open catalog {wh.catalog_path}: {exc}") from exc
+            if time.monotonic() > deadline:
+                raise WarehouseBusyError(
+                    f"catalog {wh.catalog_path} is busy: another process holds it open ({exc})",
+                    valid="wait for it to finish, or pass a longer --wait") from exc
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+    cur = reader.db.cursor()
+    try:
+        cur.execute(f"USE {reader.alias}")
+        wh._check_version(cur)
+    except BaseException:
+        cur.close()
+        reader.db.execute(f"DETACH {reader.alias}")
+        raise
+    cur.close()
 #: catalog files (path, inode) this process has initialized (a replaced file has a new inode)
 _INITIALIZED: set[tuple[str, int]] = set()
 #: manifests read by this process, by catalog path: ((file stamps, commits), table)

@@ -52,24 +52,63 @@ def lineage_gaps(wh: Warehouse, table: str, batch_id: str | None = None) -> dict
 
 def reconcile_normalized(wh: Warehouse, companion_formats: list[str] | None = None) -> dict[str, Any]:
     """Every raw record of a built batch became episodes, was quarantined, or is a companion
-    (verdicts, metrics: facts about episodes); step counts agree; ids are unique."""
-    return wh.query("""
-        WITH built AS (SELECT DISTINCT batch_id FROM table_files WHERE table_name = 'episodes'),
-        raw AS (SELECT r.record_id FROM raw_records r JOIN built b USING (batch_id)
-                WHERE NOT list_contains(?, r.format)),
-        used AS (SELECT DISTINCT _record_id AS record_id FROM episodes
-                 UNION SELECT DISTINCT record_id FROM quarantine WHERE stage = 'normalize'),
+    (verdicts, metrics: facts about episodes); step counts agree; ids are unique. Batch by batch
+    (``reconcile_batch``, each result reused while the batch's files are unchanged: a new batch is
+    checked alone, 1.6 s -> about 0.3 s at 107,000 + 1 %), plus one scan of every episode's key
+    for a key two batches share."""
+    companions = sorted(companion_formats or [])
+    per_batch = cached_per_batch(wh, f"reconcile:{','.join(companions)}", _RECONCILE_INPUTS,
+                                 lambda b: reconcile_batch(wh, b, companions) if b else _NOT_BUILT)
+    across = cached(wh, "reconcile:keys", ["episodes"], lambda: {"keys_across_batches": _one(
+        wh, "SELECT count(*) - count(DISTINCT trajectory_key) FROM episodes")})
+    out = {**per_batch, "cached": per_batch["cached"] and across["cached"]}
+    out["duplicate_key_violations"] += across["keys_across_batches"]
+    return out
+
+
+_RECONCILE_INPUTS = ["raw_records", "episodes", "steps", "quarantine"]
+_NOT_BUILT = {"raw_records": 0, "episodes": 0, "unaccounted_record_violations": 0, "step_count_violations": 0,
+              "duplicate_key_violations": 0, "duplicate_step_violations": 0, "step_id_violations": 0}
+
+
+def _one(wh: Warehouse, sql: str, params: list[Any] | None = None) -> Any:
+    return wh.query(sql, params).column(0)[0].as_py()
+
+
+def reconcile_batch(wh: Warehouse, batch_id: str, companion_formats: list[str]) -> dict[str, Any]:
+    """``reconcile_normalized`` for one ingest batch's files: its raw records (not companions)
+    each became episodes or a quarantine row of normalize; its episodes' step counts agree with its
+    steps; no key or step id twice in it; every step id is the one its (episode, index) names (so
+    a step id two batches share would mean a key they share, which the caller counts). A batch not
+    normalized yet (no episode files) is not counted."""
+    files = {t: [str(p) for p in wh.files(t, batch_id=batch_id)] for t in _RECONCILE_INPUTS}
+    if not files["episodes"]:
+        return dict(_NOT_BUILT)
+    src = {t: "read_parquet(?, union_by_name = true)" for t in _RECONCILE_INPUTS if files[t]}
+    src.setdefault("raw_records", "(SELECT NULL::VARCHAR AS record_id, NULL::VARCHAR AS format WHERE false)")
+    src.setdefault("steps", "(SELECT NULL::VARCHAR AS trajectory_key, NULL::VARCHAR AS step_id, "
+                            "NULL::BIGINT AS step_index WHERE false)")
+    src.setdefault("quarantine", "(SELECT NULL::VARCHAR AS record_id, NULL::VARCHAR AS stage WHERE false)")
+    params = [files[t] for t in _RECONCILE_INPUTS if files[t]]
+    return wh.query(f"""
+        WITH raw_all AS (SELECT * FROM {src["raw_records"]}), ep AS (SELECT * FROM {src["episodes"]}),
+        st AS (SELECT * FROM {src["steps"]}), q AS (SELECT * FROM {src["quarantine"]}),
+        raw AS (SELECT record_id FROM raw_all WHERE NOT list_contains(?, format)),
+        used AS (SELECT DISTINCT _record_id AS record_id FROM ep
+                 UNION SELECT DISTINCT record_id FROM q WHERE stage = 'normalize'),
         counts AS (SELECT e.trajectory_key, any_value(e.n_steps) AS n, count(s.step_id) AS got
-                   FROM episodes e LEFT JOIN steps s USING (trajectory_key) GROUP BY 1)
+                   FROM ep e LEFT JOIN st s USING (trajectory_key) GROUP BY 1)
         SELECT
           (SELECT count(*) FROM raw) AS raw_records,
-          (SELECT count(*) FROM episodes) AS episodes,
+          (SELECT count(*) FROM ep) AS episodes,
           (SELECT count(*) FROM raw WHERE record_id NOT IN (SELECT record_id FROM used))
               AS unaccounted_record_violations,
           (SELECT count(*) FROM counts WHERE n <> got) AS step_count_violations,
-          (SELECT count(*) - count(DISTINCT trajectory_key) FROM episodes) AS duplicate_key_violations,
-          (SELECT count(*) - count(DISTINCT step_id) FROM steps) AS duplicate_step_violations
-    """, [companion_formats or []]).to_pylist()[0]
+          (SELECT count(*) - count(DISTINCT trajectory_key) FROM ep) AS duplicate_key_violations,
+          (SELECT count(*) - count(DISTINCT step_id) FROM st) AS duplicate_step_violations,
+          (SELECT count(*) FROM st WHERE step_id IS DISTINCT FROM left(sha256(trajectory_key || ':' || step_index), 32))
+              AS step_id_violations
+    """, [*params, companion_formats]).to_pylist()[0]
 
 
 def passed(result: dict[str, Any]) -> bool:

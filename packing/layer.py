@@ -263,7 +263,8 @@ def _spooled(batches: Iterator[pa.RecordBatch], path: Path) -> Iterator[dict[str
         for rb in batches:
             if writer is None:
                 ensure_dir(path.parent, restricted=True)
-                writer = pq.ParquetWriter(path, rb.schema, compression="zstd")
+                # uncompressed: a spool read once and deleted (107,000 episodes' 51,000 units: 0.35 -> 0.14 s)
+                writer = pq.ParquetWriter(path, rb.schema, compression="none")
             writer.write_batch(rb)
             yield from rb.to_pylist()
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dagster as dg
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
@@ -118,6 +119,53 @@ def test_the_lineage_check_by_batch_adds_up_to_the_whole_check(wh, cases):
     whole, parts = lineage_gaps(wh, "steps"), _lineage_by_batch(wh, "steps")
     assert whole["missing_edge_violations"] > 0 and {k: parts[k] for k in whole} == whole
     assert parts["batches_cached"] == 1  # the other batch's result reused
+
+
+def test_the_reconcile_check_goes_batch_by_batch_and_finds_what_a_batch_lost(wh, cases):
+    """Raw records against episodes, quarantine and steps, per batch: a new batch is reconciled
+    alone; an episode, a step or a key tampered with in one batch is found; a key two batches
+    share is found though each batch alone is sound."""
+    from trajwh.ingest.adapters.registry import adapters
+    from trajwh.lineage.checks import reconcile_normalized
+
+    companions = [a.name for a in adapters() if a.companion]
+    ingest_paths(wh, [cases / "two_episodes.jsonl"], IngestOptions(source="cases"))
+    build(str(wh.root))
+    ingest_paths(wh, [cases / "crlf_blank_lines.jsonl"], IngestOptions(source="cases"))
+    build(str(wh.root))
+    first = reconcile_normalized(wh, companions)
+    assert passed(first) and first["episodes"] == wh.query("SELECT count(*) FROM episodes").column(0)[0].as_py() > 2
+    assert first["raw_records"] >= first["episodes"]
+    batches = wh.query("SELECT batch_id, min(path) AS path FROM table_files WHERE table_name = 'episodes' "
+                       "GROUP BY 1 ORDER BY 1").to_pylist()
+    assert len(batches) == 2
+    # the first batch loses an episode row: its raw record is unaccounted for, its steps are orphans
+    episodes = pq.read_table(wh.root / batches[0]["path"])
+    with wh.write_session("test") as s:
+        s.commit([s.write("episodes", episodes.slice(1))], removed=[wh.root / batches[0]["path"]],
+                 batch_id=batches[0]["batch_id"])
+    lost = reconcile_normalized(wh, companions)
+    assert lost["unaccounted_record_violations"] == 1 and lost["episodes"] == first["episodes"] - 1
+    # the second batch also holds an episode of the first (its key and steps twice, across batches only)
+    steps = pq.read_table(wh.files("steps", batch_id=batches[0]["batch_id"])[0])
+    mine = steps.filter(pc.equal(steps.column("trajectory_key"), episodes.column("trajectory_key")[1]))
+    assert len(mine) > 0
+    again = episodes.slice(1, 1)  # (another run's copy: the same bytes would be the same content-named file)
+    again = again.set_column(again.schema.get_field_index("_run_id"), "_run_id", pa.array(["again"]))
+    mine = mine.set_column(mine.schema.get_field_index("_run_id"), "_run_id", pa.array(["again"] * len(mine)))
+    with wh.write_session("test") as s:
+        s.commit([s.write("episodes", again), s.write("steps", mine)], batch_id=batches[1]["batch_id"])
+    twice = reconcile_normalized(wh, companions)
+    assert twice["duplicate_key_violations"] == 1 and twice["unaccounted_record_violations"] == 1
+    assert twice["step_count_violations"] == 0 and twice["duplicate_step_violations"] == 0
+    # ... and a step whose id is not the one its (episode, index) names
+    bad = mine.set_column(mine.schema.get_field_index("step_id"), "step_id",
+                          pc.utf8_upper(mine.column("step_id")))
+    with wh.write_session("test") as s:
+        s.commit([s.write("steps", bad)], batch_id=batches[1]["batch_id"])
+    wrong = reconcile_normalized(wh, companions)
+    assert wrong["step_id_violations"] == len(mine) and wrong["step_count_violations"] >= 1
+    assert not passed(wrong)
 
 
 def test_dagster_finds_the_definitions_from_the_repository_root():
