@@ -40,17 +40,15 @@ from trajwh.packing.layer import _STEPS_SQL, _UNITS, tools_by_digest
 from trajwh.packing.render import Layout, layout_digest, render, rendered_layout, trained_text
 from trajwh.packing.tokenizers import Tokenizer, tokenizer_of
 
-# the segments to render again (``r``: fragment ids) of some pack files, with their units, in
-# trajectory-key order
+# the units and episodes of the segments to render again (``r``: their unit ids, trajectory keys and
+# places in the list the token pass made): what rendering takes beside the steps
 _RENDER_SQL = """
-    SELECT p.pack_id, p.tokenizer_id, p.seq_len, t.s.fragment_id, t.s.start, t.s.trajectory_key, t.s.piece,
-           t.s.removed_step_ids, t.s.token_key, u.step_ids, u.span_step_ids, u.kind AS unit_kind, e.tool_schema_digest
-    FROM read_parquet(?, union_by_name = true) p, unnest(p.segments) AS t(s)
-    JOIN (SELECT DISTINCT unnest(?::VARCHAR[]) AS fragment_id) r ON r.fragment_id = t.s.fragment_id
-    LEFT JOIN ({units}) u ON u.unit_id = split_part(t.s.fragment_id, '#', 1)
-    LEFT JOIN redacted_episodes e ON e.trajectory_key = t.s.trajectory_key
-    WHERE {where}
-    ORDER BY t.s.trajectory_key, p.pack_id, t.s.start"""
+    SELECT r.i, u.step_ids, u.span_step_ids, u.kind AS unit_kind, e.tool_schema_digest
+    FROM (SELECT unnest(?::VARCHAR[]) AS unit_id, unnest(?::VARCHAR[]) AS trajectory_key, unnest(?::BIGINT[]) AS i) r
+    LEFT JOIN ({units}) u ON u.unit_id = r.unit_id
+    LEFT JOIN redacted_episodes e ON e.trajectory_key = r.trajectory_key"""
+#: what the token pass keeps of a segment to render again (with its pack's tokenizer and length)
+_RENDER_FIELDS = ("fragment_id", "start", "trajectory_key", "piece", "removed_step_ids", "token_key")
 # every segment of the set beside its unit and its episode's split now: the split and unit checks
 # as one aggregate (a join of table entries, never the tokens)
 _SEGMENT_CHECKS_SQL = """
@@ -352,8 +350,6 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
     from trajwh.redaction.engine import Detector
 
     wh, pack_set = Warehouse(task["root"]), task["pack_set"]
-    where = "p.pack_set = ?" if pack_set else "true"
-    params = [pack_set] if pack_set else []
     memory = duckdb_memory(_PART_MEMORY.get(task["parts"], 256))
     ledger = read_ledger(wh, pack_set) if task["ledger"] else {}
     out: dict[str, Any] = {"tokens": 0, "length_violations": 0, "mixed_split_violations": 0,
@@ -376,10 +372,11 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
     stored: dict[tuple[str, int], bytes] = {}
     layouts_of: dict[tuple[str, int], bytes] = {}
     to_render: dict[str, str] = {}  # fragment id -> trajectory key
+    render_segs: list[dict[str, Any]] = []  # the segments to render, as the files hold them
     toks: dict[str, Any] = {}
     for path in unread:
         for rb in _set_batches(path, pack_set, _TOKEN_COLUMNS, 64):
-            n = _token_pass(rb, ledger, stored, verified, to_render, out, bad, toks, layouts_of)
+            n = _token_pass(rb, ledger, stored, verified, to_render, out, bad, toks, layouts_of, render_segs)
             if progress and n:
                 progress(n)
     # 2. the segments to render rendered again from the redacted steps and compared with what is stored
@@ -392,8 +389,7 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
     # and a small sort: its queries scan on two threads (the steps of 498 segments after a scan of all
     # 2.3 M steps at 107,000 episodes: 1.0 -> 0.55 s); a whole set's sort keeps one thread's memory
     threads = 2 if task["parts"] == 1 and len(to_render) <= FEW_RENDERS else 1
-    seg_stream = wh.stream(_RENDER_SQL.format(where=where, units=units), [unread, sorted(to_render), *params],
-                           memory_limit=memory, threads=threads) if to_render else iter(())
+    seg_stream = iter([_render_segments(wh, render_segs, units)]) if render_segs else iter(())
     step_stream = wh.stream(_STEPS_SQL.format(units=units, dedup="list_contains(?, trajectory_key)"),
                             [sorted(set(to_render.values()))], memory_limit=memory, threads=threads,
                             batch_rows=1_000) if to_render else iter(())
@@ -460,6 +456,22 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
     return out
 
 
+def _render_segments(wh: Warehouse, segs: list[dict[str, Any]], units: str) -> list[dict[str, Any]]:
+    """The segments the token pass found to render again, each with its unit's steps and span and
+    its episode's tool definitions (None where the segment names no unit: the segment checks count
+    it), in trajectory-key order: as the steps stream comes. The segments come from the token pass,
+    not a second read of the files' segment tables (0.6 s of an incremental build's check at
+    107,000 + 1 %)."""
+    joined = wh.query(_RENDER_SQL.format(units=units),
+                      [[s["fragment_id"].partition("#")[0] for s in segs], [s["trajectory_key"] for s in segs],
+                       list(range(len(segs)))])
+    out = [dict(s, step_ids=None, span_step_ids=None, unit_kind=None, tool_schema_digest=None) for s in segs]
+    for row in joined.to_pylist():
+        out[row.pop("i")].update(row)
+    out.sort(key=lambda s: (s["trajectory_key"] or "", s["pack_id"], s["start"]))
+    return out
+
+
 def _trained(ids: list[int], mask: np.ndarray) -> list[int]:
     """The tokens whose mask is set, in order: the runs of the mask sliced out of ``ids`` (a
     filter token by token took 13 of the 185 s of a whole check at 107,000 episodes)."""
@@ -493,7 +505,7 @@ def _ints(array: pa.Array) -> np.ndarray:
 def _token_pass(rb: pa.RecordBatch, ledger: dict[str, list[str]], stored: dict[tuple[str, int], bytes],
                 verified: dict[str, list[str]], to_render: dict[str, str], out: dict[str, Any],
                 bad: Callable[[str, dict[str, Any], str], None], toks: dict[str, Any],
-                layouts_of: dict[tuple[str, int], bytes]) -> int:
+                layouts_of: dict[tuple[str, int], bytes], render_segs: list[dict[str, Any]]) -> int:
     """One batch of packs as stored, checked with array operations: per pack, the lengths agree
     (tokens, mask, positions, ``n_tokens`` <= ``seq_len``) and the segments tile [0, n_tokens)
     (the first starts at 0, each next where the previous ended, together covering every token) and
@@ -550,6 +562,7 @@ def _token_pass(rb: pa.RecordBatch, ledger: dict[str, list[str]], stored: dict[t
     tokenizer_ids = rb.column("tokenizer_id").to_pylist()
     aligned = bool((lens["input_ids"] == lens["loss_mask"]).all())  # else every digest differs anyway
     layouts: dict[str, _TokenLayouts | None] = {}
+    rendering: list[int] = []
     for k, i in enumerate(parent.tolist()):
         s, e = int(start[k]), int(end[k])
         pack = pack_ids[i]
@@ -566,6 +579,7 @@ def _token_pass(rb: pa.RecordBatch, ledger: dict[str, list[str]], stored: dict[t
             verified[fragment_ids[k]] = entry
             continue
         to_render[fragment_ids[k]] = keys[k]
+        rendering.append(k)
         tid = tokenizer_ids[i]
         if aligned and tid not in layouts:
             tok = _tokenizer(toks, tid)
@@ -575,6 +589,14 @@ def _token_pass(rb: pa.RecordBatch, ledger: dict[str, list[str]], stored: dict[t
         if layout is not None:
             g0 = i0 + min(lo, lens["input_ids"][i])
             layouts_of[(pack, s)] = layout.digest(g0, max(g0, i0 + min(hi, lens["input_ids"][i])))
+    if rendering:
+        names = {f.name for f in flat.type}
+        picked = flat.take(pa.array(rendering))
+        fields = {f: (picked.field(f).to_pylist() if f in names else [None] * len(rendering)) for f in _RENDER_FIELDS}
+        for j, k in enumerate(rendering):
+            i = int(parent[k])
+            render_segs.append({"pack_id": pack_ids[i], "tokenizer_id": tokenizer_ids[i], "seq_len": int(seq_len[i]),
+                                **{f: fields[f][j] for f in _RENDER_FIELDS}})
     return len(parent)
 
 
