@@ -541,6 +541,9 @@ class _Reader:
         # where a file instance of the catalog spills (made only if a query spills: a reader writes nothing)
         self.db.execute(f"SET temp_directory = '{_sql_str(str(wh.catalog_path))}.tmp'")
         self.db.execute("SET enable_progress_bar = false")
+        # a kept instance must not keep what its questions read: DuckDB's external file cache holds
+        # blocks of the files it reads (object storage's) for as long as the instance lives
+        self.db.execute("SET enable_external_file_cache = false")
         self.alias = "wh_" + hashlib.sha256(str(wh.catalog_path).encode()).hexdigest()[:16]
         self.lock = threading.Lock()
         self.users = 0

@@ -360,6 +360,7 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
             files: list[Any] = []
             seen: set[str] = set()
             kept, rewrite = kept_files(wh, plan, stored)
+            loads = _window_loads(stored, plan, rewrite)
             del stored
             for written, table, segments in kept:  # committed again with this run's version, not rewritten
                 files.append(written)
@@ -380,8 +381,9 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
                             write, lineage)
             else:  # the windows dealt out to parts (this process and workers), each packing and writing its own;
                 # this process's part also rewrites the copied windows, while the workers start
+                shares = _deal_windows(todo, n, loads)
                 tasks = [{"root": str(wh.root), "cfg": cfg, "pack_set": summary.pack_set, "plan": plan,
-                          "windows": todo[i::n], "units": str(units), "lineage": lineage, "run_id": run_id,
+                          "windows": shares[i], "units": str(units), "lineage": lineage, "run_id": run_id,
                           "rewrite": rewrite if i == 0 else []} for i in range(n)]
                 for written, part, copied in run_parts(_pack_part, tasks):
                     files += written
@@ -421,6 +423,43 @@ _PART_MEMORY = 192
 #: (``_PART_MEMORY`` scaled to a 1 GB budget, 96 MB then, ran out of memory at 20,000 episodes:
 #: some of the sort's blocks cannot spill; ``duckdb_memory`` now never goes below 128 MB)
 _ONE_PART_MEMORY = 512
+
+
+#: what a window costs a part, in stored tokens: a unit to render costs about this many (rendering
+#: and tokenizing a unit's 2,100 tokens costs about twice copying them); a worker's start, this many
+_RENDER_COST, _START_COST = 4_000, 4_000_000
+
+
+def _window_loads(stored: StoredSet, plan: Plan, rewrite: list[Path]) -> dict[str, int]:
+    """What each window to pack costs a part, in tokens (its stored tokens, which it reads and writes
+    again, and its units to render), and under "" what rewriting the copied windows' files costs
+    the build's own part: ``_deal_windows`` balances the parts by it."""
+    loads: dict[str, int] = {}
+    if stored.table is not None:
+        mine = {str(p) for p in rewrite}
+        for name, window, n in zip(stored.table.column("filename").to_pylist(),
+                                   stored.table.column("window_id").to_pylist(),
+                                   stored.table.column("n_tokens").to_pylist(), strict=True):
+            key = "" if window in plan.copy else window
+            if key or name in mine:
+                loads[key] = loads.get(key, 0) + (n or 0)
+    for order in plan.render.values():
+        window = order.partition("|")[0]
+        loads[window] = loads.get(window, 0) + _RENDER_COST
+    return loads
+
+
+def _deal_windows(todo: list[str], n: int, loads: dict[str, int]) -> list[list[str]]:
+    """The windows to pack dealt out to ``n`` parts, the costliest first to the part with the least
+    to do: the build's own part (the first) starts with the copied windows' rewrite, each worker with
+    its start. Windows are independent, so the packs do not depend on the dealing."""
+    shares: list[list[str]] = [[] for _ in range(n)]
+    load = [loads.get("", 0)] + [_START_COST] * (n - 1)
+    for window in sorted(todo, key=lambda w: (-loads.get(w, 0), w)):
+        i = load.index(min(load))
+        shares[i].append(window)
+        load[i] += loads.get(window, 0)
+    return [sorted(share) for share in shares]
 
 
 def _rewrite_copied(wh: Warehouse, pack_set: str, plan: Plan, schema: pa.Schema, lineage: dict[str, str],
