@@ -762,14 +762,14 @@ def test_tool_definitions_are_packed_from_the_redacted_layer(tmp_path: Path, sma
 def test_windows_are_dealt_to_parts_by_what_they_cost():
     """Every window goes to exactly one part, the costliest first to the part with the least to do:
     the build's own part starts with the copied windows' rewrite, a worker with its start."""
-    from trajwh.packing.layer import _START_COST, _deal_windows
+    from trajwh.packing.layer import _REWRITE_SHARE, _START_COST, _deal_windows
 
     big = _START_COST
-    loads = {"": 3 * big, "w1": 2 * big, "w2": 2 * big, "w3": big, "w4": big // 2}
+    loads = {"": int(3 * big / _REWRITE_SHARE), "w1": 2 * big, "w2": 2 * big, "w3": big, "w4": big // 2}
     shares = _deal_windows(["w1", "w2", "w3", "w4"], 2, loads)
     assert sorted(w for share in shares for w in share) == ["w1", "w2", "w3", "w4"]
-    # loads 3 (rewrite) and 1 (start): w1 -> worker (3), w2 -> the tie to the build's part (5),
-    # w3 -> worker (4), w4 -> worker (4.5)
+    # loads 3 (the rewrite) and 1 (the start): w1 -> worker (3), w2 -> the tie to the build's part
+    # (5), w3 -> worker (4), w4 -> worker (4.5)
     assert shares == [["w2"], ["w1", "w3", "w4"]]
     assert _deal_windows(["a", "b", "c"], 1, {}) == [["a", "b", "c"]]
     no_rewrite = _deal_windows(["a", "b"], 2, {"a": 5 * big, "b": big})
