@@ -29,6 +29,7 @@ import json
 import os
 import re
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -278,31 +279,35 @@ class Warehouse:
         memory limit a file instance of the catalog has), so nothing one question sets leaks into
         the next."""
         self.require()
-        reader = _reader(self)
-        with reader.lock:
-            if reader.users == 0:
-                _attach_with_retry(self, reader)
-            reader.users += 1
+        with _READERS_LOCK:
+            reader = _reader(self)
+            reader.users += 1  # (a reader in use is never closed)
         cur = None
         try:
+            with reader.lock:
+                if not reader.attached:
+                    _attach_with_retry(self, reader)
+                    reader.attached = True
+                if self.remote:  # the store as the environment names it now (a changed key, a new filesystem)
+                    fs = duckdb_filesystem()
+                    if reader.fs is not fs:
+                        if reader.fs is not None:
+                            reader.db.unregister_filesystem("s3")
+                        reader.db.register_filesystem(fs)
+                        reader.fs = fs
             cur = reader.db.cursor()
             cur.execute(f"USE {reader.alias}")
             cur.execute(f"SET file_search_path = '{_sql_str(str(self.root))}'")
-            if self.remote:  # the store as the environment names it now (a changed key, a new filesystem)
-                fs = duckdb_filesystem()
-                if reader.fs is not fs:
-                    if reader.fs is not None:
-                        reader.db.unregister_filesystem("s3")
-                    reader.db.register_filesystem(fs)
-                    reader.fs = fs
             yield cur
         finally:
             if cur is not None:
                 cur.close()
-            with reader.lock:
+            with _READERS_LOCK:
                 reader.users -= 1
-                if reader.users == 0:
+            with reader.lock:  # the last one out lets the file go (unless another came in meanwhile)
+                if reader.users == 0 and reader.attached:
                     reader.db.execute(f"DETACH {reader.alias}")
+                    reader.attached = False
 
     def stream(self, sql: str, params: Sequence[Any] | None = None, *, batch_rows: int = 10_000,
                memory_limit: str | None = None, arrow: bool = False, threads: int | None = None) -> Iterator[Any]:
@@ -535,8 +540,6 @@ class _Reader:
     (``Warehouse._reading``): the catalog is attached while ``users`` > 0."""
 
     def __init__(self, wh: Warehouse):
-        import threading
-
         self.db = duckdb.connect(":memory:")
         # where a file instance of the catalog spills (made only if a query spills: a reader writes nothing)
         self.db.execute(f"SET temp_directory = '{_sql_str(str(wh.catalog_path))}.tmp'")
@@ -545,23 +548,33 @@ class _Reader:
         # blocks of the files it reads (object storage's) for as long as the instance lives
         self.db.execute("SET enable_external_file_cache = false")
         self.alias = "wh_" + hashlib.sha256(str(wh.catalog_path).encode()).hexdigest()[:16]
-        self.lock = threading.Lock()
-        self.users = 0
+        self.lock = threading.Lock()  # attach, detach, filesystem
+        self.users = 0  # cursors open (changed under ``_READERS_LOCK``)
+        self.attached = False
         self.fs: Any = None  # the S3 filesystem registered on the instance, if any
 
 
 #: (pid, catalog path) -> its reader; a few warehouses at most (the tests open hundreds in turn)
 _READERS: dict[tuple[int, str], _Reader] = {}
+_READERS_LOCK = threading.Lock()
 _MAX_READERS = 4
+#: readers a forked child inherited: never used, never closed there (their instance is the parent's)
+_INHERITED: list[_Reader] = []
 
 
 def _reader(wh: Warehouse) -> _Reader:
-    key = (os.getpid(), str(wh.catalog_path))  # an instance is not inherited across a fork
+    """This process's reader of ``wh``'s catalog (under ``_READERS_LOCK``), the least recently used
+    idle ones closed beyond ``_MAX_READERS``."""
+    pid = os.getpid()
+    for key in [k for k in _READERS if k[0] != pid]:  # an instance is not inherited across a fork
+        _INHERITED.append(_READERS.pop(key))
+    key = (pid, str(wh.catalog_path))
     hit = _READERS.pop(key, None)
     if hit is None:
-        for old in [k for k, r in _READERS.items() if k[0] != key[0] or r.users == 0][:max(0, len(_READERS) + 1 - _MAX_READERS)]:
+        idle = [k for k, r in _READERS.items() if r.users == 0]
+        for old in idle[:max(0, len(_READERS) + 1 - _MAX_READERS)]:
             stale = _READERS.pop(old)
-            if old[0] == key[0]:
+            with stale.lock:
                 stale.db.close()
         hit = _Reader(wh)
     _READERS[key] = hit  # most recently used last

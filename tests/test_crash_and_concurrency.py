@@ -210,3 +210,47 @@ def test_the_cached_manifest_follows_every_commit(tmp_path, cli_env, cases):
     third = wh.manifest()
     assert third.num_rows > second.num_rows
     assert wh.manifest_query("SELECT count(DISTINCT batch_id) AS n FROM table_files").column(0)[0].as_py() == 3
+
+
+def test_catalog_reads_hold_nothing_between_questions_and_see_every_commit(tmp_path, cli_env, cases):
+    """Warehouse.query reads through one DuckDB instance this process keeps (it attaches the
+    catalog per question): between questions another process can open the catalog to write,
+    its commit is seen by the next question, threads read at once, a forked child reads on its
+    own, and this process's own writer opens the catalog after a read."""
+    import threading
+
+    from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+
+    wh = Warehouse(cli_env["TRAJWH_WAREHOUSE"])
+    ingest_paths(wh, [cases / "two_episodes.jsonl"], IngestOptions(source="a"))
+    count = "SELECT count(*) FROM table_files"
+    before = wh.query(count).column(0)[0].as_py()
+    # another process writes at once (a held file would make it wait, then fail: --wait 0)
+    r = subprocess.run([*trajwh_cmd(), "ingest", str(cases / "two_episodes.jsonl"), "--source", "b", "--wait", "0"],
+                       env=cli_env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    after = wh.query(count).column(0)[0].as_py()
+    assert after > before  # its commit is seen
+    answers, errors = [], []
+
+    def ask() -> None:
+        try:
+            answers.extend(wh.query(count).column(0)[0].as_py() for _ in range(20))
+        except Exception as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and answers == [after] * 80
+    pid = os.fork()
+    if pid == 0:  # the child must not use the parent's instance
+        try:
+            os._exit(0 if Warehouse(wh.root).query(count).column(0)[0].as_py() == after else 1)
+        except BaseException:
+            os._exit(2)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    ingest_paths(wh, [cases / "two_episodes.jsonl"], IngestOptions(source="c"))  # this process writes after reading
+    assert wh.query(count).column(0)[0].as_py() > after
