@@ -187,21 +187,7 @@ class Warehouse:
             self.require()
         elif manifest:  # what this process may change: a manifest cached before is not used after it
             _COMMITS[0] += 1
-        deadline = time.monotonic() + timeout
-        delay = 0.05
-        while True:
-            try:
-                con = duckdb.connect(str(self.catalog_path), read_only=read_only)
-                break
-            except duckdb.IOException as exc:
-                if "lock" not in str(exc).lower():
-                    raise CatalogError(f"cannot open catalog {self.catalog_path}: {exc}") from exc
-                if time.monotonic() > deadline:  # another process keeps the catalog file open
-                    raise WarehouseBusyError(
-                        f"catalog {self.catalog_path} is busy: another process holds it open ({exc})",
-                        valid="wait for it to finish, or pass a longer --wait") from exc
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
+        con = _retrying(self, lambda: duckdb.connect(str(self.catalog_path), read_only=read_only), timeout)
         con.execute("SET enable_progress_bar = false")  # a worker's long query would print one into the output
         self._attach_storage(con)
         if read_only:
@@ -581,23 +567,29 @@ def _reader(wh: Warehouse) -> _Reader:
     return hit
 
 
-def _attach_with_retry(wh: Warehouse, reader: _Reader, timeout: float = 30.0) -> None:
-    """Attach the catalog read-only to ``reader``, retrying while another process commits (as
-    ``Warehouse.connect`` does), and check its schema version."""
+def _retrying(wh: Warehouse, open_catalog: Callable[[], Any], timeout: float) -> Any:
+    """``open_catalog()`` (a connect or an attach of the catalog file), retried while another
+    process holds the file to commit, for up to ``timeout`` seconds."""
     deadline, delay = time.monotonic() + timeout, 0.05
     while True:
         try:
-            reader.db.execute(f"ATTACH '{_sql_str(str(wh.catalog_path))}' AS {reader.alias} (READ_ONLY)")
-            break
+            return open_catalog()
         except duckdb.IOException as exc:
             if "lock" not in str(exc).lower():
                 raise CatalogError(f"cannot open catalog {wh.catalog_path}: {exc}") from exc
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline:  # another process keeps the catalog file open
                 raise WarehouseBusyError(
                     f"catalog {wh.catalog_path} is busy: another process holds it open ({exc})",
                     valid="wait for it to finish, or pass a longer --wait") from exc
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
+
+
+def _attach_with_retry(wh: Warehouse, reader: _Reader, timeout: float = 30.0) -> None:
+    """Attach the catalog read-only to ``reader`` (retrying as ``Warehouse.connect`` does) and
+    check its schema version."""
+    _retrying(wh, lambda: reader.db.execute(
+        f"ATTACH '{_sql_str(str(wh.catalog_path))}' AS {reader.alias} (READ_ONLY)"), timeout)
     cur = reader.db.cursor()
     try:
         cur.execute(f"USE {reader.alias}")
@@ -607,6 +599,8 @@ def _attach_with_retry(wh: Warehouse, reader: _Reader, timeout: float = 30.0) ->
         reader.db.execute(f"DETACH {reader.alias}")
         raise
     cur.close()
+
+
 #: catalog files (path, inode) this process has initialized (a replaced file has a new inode)
 _INITIALIZED: set[tuple[str, int]] = set()
 #: manifests read by this process, by catalog path: ((file stamps, commits), table)
