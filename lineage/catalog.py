@@ -292,8 +292,7 @@ class Warehouse:
                 reader.users -= 1
             with reader.lock:  # the last one out lets the file go (unless another came in meanwhile)
                 if reader.users == 0 and reader.attached:
-                    reader.db.execute(f"DETACH {reader.alias}")
-                    reader.attached = False
+                    reader.detach()
 
     def stream(self, sql: str, params: Sequence[Any] | None = None, *, batch_rows: int = 10_000,
                memory_limit: str | None = None, arrow: bool = False, threads: int | None = None) -> Iterator[Any]:
@@ -526,18 +525,36 @@ class _Reader:
     (``Warehouse._reading``): the catalog is attached while ``users`` > 0."""
 
     def __init__(self, wh: Warehouse):
-        self.db = duckdb.connect(":memory:")
-        # where a file instance of the catalog spills (made only if a query spills: a reader writes nothing)
-        self.db.execute(f"SET temp_directory = '{_sql_str(str(wh.catalog_path))}.tmp'")
-        self.db.execute("SET enable_progress_bar = false")
-        # a kept instance must not keep what its questions read: DuckDB's external file cache holds
-        # blocks of the files it reads (object storage's) for as long as the instance lives
-        self.db.execute("SET enable_external_file_cache = false")
+        self.spill = f"{wh.catalog_path}.tmp"
+        self.db = self._instance()
         self.alias = "wh_" + hashlib.sha256(str(wh.catalog_path).encode()).hexdigest()[:16]
         self.lock = threading.Lock()  # attach, detach, filesystem
         self.users = 0  # cursors open (changed under ``_READERS_LOCK``)
         self.attached = False
         self.fs: Any = None  # the S3 filesystem registered on the instance, if any
+
+    def _instance(self) -> duckdb.DuckDBPyConnection:
+        db = duckdb.connect(":memory:")
+        # where a file instance of the catalog spills (made only if a query spills: a reader writes nothing)
+        db.execute(f"SET temp_directory = '{_sql_str(self.spill)}'")
+        db.execute("SET enable_progress_bar = false")
+        # a kept instance must not keep what its questions read: DuckDB's external file cache holds
+        # blocks of the files it reads (object storage's) for as long as the instance lives
+        db.execute("SET enable_external_file_cache = false")
+        return db
+
+    def detach(self) -> None:
+        """Let the catalog file go (under ``lock``, no cursor open). A detach that fails (a signal
+        interrupts DuckDB's statements: Ctrl-C during a question) closes the instance, which lets
+        the file go as surely, and starts a new one: a reader never keeps the file held."""
+        try:
+            self.db.execute(f"DETACH {self.alias}")
+        except BaseException:
+            self.db.close()
+            self.db, self.fs = self._instance(), None
+            raise
+        finally:
+            self.attached = False
 
 
 #: (pid, catalog path) -> its reader; a few warehouses at most (the tests open hundreds in turn)
@@ -596,7 +613,7 @@ def _attach_with_retry(wh: Warehouse, reader: _Reader, timeout: float = 30.0) ->
         wh._check_version(cur)
     except BaseException:
         cur.close()
-        reader.db.execute(f"DETACH {reader.alias}")
+        reader.detach()
         raise
     cur.close()
 

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import time
 
+import pytest
 from conftest import trajwh_cmd
 from trajwh.lineage.catalog import Warehouse
 from trajwh.synth.generator import SynthConfig, generate_corpus
@@ -254,3 +255,43 @@ def test_catalog_reads_hold_nothing_between_questions_and_see_every_commit(tmp_p
     assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
     ingest_paths(wh, [cases / "two_episodes.jsonl"], IngestOptions(source="c"))  # this process writes after reading
     assert wh.query(count).column(0)[0].as_py() > after
+
+
+def test_a_catalog_reader_whose_detach_is_interrupted_still_lets_the_file_go(tmp_path, cli_env, cases):
+    """Ctrl-C (any signal Python turns into an exception) can interrupt the statement that detaches
+    the catalog after a question: the reader then closes its instance, so the file is not held by a
+    process that lives on (a notebook), and the next question works."""
+    import sys
+
+    from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+    from trajwh.lineage import catalog
+
+    wh = Warehouse(cli_env["TRAJWH_WAREHOUSE"])
+    ingest_paths(wh, [cases / "two_episodes.jsonl"], IngestOptions(source="a"))
+    count = "SELECT count(*) FROM table_files"
+    n = wh.query(count).column(0)[0].as_py()
+    reader = catalog._READERS[(os.getpid(), str(wh.catalog_path))]
+
+    class Interrupted:  # the instance, whose DETACH is interrupted
+        def __init__(self, db):
+            self.db = db
+
+        def execute(self, sql, *args):
+            if sql.startswith("DETACH"):
+                raise RuntimeError("Query interrupted")
+            return self.db.execute(sql, *args)
+
+        def cursor(self):
+            return self.db.cursor()
+
+        def close(self):
+            self.db.close()
+
+    reader.db = Interrupted(reader.db)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        wh.query(count)
+    assert not reader.attached and not isinstance(reader.db, Interrupted)
+    writer = subprocess.run([sys.executable, "-c", "import duckdb, sys; duckdb.connect(sys.argv[1]).close()",
+                             str(wh.catalog_path)], capture_output=True, text=True, timeout=60)
+    assert writer.returncode == 0, writer.stderr  # the file is not held
+    assert wh.query(count).column(0)[0].as_py() == n
