@@ -17,15 +17,13 @@ from typing import Any
 
 import orjson
 from trajwh.lineage.catalog import Warehouse
+from trajwh.lineage.checks import cached
+from trajwh.lineage.checks import scalar as _one
 
 _STATE = "coalesce(e.base_commit_at, e.issue_created_at)"
 #: a group or cluster crosses when it has members in train and in an evaluation split
 _CROSS = "bool_or(split = 'train') AND bool_or(split IN ('valid', 'test'))"
 _FIX = "coalesce(e.fix_merged_at, e.issue_created_at)"
-
-
-def _one(wh: Warehouse, sql: str) -> Any:
-    return wh.query(sql).column(0)[0].as_py()
 
 
 def requested(wh: Warehouse) -> dict[str, Any]:
@@ -134,7 +132,5 @@ def audit(wh: Warehouse) -> dict[str, Any]:
 
 def audit_cached(wh: Warehouse) -> dict[str, Any]:
     """``audit``, reused while the curated tables and the episodes it reads are unchanged."""
-    from trajwh.lineage.checks import cached
-
     return cached(wh, "split_audit", ["splits", "task_groups", "near_dup_clusters", "leak_flags", "redacted_episodes"],
                   lambda: audit(wh))

@@ -371,24 +371,17 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
                 workers = (parts_within(workers_wanted(), PART_MB)
                            if plan.rendered_units + len(plan.reuse) >= PARALLEL_MIN_ITEMS else 1)
             n = max(1, min(workers, len(todo)))
-            if n == 1:
-                files += _rewrite_copied(wh, summary.pack_set, plan, schema, lineage, rewrite, summary, seen)
-
-                def write(rows: list[dict]) -> None:
-                    files.append(session.write("packs", pack_table(rows, schema)))
-
-                pack_stream(_units_to_pack(wh, summary.pack_set, plan, units, memory=_ONE_PART_MEMORY), cfg, tok, summary,
-                            write, lineage)
-            else:  # the windows dealt out to parts (this process and workers), each packing and writing its own;
-                # this process's part also rewrites the copied windows, while the workers start
-                shares = _deal_windows(todo, n, loads)
-                tasks = [{"root": str(wh.root), "cfg": cfg, "pack_set": summary.pack_set, "plan": plan,
-                          "windows": shares[i], "units": str(units), "lineage": lineage, "run_id": run_id,
-                          "rewrite": rewrite if i == 0 else []} for i in range(n)]
-                for written, part, copied in run_parts(_pack_part, tasks):
-                    files += written
-                    _add_counts(summary, part)
-                    seen |= copied
+            # the windows dealt out to parts (this process and workers), each packing and writing its own;
+            # this process's part also rewrites the copied windows, while the workers start
+            shares = _deal_windows(todo, n, loads)
+            tasks = [{"root": str(wh.root), "cfg": cfg, "pack_set": summary.pack_set, "plan": plan,
+                      "windows": shares[i], "units": str(units), "lineage": lineage, "run_id": run_id,
+                      "rewrite": rewrite if i == 0 else [], "memory": _ONE_PART_MEMORY if n == 1 else _PART_MEMORY}
+                     for i in range(n)]
+            for written, part, copied in (run_parts(_pack_part, tasks) if n > 1 else [_pack_part(tasks[0])]):
+                files += written
+                _add_counts(summary, part)
+                seen |= copied
             _count_dropped_in_copies(summary, plan, seen)
         finally:
             units.unlink(missing_ok=True)
@@ -480,7 +473,8 @@ def _pack_part(t: dict[str, Any]) -> tuple[list[Any], PackSummary, set[str]]:
     """A share of the windows rendered, packed and written (files not yet visible: the build
     commits them), and the copied windows' files ``t["rewrite"]`` written again, with their counts
     and the units the copies hold; in the build's process or a worker. Its two queries get
-    ``_PART_MEMORY``: two parts at once stay within the memory bound."""
+    ``t["memory"]`` (``_PART_MEMORY`` when there are two parts or more: two parts at once stay
+    within the memory bound)."""
     wh, cfg = Warehouse(t["root"]), t["cfg"]
     tok = get_tokenizer(cfg.tokenizer)
     part = PackSummary(t["run_id"], pack_set=t["pack_set"], seq_len=cfg.seq_len)
@@ -492,7 +486,7 @@ def _pack_part(t: dict[str, Any]) -> tuple[list[Any], PackSummary, set[str]]:
     def write(rows: list[dict]) -> None:
         files.append(write_table_file(wh, "packs", pack_table(rows, schema)))
 
-    pack_stream(_units_to_pack(wh, t["pack_set"], t["plan"], Path(t["units"]), t["windows"], memory=_PART_MEMORY),
+    pack_stream(_units_to_pack(wh, t["pack_set"], t["plan"], Path(t["units"]), t["windows"], memory=t["memory"]),
                 cfg, tok, part, write, t["lineage"])
     return files, part, seen
 

@@ -371,12 +371,11 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
         unread += _trusted_segments(task["trusted"], pack_set, ledger, verified, out)
     stored: dict[tuple[str, int], bytes] = {}
     layouts_of: dict[tuple[str, int], bytes] = {}
-    to_render: dict[str, str] = {}  # fragment id -> trajectory key
     render_segs: list[dict[str, Any]] = []  # the segments to render, as the files hold them
     toks: dict[str, Any] = {}
     for path in unread:
         for rb in _set_batches(path, pack_set, _TOKEN_COLUMNS, 64):
-            n = _token_pass(rb, ledger, stored, verified, to_render, out, bad, toks, layouts_of, render_segs)
+            n = _token_pass(rb, ledger, stored, verified, out, bad, toks, layouts_of, render_segs)
             if progress and n:
                 progress(n)
     # 2. the segments to render rendered again from the redacted steps and compared with what is stored
@@ -384,15 +383,16 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
     detector = Detector(memo_chars=0) if task["scan_secrets"] else None
     secret_sample, token_sample = task["secret_sample"], task["token_sample"]
     units = _UNITS.format(evaluation="true")
-    tools_of = tools_by_digest(wh) if to_render else {}
+    render_keys = sorted({seg["trajectory_key"] for seg in render_segs})
+    tools_of = tools_by_digest(wh) if render_segs else {}
     # a check in one part with few segments to render (an incremental build's) has the cores to itself
     # and a small sort: its queries scan on two threads (the steps of 498 segments after a scan of all
     # 2.3 M steps at 107,000 episodes: 1.0 -> 0.55 s); a whole set's sort keeps one thread's memory
-    threads = 2 if task["parts"] == 1 and len(to_render) <= FEW_RENDERS else 1
+    threads = 2 if task["parts"] == 1 and len(render_segs) <= FEW_RENDERS else 1
     seg_stream = iter([_render_segments(wh, render_segs, units)]) if render_segs else iter(())
     step_stream = wh.stream(_STEPS_SQL.format(units=units, dedup="list_contains(?, trajectory_key)"),
-                            [sorted(set(to_render.values()))], memory_limit=memory, threads=threads,
-                            batch_rows=1_000) if to_render else iter(())
+                            [render_keys], memory_limit=memory, threads=threads,
+                            batch_rows=1_000) if render_segs else iter(())
     try:
         for seg, steps in joined_by_key(seg_stream, step_stream):
             if seg["unit_kind"] is None:  # counted by the segment checks
@@ -503,7 +503,7 @@ def _ints(array: pa.Array) -> np.ndarray:
 
 
 def _token_pass(rb: pa.RecordBatch, ledger: dict[str, list[str]], stored: dict[tuple[str, int], bytes],
-                verified: dict[str, list[str]], to_render: dict[str, str], out: dict[str, Any],
+                verified: dict[str, list[str]], out: dict[str, Any],
                 bad: Callable[[str, dict[str, Any], str], None], toks: dict[str, Any],
                 layouts_of: dict[tuple[str, int], bytes], render_segs: list[dict[str, Any]]) -> int:
     """One batch of packs as stored, checked with array operations: per pack, the lengths agree
@@ -511,7 +511,7 @@ def _token_pass(rb: pa.RecordBatch, ledger: dict[str, list[str]], stored: dict[t
     (the first starts at 0, each next where the previous ended, together covering every token) and
     share the pack's split; per segment, positions restart at 0 and count up. Each segment's
     tokens and mask are digested into ``stored``; one whose (token key, digest) the ledger holds is
-    ``verified``, the others go ``to_render``, with their layout in ``layouts_of`` when their
+    ``verified``, the others go to ``render_segs`` (as stored), with their layout in ``layouts_of`` when their
     tokenizer is a built-in one (``toks``: the tokenizers by id, loaded once). Returns the segments
     seen."""
     n = rb.num_rows
@@ -523,7 +523,6 @@ def _token_pass(rb: pa.RecordBatch, ledger: dict[str, list[str]], stored: dict[t
     start, end = _ints(flat.field("start")), _ints(flat.field("end"))
     fragment_ids = flat.field("fragment_id").to_pylist()
     token_keys = _token_keys(flat)
-    keys = flat.field("trajectory_key").to_pylist()
     pack_ids = rb.column("pack_id").to_pylist()
     lists = {c: rb.column(c) for c in ("input_ids", "loss_mask", "position_ids")}
     lens = {c: _ints(pc.list_value_length(a)) for c, a in lists.items()}
@@ -578,7 +577,6 @@ def _token_pass(rb: pa.RecordBatch, ledger: dict[str, list[str]], stored: dict[t
         if token_keys[k] and ledger.get(fragment_ids[k]) == entry:
             verified[fragment_ids[k]] = entry
             continue
-        to_render[fragment_ids[k]] = keys[k]
         rendering.append(k)
         tid = tokenizer_ids[i]
         if aligned and tid not in layouts:
