@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 from trajwh.lineage.catalog import Warehouse
-from trajwh.lineage.parallel import duckdb_memory
+from trajwh.lineage.parallel import duckdb_memory, release_memory
 from trajwh.lineage.rebuild import joined_by_key
 from trajwh.lineage.storage import (
     content_sha256,
@@ -40,13 +40,19 @@ from trajwh.packing.layer import _STEPS_SQL, _UNITS, tools_by_digest
 from trajwh.packing.render import Layout, layout_digest, render, rendered_layout, trained_text
 from trajwh.packing.tokenizers import Tokenizer, tokenizer_of
 
-# the units and episodes of the segments to render again (``r``: their unit ids, trajectory keys and
-# places in the list the token pass made): what rendering takes beside the steps
+# the segments to render again as the token pass found them (their pack, place, unit, piece, cut
+# steps, token key, tokenizer and length, as parallel lists), each with its unit's steps and span
+# and its episode's tool definitions, in the order the steps stream comes: what rendering takes
+# beside the steps
 _RENDER_SQL = """
-    SELECT r.i, u.step_ids, u.span_step_ids, u.kind AS unit_kind, e.tool_schema_digest
-    FROM (SELECT unnest(?::VARCHAR[]) AS unit_id, unnest(?::VARCHAR[]) AS trajectory_key, unnest(?::BIGINT[]) AS i) r
-    LEFT JOIN ({units}) u ON u.unit_id = r.unit_id
-    LEFT JOIN redacted_episodes e ON e.trajectory_key = r.trajectory_key"""
+    SELECT r.*, u.step_ids, u.span_step_ids, u.kind AS unit_kind, e.tool_schema_digest
+    FROM (SELECT unnest(?::VARCHAR[]) AS pack_id, unnest(?::VARCHAR[]) AS tokenizer_id, unnest(?::BIGINT[]) AS seq_len,
+                 unnest(?::VARCHAR[]) AS fragment_id, unnest(?::BIGINT[]) AS start,
+                 unnest(?::VARCHAR[]) AS trajectory_key, unnest(?::BIGINT[]) AS piece,
+                 unnest(?::VARCHAR[][]) AS removed_step_ids, unnest(?::VARCHAR[]) AS token_key) r
+    LEFT JOIN ({units}) u ON u.unit_id = split_part(r.fragment_id, '#', 1)
+    LEFT JOIN redacted_episodes e ON e.trajectory_key = r.trajectory_key
+    ORDER BY r.trajectory_key, r.pack_id, r.start"""
 #: what the token pass keeps of a segment to render again (with its pack's tokenizer and length)
 _RENDER_FIELDS = ("fragment_id", "start", "trajectory_key", "piece", "removed_step_ids", "token_key")
 # every segment of the set beside its unit and its episode's split now: the split and unit checks
@@ -222,9 +228,12 @@ PARALLEL_MIN_READ = 20_000
 _PART_MEMORY = {1: 512}
 #: at most this many segments to render: the check's queries run on two threads in one part
 FEW_RENDERS = 5_000
-#: what a part holds beyond its process's libraries, at most (measured at 107,000 episodes with
-#: every unit rendered: 667 MB for a part's process, 124 of them libraries)
-PART_MB = 550
+#: what a part holds beyond its process's libraries, at most. Measured at 107,000 episodes with
+#: every unit rendered, two parts: 797 MB for the build's process (about 157 of them libraries and
+#: the catalog) and 775 for the worker, more than the 550 reckoned, so a full build's check went
+#: past the memory bound (2,061 MB); with the render segments streamed and the files' read memory
+#: given back before the renders, 709 and 708 MB
+PART_MB = 560
 
 
 def verify_packs(wh: Warehouse, pack_set: str | None = None, *, scan_secrets: bool = True,
@@ -378,6 +387,7 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
             n = _token_pass(rb, ledger, stored, verified, out, bad, toks, layouts_of, render_segs)
             if progress and n:
                 progress(n)
+    release_memory()  # what reading the files took (Arrow's pool, freed batches) goes back before the renders
     # 2. the segments to render rendered again from the redacted steps and compared with what is stored
     # no memo: each rendering is scanned once (a memo of them would only hold up to 64 M characters)
     detector = Detector(memo_chars=0) if task["scan_secrets"] else None
@@ -389,10 +399,11 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
     # and a small sort: its queries scan on two threads (the steps of 498 segments after a scan of all
     # 2.3 M steps at 107,000 episodes: 1.0 -> 0.55 s); a whole set's sort keeps one thread's memory
     threads = 2 if task["parts"] == 1 and len(render_segs) <= FEW_RENDERS else 1
-    seg_stream = iter([_render_segments(wh, render_segs, units)]) if render_segs else iter(())
     step_stream = wh.stream(_STEPS_SQL.format(units=units, dedup="list_contains(?, trajectory_key)"),
                             [render_keys], memory_limit=memory, threads=threads,
                             batch_rows=1_000) if render_segs else iter(())
+    seg_stream = (_render_segments(wh, render_segs, units, memory=memory, threads=threads) if render_segs
+                  else iter(()))
     try:
         for seg, steps in joined_by_key(seg_stream, step_stream):
             if seg["unit_kind"] is None:  # counted by the segment checks
@@ -456,20 +467,23 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
     return out
 
 
-def _render_segments(wh: Warehouse, segs: list[dict[str, Any]], units: str) -> list[dict[str, Any]]:
-    """The segments the token pass found to render again, each with its unit's steps and span and
-    its episode's tool definitions (None where the segment names no unit: the segment checks count
-    it), in trajectory-key order: as the steps stream comes. The segments come from the token pass,
-    not a second read of the files' segment tables (0.6 s of an incremental build's check at
-    107,000 + 1 %)."""
-    joined = wh.query(_RENDER_SQL.format(units=units),
-                      [[s["fragment_id"].partition("#")[0] for s in segs], [s["trajectory_key"] for s in segs],
-                       list(range(len(segs)))])
-    out = [dict(s, step_ids=None, span_step_ids=None, unit_kind=None, tool_schema_digest=None) for s in segs]
-    for row in joined.to_pylist():
-        out[row.pop("i")].update(row)
-    out.sort(key=lambda s: (s["trajectory_key"] or "", s["pack_id"], s["start"]))
-    return out
+#: the columns of ``_RENDER_SQL``'s parallel lists, in its order
+_RENDER_COLUMNS = ("pack_id", "tokenizer_id", "seq_len", *_RENDER_FIELDS)
+
+
+def _render_segments(wh: Warehouse, segs: list[dict[str, Any]], units: str, *, memory: str,
+                     threads: int) -> Iterator[list[dict[str, Any]]]:
+    """The segments the token pass found to render again, streamed in batches with their units'
+    steps and spans and their episodes' tool definitions (None where the segment names no unit: the
+    segment checks count it), in trajectory-key order: as the steps stream comes. The segments come
+    from the token pass, not a second read of the files' segment tables (0.6 s of an incremental
+    build's check at 107,000 + 1 %); ``segs`` is emptied, since the stream holds them. Streamed, not
+    fetched whole: a whole set's 49,520 segments with their step lists took 353 MB at 107,000
+    episodes, in each part at once."""
+    params = [[s[c] for s in segs] for c in _RENDER_COLUMNS]
+    segs.clear()
+    return wh.stream(_RENDER_SQL.format(units=units), params, batch_rows=1_000, memory_limit=memory,
+                     threads=threads)
 
 
 def _trained(ids: list[int], mask: np.ndarray) -> list[int]:
