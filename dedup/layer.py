@@ -199,7 +199,7 @@ def curate_frames(df: pl.DataFrame, leaks: list[LeakFlag], cfg: CurateConfig) ->
     groups = group_frame(df, cfg.groups, clusters["cluster_id"], cutoff=cfg.splits.cutoff, engine=cfg.engine)
     g = groups.rows
     splits = split_frame(df.with_columns(g["group_id"], g["repository"], g["keys"]), cfg.splits, _leak_evidence(leaks),
-                         groups.cut_keys)
+                         groups.cut_keys, engine=cfg.engine)
     splits = splits.join(clusters.select("trajectory_key", "cluster_id"), on="trajectory_key", how="left",
                          maintain_order="left").select("trajectory_key", "group_id", "cluster_id", "split", "reason",
                                                        "eligible_for_eval", "flags")

@@ -235,3 +235,41 @@ def test_repository_normalization_is_idempotent(url, instance_id):
     """The normalizer writes the normalized form and an export re-ingests it: it must not move."""
     once = normalize_repository(url, instance_id)
     assert normalize_repository(once, instance_id) == once
+
+
+@pytest.mark.parametrize("cutoff", [CUTOFF, None], ids=["cutoff", "no-cutoff"])
+def test_every_split_rule_gives_the_same_rows_on_both_engines(cutoff):
+    """Issue 19: the split rules are one relational plan that DuckDB and Daft both run. A case where
+    each rule acts (a mixed group's post-cutoff task, a leak-flagged evaluation episode, a file and
+    a near-duplicate cluster left spanning train and evaluation, a train state later than an
+    evaluation fix, unusable times, a fix after the cutoff) gives the same rows on both."""
+    pytest.importorskip("daft")
+    core, cluster = "file:github.com/acme/widgetlib:src/core.py", "cluster:c-1"
+    features = [ep("before", "acme__widgetlib-1", "2025-01-01"),
+                ep("late", "acme__widgetlib-2", "2025-01-02", base_at="2025-09-05"),
+                ep("dup", "acme__widgetlib-3", "2025-01-03"),
+                ep("new", "acme__widgetlib-99", "2025-09-01", fix="2025-09-10", started="2025-09-11"),
+                ep("old", "acme__widgetlib-5", "2024-03-01", fix="2024-03-10"),
+                ep("nov", "acme__widgetlib-6", "2025-11-02", fix="2025-11-20"),
+                ep("leaky", "acme__widgetlib-7", "2025-10-01", started="2025-10-02"),
+                ep("stale", "acme__widgetlib-8", "2025-01-05", base_at="2025-10-01"),
+                ep("late-fix", "acme__widgetlib-10", "2025-05-01", fix="2025-07-01"),
+                EpisodeFeatures("no-times", repository=REPO, task_id="acme__widgetlib-11")]
+    group_of = {"before": "g-a", "late": "g-b", "dup": "g-c", "new": "g-e", "old": "g-m", "nov": "g-m",
+                "leaky": "g-l", "stale": "g-s", "late-fix": "g-f", "no-times": "g-n"}
+    keys_of = {"before": [core], "late": [core], "dup": [cluster], "new": [core, cluster]}
+    args = {"repository_of": {f.key: f.repository for f in features}, "keys_of": keys_of,
+            "cut_keys": {core, cluster}, "leaks": {"leaky": ["agent_saw_fix@3"]}}
+    cfg = SplitConfig(cutoff=cutoff, valid=0.5, test=0.5, train=0.0) if cutoff is None else SplitConfig(cutoff=cutoff)
+    on_duckdb = assign_splits(features, group_of, cfg, engine="duckdb", **args)
+    on_daft = assign_splits(features, group_of, cfg, engine="daft", **args)
+    assert on_duckdb == on_daft
+    flags = {f for r in on_duckdb for f in r.flags}
+    if cutoff is not None:  # every rule acted, so the comparison covers each of them
+        assert {"mixed_group_post_cutoff", "leak_held_out", "weak_link_to_eval", "state_after_eval_fix",
+                "no_usable_times", "fix_after_cutoff"} <= flags, flags
+        by = {r.trajectory_key: r for r in on_duckdb}
+        assert by["stale"].reason.startswith("held out of train: repository state 2025-10-01 is later than the fix "
+                                             "of evaluation task acme__widgetlib-")
+    else:  # no cutoff: every group drawn into evaluation, the leak held out
+        assert "leak_held_out" in flags
