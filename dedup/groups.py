@@ -20,11 +20,14 @@ import re
 import textwrap
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 from trajwh.dedup.components import find_root
-from trajwh.dedup.engines import components
+from trajwh.dedup.engines import Engine, star_components
+from trajwh.dedup.engines import engine as make_engine
 from trajwh.dedup.features import EpisodeFeatures
 from trajwh.dedup.frame import feature_frame, nonblank
 from trajwh.schemas import ids
@@ -151,39 +154,64 @@ def _episode_keys(ep: pl.DataFrame, cfg: GroupConfig) -> pl.DataFrame:
     return pl.concat(parts).sort(["i", "kind"], maintain_order=True)
 
 
-def _weak_keys_to_drop(long: pl.DataFrame, ep: pl.DataFrame, cfg: GroupConfig) -> pl.DataFrame:
+# the plan's SQL (``dedup.engines``: DuckDB and Daft run the same text; every joined column named
+# apart). ``long``: (li, kind, key), an episode's grouping keys; ``eps``: (xi, task_of, repo_key, era,
+# strong, final), one row per episode (``repo_key``: the repository, a sentinel where there is none)
+_WEAK = "kind IN (" + ", ".join(str(k) for k in _WEAK_NAME) + ")"
+# weak keys shared by more than ``share`` of the tasks of the repositories they appear in and by
+# more than ``min_tasks`` tasks: (key, kind)
+_DROP_SQL = """WITH w AS (SELECT key, kind, task_of, repo_key FROM long JOIN eps ON li = xi WHERE """ + _WEAK + """),
+rt AS (SELECT repo_key AS rr, count(DISTINCT task_of) AS repo_tasks FROM eps GROUP BY repo_key),
+t AS (SELECT key AS tk, count(DISTINCT task_of) AS tasks, min(kind) AS tkind FROM w GROUP BY key),
+tot AS (SELECT key AS ok, sum(repo_tasks) AS total FROM (SELECT DISTINCT key, repo_key FROM w) JOIN rt ON repo_key = rr
+        GROUP BY key)
+SELECT tk AS key, tkind AS kind FROM t JOIN tot ON tk = ok WHERE tasks > {min_tasks} AND tasks > {share} * total"""
+# per strong group: its tasks and its eras (1: before the cutoff, 2: after, 3: both)
+_STRONG_SQL = """SELECT strong AS sg, count(DISTINCT task_of) AS tasks,
+  max(CASE WHEN era = 1 THEN 1 ELSE 0 END) + 2 * max(CASE WHEN era = 2 THEN 1 ELSE 0 END) AS eras
+FROM eps GROUP BY strong"""
+# the weak keys that more than one strong group holds, with those groups (a key of one group merges
+# nothing and spans nothing)
+_SHARED_SQL = """WITH ks AS (SELECT DISTINCT key, strong FROM long JOIN eps ON li = xi WHERE """ + _WEAK + """),
+n AS (SELECT key AS nk, count(*) AS members FROM ks GROUP BY key)
+SELECT key, strong, members FROM ks JOIN n ON key = nk WHERE members > 1"""
+# per final group: what names it (its smallest task, its smallest episode) and its size
+_NAMES_SQL = """SELECT final AS nf, min(task_of) AS first_task, min(trajectory_key) AS first_key, count(*) AS group_size
+FROM eps GROUP BY final"""
+
+
+def _weak_keys_to_drop(eng: Engine, long: pa.Table, eps: pa.Table, cfg: GroupConfig) -> pl.DataFrame:
     """Weak keys shared by more than ``max_key_share`` of the tasks of the repositories they
     appear in (and by more than ``min_key_tasks`` tasks): (key, kind)."""
-    ep = ep.select("i", "task_of", pl.col("repo").fill_null("\x00"))  # no repository is a repository here
-    repo_tasks = ep.group_by("repo").agg(pl.col("task_of").n_unique().alias("repo_tasks"))
-    weak = long.filter(pl.col("kind").is_in(list(_WEAK_NAME))).join(ep, on="i")
-    tasks = weak.group_by("key").agg(pl.col("task_of").n_unique().alias("tasks"), pl.col("kind").first())
-    total = (weak.select("key", "repo").unique().join(repo_tasks, on="repo")
-             .group_by("key").agg(pl.col("repo_tasks").sum().alias("total")))
-    return (tasks.join(total, on="key")
-            .filter((pl.col("tasks") > cfg.min_key_tasks) & (pl.col("tasks") > cfg.max_key_share * pl.col("total")))
-            .select("key", "kind"))
+    sql = _DROP_SQL.format(min_tasks=int(cfg.min_key_tasks), share=repr(float(cfg.max_key_share)))
+    return pl.from_arrow(_fetch(eng, sql, long=long, eps=eps)).select("key", pl.col("kind").cast(pl.Int8))
 
 
-def _merge_weak(long: pl.DataFrame, ep: pl.DataFrame, cap: int) -> tuple[np.ndarray, set[str]]:
+def _fetch(eng: Engine, sql: str, **tables: Any) -> pa.Table:
+    """``sql`` over ``tables`` on ``eng``, as Arrow (the result table dropped)."""
+    result = eng.sql(sql, **tables)
+    try:
+        return eng.arrow(result)
+    finally:
+        eng.drop(result)
+
+
+def _merge_weak(eng: Engine, long: pa.Table, eps: pa.Table, strong: np.ndarray, cap: int
+                ) -> tuple[np.ndarray, set[str]]:
     """Union strong groups through weak keys, most specific key first, never past ``cap`` tasks
     and never across eras (before / after the cutoff); returns each episode's final group (named
-    by its smallest strong group) and the keys left spanning groups."""
-    n = ep.height
-    strong = ep["strong"].to_numpy()
-    per_group = ep.group_by("strong").agg(pl.col("task_of").n_unique().alias("tasks"),
-                                          ((pl.col("era") == 1).any().cast(pl.Int8)
-                                           + 2 * (pl.col("era") == 2).any().cast(pl.Int8)).alias("eras"))
+    by its smallest strong group) and the keys left spanning groups. The tables come from the
+    engine (per strong group, the shared keys); the union is a greedy walk in key order, here."""
+    n = len(strong)
+    per_group = pl.from_arrow(_fetch(eng, _STRONG_SQL, eps=eps))
     size = np.zeros(n, dtype=np.int64)  # a task is one strong group: the sets are disjoint
     era = np.zeros(n, dtype=np.int8)
-    g = per_group["strong"].to_numpy()
+    g = per_group["sg"].to_numpy()
     size[g] = per_group["tasks"].to_numpy()
     era[g] = per_group["eras"].to_numpy()
-    # a key of one strong group merges nothing and spans nothing: only the shared ones are walked
-    shared = (long.filter(pl.col("kind").is_in(list(_WEAK_NAME))).join(ep.select("i", "strong"), on="i")
-              .select("key", "strong").unique()
-              .group_by("key").agg(pl.col("strong").sort()).filter(pl.col("strong").list.len() > 1)
-              .sort([pl.col("strong").list.len(), "key"]))
+    shared = (pl.from_arrow(_fetch(eng, _SHARED_SQL, long=long, eps=eps))
+              .sort(["members", "key", "strong"]).group_by(["members", "key"], maintain_order=True)
+              .agg(pl.col("strong")).select("key", "strong"))
     parent = list(range(n))
     for members in shared["strong"].to_list():
         first = members[0]
@@ -211,7 +239,10 @@ def group_frame(df: pl.DataFrame, cfg: GroupConfig = GroupConfig(), clusters: pl
     before it with one from after it: the merge would make the later tasks a mixed group's
     held-out members (evaluation is the scarce side), while a cut costs only the train episodes
     that share the key. ``df`` is a ``dedup.frame``; ``clusters``: each row's near-duplicate
-    cluster id; ``engine``: what runs the components (``dedup.engines``)."""
+    cluster id; ``engine`` (``dedup.engines``) runs the plan: the weak keys to drop, the components
+    of the strong keys, the strong groups' tasks and eras, the weak keys that several of them share,
+    and what names each final group; the merge through shared keys is a greedy walk in key order
+    (each union depends on the ones before it: the cap), here, over the shared keys only."""
     n = df.height
     repo = _repositories(df)
     task = pl.coalesce(nonblank("instance_id"), nonblank("task_id"))
@@ -226,28 +257,34 @@ def group_frame(df: pl.DataFrame, cfg: GroupConfig = GroupConfig(), clusters: pl
     ).with_columns((pl.col("repo").fill_null("") != "").alias("repo_ok")).with_columns(
         pl.when("repo_ok").then("repo").otherwise(pl.lit("no-repository")).alias("scope"))
     long = _episode_keys(ep, cfg)
-    drop = _weak_keys_to_drop(long, ep, cfg)
-    dropped: dict[str, int] = {}
-    for kind, count in drop.group_by("kind").len().iter_rows():
-        dropped[_WEAK_NAME[kind]] = count
-    lost = long.join(drop.select("key"), on="key", how="semi")["i"].unique()
-    long = long.join(drop.select("key"), on="key", how="anti", maintain_order="left")
-    # strong groups: components of the episode-key graph over the strong keys
-    strong_keys = long.filter(pl.col("kind").is_in(list(_STRONG)))
-    names = strong_keys["key"].unique()
-    node = strong_keys.join(pl.DataFrame({"key": names, "node": np.arange(n, n + len(names))}), on="key")
-    label = components(n + len(names), node["i"].to_numpy(), node["node"].to_numpy(), engine)
-    ep = ep.with_columns(pl.Series("strong", label[:n]))
-    tasks = ep["task_of"].n_unique()
-    cap = max(cfg.min_merge_tasks, math.ceil(cfg.max_merge_share * tasks))
-    final, cut = _merge_weak(long, ep, cap)
-    ep = ep.with_columns(pl.Series("final", final))
-    # a group's id: digest of its smallest task (independent of input order, and stable when new
-    # attempts of its tasks arrive: only a merge with a task that sorts first renames a group);
-    # groups that would share it (tasks that are not a grouping key) take their smallest member too
-    named = (ep.group_by("final").agg(pl.col("task_of").min().alias("first_task"), pl.col("trajectory_key").min().alias("first_key"),
-                                      pl.len().alias("group_size"))
-             .with_columns(pl.len().over("first_task").alias("taken")))
+    eng = make_engine(engine)
+    try:
+        eps = ep.select(pl.col("i").alias("xi"), "task_of", pl.col("repo").fill_null("\x00").alias("repo_key")).to_arrow()
+        drop = _weak_keys_to_drop(eng, long.select(pl.col("i").alias("li"), "kind", "key").to_arrow(), eps, cfg)
+        dropped: dict[str, int] = {}
+        for kind, count in sorted(drop.group_by("kind").len().iter_rows()):
+            dropped[_WEAK_NAME[kind]] = count
+        lost = long.join(drop.select("key"), on="key", how="semi")["i"].unique()
+        long = long.join(drop.select("key"), on="key", how="anti", maintain_order="left")
+        # strong groups: components of the episode-key graph over the strong keys
+        strong_keys = long.filter(pl.col("kind").is_in(list(_STRONG)))
+        names = strong_keys["key"].unique()
+        node = strong_keys.join(pl.DataFrame({"key": names, "node": np.arange(n, n + len(names))}), on="key")
+        label = star_components(eng, n + len(names), node["i"].to_numpy(), node["node"].to_numpy())[0]
+        ep = ep.with_columns(pl.Series("strong", label[:n]))
+        tasks = ep["task_of"].n_unique()
+        cap = max(cfg.min_merge_tasks, math.ceil(cfg.max_merge_share * tasks))
+        final, cut = _merge_weak(eng, long.select(pl.col("i").alias("li"), "kind", "key").to_arrow(),
+                                 ep.select(pl.col("i").alias("xi"), "task_of", "era", "strong").to_arrow(),
+                                 ep["strong"].to_numpy(), cap)
+        ep = ep.with_columns(pl.Series("final", final))
+        # a group's id: digest of its smallest task (independent of input order, and stable when new
+        # attempts of its tasks arrive: only a merge with a task that sorts first renames a group);
+        # groups that would share it (tasks that are not a grouping key) take their smallest member too
+        named = (pl.from_arrow(_fetch(eng, _NAMES_SQL, eps=ep.select("final", "task_of", "trajectory_key").to_arrow()))
+                 .rename({"nf": "final"}).with_columns(pl.len().over("first_task").alias("taken")))
+    finally:
+        eng.close()
     named = named.with_columns(pl.Series("group_id", [
         "g-" + ids.digest(t if taken == 1 else f"{t}\x1f{k}")[:16]
         for t, k, taken in named.select("first_task", "first_key", "taken").iter_rows()], dtype=pl.String))
@@ -271,12 +308,14 @@ def group_frame(df: pl.DataFrame, cfg: GroupConfig = GroupConfig(), clusters: pl
 
 
 def assign_groups(features: list[EpisodeFeatures], cfg: GroupConfig = GroupConfig(),
-                  clusters: dict[str, str] | None = None, cutoff: datetime | None = None) -> GroupResult:
-    """``group_frame`` of a list of features (``clusters``: near-duplicate cluster per key)."""
+                  clusters: dict[str, str] | None = None, cutoff: datetime | None = None,
+                  engine: str | None = None) -> GroupResult:
+    """``group_frame`` of a list of features (``clusters``: near-duplicate cluster per key) on
+    ``engine`` (``dedup.engines``)."""
     df = feature_frame(features)
     clusters = clusters or {}
     result = group_frame(df, cfg, pl.Series([clusters.get(k) for k in df["trajectory_key"].to_list()], dtype=pl.String),
-                         cutoff)
+                         cutoff, engine)
     r = result.rows
     keys = r["trajectory_key"].to_list()
     return GroupResult(dict(zip(keys, r["group_id"].to_list(), strict=True)),

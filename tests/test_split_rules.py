@@ -273,3 +273,33 @@ def test_every_split_rule_gives_the_same_rows_on_both_engines(cutoff):
                                              "of evaluation task acme__widgetlib-")
     else:  # no cutoff: every group drawn into evaluation, the leak held out
         assert "leak_held_out" in flags
+
+
+@pytest.mark.parametrize("cfg", [GroupConfig(), GroupConfig(max_key_share=1.0), GroupConfig(whole_repository=True)],
+                         ids=["default", "no-key-cap", "whole-repository"])
+def test_groups_are_the_same_on_both_engines(cfg):
+    """Issue 19: group assignment runs on the engine (weak keys dropped, strong components, the
+    strong groups' tasks and eras, shared keys, names); only the capped merge walk is sequential.
+    A repository whose tasks share files at random, with pre- and post-cutoff tasks and a second
+    repository, gives the same groups, keys, flags, cut and dropped keys on DuckDB and Daft."""
+    import random
+
+    pytest.importorskip("daft")
+    rng = random.Random(11)
+    features = []
+    for i in range(160):
+        issue = f"{2024 + i % 2}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+        repo = REPO if i % 5 else "github.com/other/thing"
+        features.append(ep(f"e{i:03d}", f"acme__widgetlib-{i % 70}", issue, repo=repo,
+                           files=[f"src/m{rng.randint(0, 30)}.py" for _ in range(3)],
+                           tests=[f"tests/test_{rng.randint(0, 9)}.py::t"] if i % 3 == 0 else None))
+    features.append(EpisodeFeatures("bare"))  # nothing to group by
+    clusters = {f"e{i:03d}": f"c-{i % 7}" for i in range(0, 160, 9)}
+    on = {name: assign_groups(features, cfg, clusters, cutoff=CUTOFF, engine=name) for name in ("duckdb", "daft")}
+    duck, daft = on["duckdb"], on["daft"]
+    assert (duck.group_of, duck.keys_of, duck.flags_of, duck.repository_of, duck.dropped_keys, duck.cut_keys) == (
+        daft.group_of, daft.keys_of, daft.flags_of, daft.repository_of, daft.dropped_keys, daft.cut_keys)
+    assert 1 < len(set(duck.group_of.values())) < len(features)  # groups formed, not one and not singletons
+    assert "no_grouping_key" in duck.flags_of["bare"]
+    if cfg == GroupConfig():  # the cases the plan's steps exist for happened
+        assert duck.cut_keys and duck.dropped_keys, (duck.cut_keys, duck.dropped_keys)
