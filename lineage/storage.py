@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -280,13 +282,72 @@ def duckdb_filesystem() -> Any:
     it: no extension is downloaded or loaded)."""
     key = ("duckdb", *(os.environ.get(k) for k in S3_ENV), os.getpid())
     if key not in _FILESYSTEMS:
-        from fsspec.implementations.arrow import ArrowFSWrapper
+        from fsspec.implementations.arrow import ArrowFile, ArrowFSWrapper
+
+        class _WholeReads(ArrowFile):  # type: ignore[misc]
+            """An object read for DuckDB: positional and whole. DuckDB reads a file's row groups on
+            several threads through one Python file object, each read a ``seek`` then a ``read``;
+            pyarrow lets go of the GIL while it reads, so another thread's ``seek`` landed between
+            them and reads came back from the wrong place or short ("don't know what type",
+            "Out of buffer", "Failed to read 54521 bytes ...: only 16996 bytes returned", seen on
+            the loopback SeaweedFS). Here each thread has its own position and reads with
+            ``read_at``; a read that returns fewer bytes than asked before the object's end reads
+            the rest, a few times, before the short read stands."""
+
+            def _positions(self) -> dict[int, int]:
+                held = self.__dict__.get("_at")
+                if held is None:
+                    held = self.__dict__.setdefault("_at", {})
+                return held
+
+            def tell(self) -> int:
+                return self._positions().get(threading.get_ident(), 0)
+
+            def seek(self, loc: int, whence: int = 0) -> int:
+                base = {0: 0, 1: self.tell(), 2: self.size or 0}[whence]
+                self._positions()[threading.get_ident()] = base + loc
+                return base + loc
+
+            def read(self, n: int = -1) -> bytes:
+                at, size = self.tell(), self.size or 0
+                if n is None or n < 0:
+                    n = max(0, size - at)
+                parts, got, tries = [], 0, 0
+                while got < n:
+                    chunk = self.stream.read_at(n - got, at + got)
+                    if chunk:
+                        parts.append(chunk)
+                        got += len(chunk)
+                        continue
+                    if at + got >= size or tries >= _SHORT_READ_TRIES:
+                        break  # the end of the object (or a store that gives no more): a short read
+                    tries += 1
+                    time.sleep(0.05 * 2 ** tries)
+                self._positions()[threading.get_ident()] = at + got
+                return b"".join(parts)
+
+            def readinto(self, buffer: Any) -> int:
+                view = memoryview(buffer).cast("B")
+                data = self.read(len(view))
+                view[:len(data)] = data
+                return len(data)
 
         class _S3(ArrowFSWrapper):  # type: ignore[misc]
             protocol = "s3"
 
+            def _open(self, path: str, mode: str = "rb", block_size: Any = None, seekable: bool = True,
+                      **kwargs: Any) -> Any:
+                f = super()._open(path, mode, block_size, seekable, **kwargs)
+                if mode == "rb" and hasattr(f.stream, "read_at"):  # the same file (a second wrapper would close it)
+                    f.__class__ = _WholeReads
+                return f
+
         _FILESYSTEMS[key] = _S3(s3_filesystem())
     return _FILESYSTEMS[key]
+
+
+#: empty reads before the end of an object that are retried (after 0.1, 0.2, 0.4 s)
+_SHORT_READ_TRIES = 3
 
 
 def is_uri(location: str | os.PathLike[str]) -> bool:
