@@ -306,8 +306,9 @@ class Warehouse:
             spill = self.root / ".tmp"
             ensure_dir(spill, restricted=True)  # spilled rows are warehouse data: owner-only
             con.execute(f"SET memory_limit = '{memory_limit or duckdb_memory(384)}'")
-            if threads:
-                con.execute(f"SET threads = {int(threads)}")
+            # the instance is shared by this process's connections to the file: a stream that asked
+            # for one thread would otherwise leave every later stream on one
+            con.execute(f"SET threads = {int(threads)}" if threads else "RESET threads")
             current = con.execute("SELECT current_setting('temp_directory')").fetchall()[0][0]
             if current != str(spill):  # connections to one file share an instance: set it once
                 con.execute(f"SET temp_directory = '{_sql_str(str(spill))}'")

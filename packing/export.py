@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from trajwh.lineage.catalog import Warehouse, now_utc
-from trajwh.lineage.parallel import duckdb_memory
+from trajwh.packing.sequences import pack_sequences
 from trajwh.schemas.errors import ConfigError
 
 FORMATS = ("parquet", "megatron")
@@ -146,8 +146,11 @@ def export_packs(wh: Warehouse, *, split: str, fmt: str, out: str | Path, pack_s
     pack_set = resolve_pack_set(wh, pack_set)
     info = wh.query("""SELECT count(*) AS n, any_value(tokenizer_id) AS tokenizer_id, any_value(template_id) AS template_id,
                               any_value(seq_len) AS seq_len, any_value(_transform_version) AS version,
-                              max(list_max(input_ids)) AS max_id
-                       FROM packs WHERE pack_set = ? AND split = ?""", [pack_set, split]).to_pylist()[0]
+                              (SELECT max(list_max(t.input_ids)) FROM pack_tokens t WHERE t.pack_set = ?
+                               AND t.unit_id IN (SELECT split_part(x.s.fragment_id, '#', 1) FROM packs q,
+                                                 unnest(q.segments) AS x(s) WHERE q.pack_set = ? AND q.split = ?)) AS max_id
+                       FROM packs WHERE pack_set = ? AND split = ?""", [pack_set, pack_set, split, pack_set, split]
+                    ).to_pylist()[0]
     if not info["n"]:
         splits = wh.query("SELECT DISTINCT split FROM packs WHERE pack_set = ? ORDER BY 1", [pack_set]).column(0)
         raise ConfigError(f"pack set {pack_set} has no {split!r} packs", valid=", ".join(splits.to_pylist()))
@@ -168,9 +171,7 @@ def export_packs(wh: Warehouse, *, split: str, fmt: str, out: str | Path, pack_s
     summary = ExportSummary(out, pack_set, split, fmt, seq_len=info["seq_len"])
     fragments: list[str] = []
     written: list[Path] = []
-    rows = wh.stream("SELECT pack_id, n_tokens, n_trainable, input_ids, loss_mask, position_ids, segments FROM packs "
-                     "WHERE pack_set = ? AND split = ? ORDER BY pack_id", [pack_set, split], batch_rows=64,
-                     memory_limit=duckdb_memory(512), threads=1)
+    rows = pack_sequences(wh, "p.pack_set = ? AND p.split = ?", [pack_set, split])
     try:
         if fmt == "parquet":
             written = _write_parquet(rows, work, split, info["n"], rows_per_shard, summary, fragments, progress)

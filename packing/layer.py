@@ -32,11 +32,12 @@ from trajwh.lineage.parallel import (
     workers_wanted,
 )
 from trajwh.lineage.rebuild import inputs_fingerprint, joined_by_key, mark_running, run_row
-from trajwh.lineage.storage import ensure_dir
+from trajwh.lineage.storage import WrittenFile, data_root, ensure_dir
 from trajwh.packing.pack import PACKERS, POLICIES, Segment
 from trajwh.packing.render import render, truncate_context
 from trajwh.packing.tokenizers import DEFAULT_TOKENIZER, get_tokenizer
 from trajwh.packing.windows import (
+    CHUNK,
     RENDER_STEPS_SQL,
     WINDOWED_SQL,
     Plan,
@@ -48,17 +49,16 @@ from trajwh.packing.windows import (
     read_drops,
     read_stored,
     remove_drops,
-    stored_state,
-    stored_tokens,
+    stored_rows,
     write_drops,
 )
 from trajwh.schemas import ids
 from trajwh.schemas.arrow import arrow_schema
 from trajwh.schemas.errors import ConfigError
-from trajwh.schemas.tables import PackRow
+from trajwh.schemas.tables import PackRow, PackTokenRow
 
 TRANSFORM = "packs"
-PACKS_VERSION = "1.4.0"  # 1.4: token columns int32 / int8 / int32, written without dictionaries; 1.3: evaluation episodes only when eligible for training; 1.1: tool definitions rendered; 1.2: stable windows (incremental builds)
+PACKS_VERSION = "2.0.0"  # 2.0: packs are layouts over pack_tokens (a token store written once per token key); 1.4: token columns int32 / int8 / int32, written without dictionaries; 1.3: evaluation episodes only when eligible for training; 1.1: tool definitions rendered; 1.2: stable windows (incremental builds)
 #: the tables a pack set is made from (its fingerprint, and the round-trip check's cache key)
 PACK_INPUTS = ["fragments", "redacted_steps", "redacted_episodes", "redacted_tool_schemas", "near_dup_clusters",
                "splits", "outcomes", "eligibility"]
@@ -106,7 +106,8 @@ class PackSummary:
     split_fragments: dict[str, int] = field(default_factory=dict)
     windows: dict[str, int] = field(default_factory=dict)  # copied / repacked / new (an incremental build)
     units_rendered: int = 0
-    units_reused: int = 0  # tokens taken from the stored packs of their window
+    units_reused: int = 0  # lengths taken from the stored token rows (not rendered)
+    chunks: dict[str, int] = field(default_factory=dict)  # token chunks kept / written
     drops: dict[str, str] = field(default_factory=dict)  # unit -> token key: dropped as too long (not in counts)
 
     @property
@@ -232,10 +233,12 @@ def _config_rules(cfg: PackConfig, tok: Any) -> str:
 
 
 def _outdated_sets(wh: Warehouse, cfg: PackConfig, tok: Any) -> list[dict[str, Any]]:
-    """The files of the sets an earlier packing version made from this configuration: the build
-    of the current version replaces them (an upgrade never leaves the old set beside the new)."""
+    """The files (layouts and token rows) of the sets an earlier packing version made from this
+    configuration: the build of the current version replaces them (an upgrade never leaves the old
+    set beside the new)."""
     return [r for r in wh.query(
-        "SELECT path, transform_version FROM table_files WHERE table_name = 'packs' AND NOT starts_with(transform_version, ?)",
+        "SELECT path, transform_version FROM table_files WHERE table_name IN ('packs', 'pack_tokens') AND "
+        "NOT starts_with(transform_version, ?)",
         [f"{TRANSFORM}@{PACKS_VERSION};"]).to_pylist()
         if r["transform_version"].split(";inputs=")[0].split(";", 2)[2:] == [_config_rules(cfg, tok)]]
 
@@ -252,12 +255,18 @@ def _forget_caches(wh: Warehouse, outdated: list[dict[str, Any]]) -> None:
 def _windowed(cfg: PackConfig, where: str = "") -> str:
     return WINDOWED_SQL.format(units=_UNITS.format(evaluation="true" if cfg.evaluation else "false"),
                                dedup="representative" if cfg.dedup == "representative" else "true",
-                               window=int(cfg.window), where=where)
+                               window=int(cfg.window), chunk=CHUNK, where=where)
 
 
-def _spooled(batches: Iterator[pa.RecordBatch], path: Path) -> Iterator[dict[str, Any]]:
-    """The rows of ``batches``, written to the Parquet file ``path`` on the way (none when there
-    are no rows): the plan walks the units once and the packing parts read theirs back."""
+#: what the plan reads of each unit (the spool keeps them all: the token parts render from it)
+_PLAN_COLUMNS = ["unit_id", "trajectory_key", "window_id", "chunk_id", "ord_key", "chunk_key", "dedup_weight",
+                 "cluster_id", "token_key"]
+
+
+def _spooled(batches: Iterator[pa.RecordBatch], path: Path, columns: list[str]) -> Iterator[dict[str, Any]]:
+    """The rows of ``batches`` (their ``columns``), written whole to the Parquet file ``path`` on the
+    way (none when there are no rows): the plan walks the units once and the token parts read
+    theirs back (the step lists are never made Python objects here: 51,000 units' took 1.6 s)."""
     writer = None
     try:
         for rb in batches:
@@ -266,67 +275,50 @@ def _spooled(batches: Iterator[pa.RecordBatch], path: Path) -> Iterator[dict[str
                 # uncompressed: a spool read once and deleted (107,000 episodes' 51,000 units: 0.35 -> 0.14 s)
                 writer = pq.ParquetWriter(path, rb.schema, compression="none")
             writer.write_batch(rb)
-            yield from rb.to_pylist()
+            yield from rb.select(columns).to_pylist()
     finally:
         if writer is not None:
             writer.close()
 
 
-def _units_to_pack(wh: Warehouse, pack_set: str, plan: Plan, units: Path, windows: list[str] | None = None,
-                   *, memory: int) -> Iterator[tuple[dict, list[dict]]]:
-    """(unit, its steps) in packing order for every window that is not copied (or only those of
-    ``windows``), the units read from the file the plan spooled (``units``): a unit whose stored
-    tokens are reused carries them (``stored``) and no steps; the others their steps. ``memory``:
-    the queries' DuckDB memory in MB at the default budget (``duckdb_memory``)."""
-    if not units.exists():  # no units at all
+def _units_to_render(wh: Warehouse, plan: Plan, units: Path, chunks: list[str], *, memory: int, threads: int = 1
+                     ) -> Iterator[tuple[dict, list[dict]]]:
+    """(unit, its steps) of the units of ``chunks`` in chunk order, read from the file the plan
+    spooled (``units``): a unit to render carries its steps, the others none. ``memory``: the
+    queries' DuckDB memory in MB at the default budget (``duckdb_memory``); ``threads``: the steps
+    query's (the units' scan keeps one, which keeps the file's order)."""
+    if not units.exists() or not chunks:
         return
     tools = tools_by_digest(wh)
-    if windows is None:
-        where, chosen = "NOT list_contains(?, window_id)", list(plan.copy)
-        render, repack = plan.render, plan.repack
-    else:
-        where, chosen = "list_contains(?, window_id)", windows
-        mine = set(windows)
-        render = {k: o for k, o in plan.render.items() if o.partition("|")[0] in mine}
-        repack = plan.repack & mine
-    # the file is in packing order, and one thread's scan keeps it (insertion order is preserved): no sort
-    unit_stream = wh.stream(f"SELECT * FROM read_parquet(?) WHERE {where}", [str(units), chosen], batch_rows=2_000,
-                            memory_limit=duckdb_memory(memory), threads=1)
+    mine = set(chunks)
+    render = {k: o for k, o in plan.render.items() if o.partition("|")[0] in mine}
+    # the file is in chunk order, and one thread's scan keeps it (insertion order is preserved): no sort
+    unit_stream = wh.stream("SELECT * FROM read_parquet(?) WHERE list_contains(?, chunk_id)",
+                            [str(units), chunks], batch_rows=2_000, memory_limit=duckdb_memory(memory), threads=1)
     step_stream = wh.stream(RENDER_STEPS_SQL, [list(render), list(render.values())],
-                            memory_limit=duckdb_memory(memory), threads=1,
-                            batch_rows=2_000)
-    stored = stored_tokens(wh, pack_set, sorted(repack))
-    window, tokens = None, {}
+                            memory_limit=duckdb_memory(memory), threads=threads, batch_rows=2_000)
     try:
-        for u, mine in joined_by_key(unit_stream, step_stream, key="ord_key"):
+        for u, steps in joined_by_key(unit_stream, step_stream, key="chunk_key"):
             u["token_key"] = plan.keys[u["unit_id"]]
             u["tools"] = tools.get(u.pop("tool_schema_digest"))
-            u["window_digest"] = plan.digests[u["window_id"]]
-            if u["unit_id"] in plan.dropped:  # dropped by an earlier build with the same token key
-                u["drop"] = True
-                yield u, []
-            elif u["unit_id"] in plan.reuse:
-                while window is None or window < u["window_id"]:
-                    window, tokens = next(stored)
-                u["stored"] = tokens.pop(u["unit_id"])
-                yield u, []
-            else:
-                yield with_span(u, mine)
+            yield (with_span(u, steps) if u["unit_id"] in plan.rendering else (u, []))
     finally:
         unit_stream.close()
         step_stream.close()
-        stored.close()
 
 
 def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), full: bool = False,
                 lock_timeout: float = 60.0, workers: int | None = None) -> PackSummary:
-    """Build (or bring up to date) one pack set. Incremental unless ``full``: windows whose
-    packing inputs are unchanged are copied, the others packed again with the stored tokens of
-    unchanged units (packing.windows); the result equals a full build's. The windows to pack are
-    dealt out to ``workers`` parts (default ``workers_wanted()``: this process and workers; one
-    part below ``PARALLEL_MIN_ITEMS`` units); windows are independent, so the packs are the same.
-    The window assignment (a window function over every unit) runs once, here: its rows are
-    spooled to a file under ``.tmp`` that each part reads its windows' units from."""
+    """Build (or bring up to date) one pack set, in two steps. **Tokens**: each unit's rendering,
+    tokenized, is a ``pack_tokens`` row, written once per token key in chunks of about ``CHUNK``
+    units of one batch (``packing.windows``); only the chunks whose units or token keys changed are
+    written again, the new units rendered, the others' rows copied. **Layouts**: each window whose
+    packing inputs changed is packed again from its units' lengths (no tokens read), the others'
+    layouts copied. Incremental unless ``full``; the result equals a full build's. The chunks to
+    write are dealt out to ``workers`` parts (default ``workers_wanted()``: this process and
+    workers; one part below ``PARALLEL_MIN_ITEMS`` units to render). The window and chunk
+    assignment (window functions over every unit) runs once, here: its rows are spooled to a file
+    under ``.tmp`` that each part reads its chunks' units from."""
     cfg.validate()
     tok = get_tokenizer(cfg.tokenizer)
     summary = PackSummary(run_id, pack_set=pack_set_id(cfg, tok), seq_len=cfg.seq_len)
@@ -336,64 +328,75 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
     schema = arrow_schema(PackRow)
     with wh.write_session("packs", timeout=lock_timeout) as session:
         mark_running(session, run_id, "packs", started)
+        prefix = f"{TRANSFORM}@{PACKS_VERSION};set={summary.pack_set};"
         mine = wh.query("SELECT path, sha256, rows, bytes, transform_version FROM table_files WHERE table_name = 'packs' AND "
-                        "starts_with(transform_version, ?)", [f"{TRANSFORM}@{PACKS_VERSION};set={summary.pack_set};"]
-                        ).to_pylist()
-        old_versions = {r["transform_version"] for r in mine}
+                        "starts_with(transform_version, ?)", [prefix]).to_pylist()
+        token_files = wh.query("SELECT path, sha256, rows, bytes, transform_version FROM table_files WHERE "
+                               "table_name = 'pack_tokens' AND starts_with(transform_version, ?)", [prefix]).to_pylist()
+        old_versions = {r["transform_version"] for r in mine + token_files}
         outdated = _outdated_sets(wh, cfg, tok)
         if not full and mine and old_versions == {version} and not outdated:
             summary = _stored_summary(wh, run_id, version, summary)
             session.upsert_rows("runs", [run_row(run_id, "packs", started, params={"version": version, "skipped": True},
                                                  counts=_counts(summary), code_version=f"{TRANSFORM}@{PACKS_VERSION}")])
             return summary
-        reusable = not full and mine and {v.split(";inputs=")[0] for v in old_versions} == {rules}
-        stored = read_stored(wh, summary.pack_set, mine) if reusable else StoredSet(mine)
-        stored_windows, stored_units = stored_state(stored)
+        reusable = not full and (mine or token_files) and {v.split(";inputs=")[0] for v in old_versions} == {rules}
+        stored = read_stored(wh, summary.pack_set, mine, token_files) if reusable else StoredSet(mine,
+                                                                                                token_files=token_files)
         known_drops = read_drops(wh, summary.pack_set) if reusable else {}
         versions = batch_versions(wh)
         units = wh.root / ".tmp" / f"pack-units-{uuid.uuid4().hex}.parquet"
         try:
             # nothing else runs beside the plan: its query takes every core (107,000 episodes: 1.6 -> 1.1 s)
-            plan = plan_windows(_spooled(wh.stream(_windowed(cfg), batch_rows=5_000, arrow=True), units),
-                                versions, stored_windows, stored_units, known_drops)
+            plan = plan_windows(_spooled(wh.stream(_windowed(cfg), [list(versions), list(versions.values())],
+                                                   batch_rows=5_000, arrow=True), units, _PLAN_COLUMNS),
+                                stored, known_drops)
             lineage = {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": version}
             files: list[Any] = []
+            # 1. tokens: the chunks to write, dealt out to parts (this process and workers); a chunk
+            # whose stored file is not found is written too (never a chunk without its file)
+            held = {c for p, c in stored.file_chunks.items() if c in plan.chunks}
+            plan.write |= set(plan.chunks) - held
+            todo = sorted(plan.write)
+            if workers is None:  # below PARALLEL_MIN_ITEMS renders a worker's start-up costs more than it saves
+                workers = (parts_within(workers_wanted(), PART_MB) if plan.rendered_units >= PARALLEL_MIN_ITEMS else 1)
+            n = max(1, min(workers, len(todo)))
+            shares = _deal_chunks(todo, n, plan)
+            tasks = [{"root": str(wh.root), "cfg": cfg, "pack_set": summary.pack_set, "plan": plan, "stored": stored,
+                      "chunks": shares[i], "units": str(units), "lineage": lineage, "run_id": run_id,
+                      "memory": _ONE_PART_MEMORY if n == 1 else _PART_MEMORY,
+                      # one part (few to render, or a small set) has the cores to itself
+                      "threads": 2 if n == 1 else 1} for i in range(n)]
+            lengths = dict(plan.known)
+            for written, part, made in (run_parts(_token_part, tasks) if n > 1 else [_token_part(tasks[0])]):
+                files += written
+                lengths.update(made)
+                summary.drops.update(part.drops)
+            kept_tokens = [WrittenFile("pack_tokens", data_root(str(wh.data / r["path"])), r["sha256"], r["rows"], r["bytes"])
+                           for r in stored.token_files if _chunk_of(stored, r) in plan.chunks
+                           and _chunk_of(stored, r) not in plan.write]
+            files += kept_tokens
+            # 2. layouts: the windows whose inputs changed packed again from lengths, the others copied
             seen: set[str] = set()
             kept, rewrite = kept_files(wh, plan, stored)
-            loads = _window_loads(stored, plan, rewrite)
-            del stored
             for written, table, segments in kept:  # committed again with this run's version, not rewritten
                 files.append(written)
                 _count_copied(summary, table, segments, seen)
-
-            todo = sorted(set(plan.digests) - set(plan.copy))
-            if workers is None:  # below PARALLEL_MIN_ITEMS units a worker's start-up costs more than it saves
-                workers = (parts_within(workers_wanted(), PART_MB)
-                           if plan.rendered_units + len(plan.reuse) >= PARALLEL_MIN_ITEMS else 1)
-            n = max(1, min(workers, len(todo)))
-            # the windows dealt out to parts (this process and workers), each packing and writing its own;
-            # this process's part also rewrites the copied windows, while the workers start
-            shares = _deal_windows(todo, n, loads)
-            tasks = [{"root": str(wh.root), "cfg": cfg, "pack_set": summary.pack_set, "plan": plan,
-                      "windows": shares[i], "units": str(units), "lineage": lineage, "run_id": run_id,
-                      "rewrite": rewrite if i == 0 else [], "memory": _ONE_PART_MEMORY if n == 1 else _PART_MEMORY}
-                     for i in range(n)]
-            for written, part, copied in (run_parts(_pack_part, tasks) if n > 1 else [_pack_part(tasks[0])]):
-                files += written
-                _add_counts(summary, part)
-                seen |= copied
+            files += _rewrite_copied(wh, summary.pack_set, plan, schema, lineage, rewrite, summary, seen)
+            pack_stream(_layout_units(wh, plan, units, lengths), cfg, tok, summary,
+                        lambda rows: files.append(write_table_file(wh, "packs", pack_table(rows, schema))), lineage)
             _count_dropped_in_copies(summary, plan, seen)
         finally:
             units.unlink(missing_ok=True)
         summary.fragments = plan.units
         summary.windows = {"copied": len(plan.copy), "repacked": len(plan.repack),
                            "new": len(plan.digests) - len(plan.copy) - len(plan.repack)}
-        summary.units_rendered, summary.units_reused = plan.rendered_units, len(plan.reuse)
-        if not files:
+        summary.chunks = {"kept": len(kept_tokens), "written": len(plan.write)}
+        summary.units_rendered, summary.units_reused = plan.rendered_units, len(plan.known)
+        if not any(f.table == "packs" for f in files):
             files.append(session.write("packs", pa.Table.from_pylist([], schema=schema)))
-        kept = set().union(*plan.copy_units.values()) | plan.dropped
-        summary.drops.update({u: k for u, k in known_drops.items() if u in kept})
-        session.commit(files, removed=[wh.data / r["path"] for r in mine + outdated], run_id=run_id,
+        summary.drops.update({u: k for u, k in known_drops.items() if u in plan.dropped})
+        session.commit(files, removed=[wh.data / r["path"] for r in mine + token_files + outdated], run_id=run_id,
                        transform_version=version)
         write_drops(wh, summary.pack_set, summary.drops)
         _forget_caches(wh, outdated)
@@ -402,66 +405,52 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
     return summary
 
 
-#: what a pack part holds beyond its process's libraries, at most (measured at 107,000 episodes:
+def _chunk_of(stored: StoredSet, manifest_row: dict[str, Any]) -> str | None:
+    """The chunk a stored token file holds (one chunk a file)."""
+    return stored.file_chunks.get(str(manifest_row["path"]))
+
+
+#: what a token part holds beyond its process's libraries, at most (measured at 107,000 episodes:
 #: an incremental build's two parts peaked at 2,034 MB beside a build process of about 850 MB,
 #: about 520 MB each)
 PART_MB = 550
 #: a part's DuckDB memory, for both of its queries (one process's connections to a catalog share one
-#: DuckDB instance, and so its memory limit): its units' (a scan of the spooled units) and its
+#: DuckDB instance, and so its memory limit): its units' (a sort of the spooled units) and its
 #: steps' (a sort, which spills). Measured at 107,000 episodes, a full pack build in two parts:
 #: 320 MB gave a worker of 735 MB and a tree of 1,576 MB in 41.0 s; 192 MB, 618 and 1,347 MB in 44.4 s
 #: (MB at the default memory budget, scaled to the build's)
 _PART_MEMORY = 192
-#: the same when the build's process packs every window itself: the 512 MB this path always had
+#: the same when the build's process renders every chunk itself: the 512 MB this path always had
 #: (``_PART_MEMORY`` scaled to a 1 GB budget, 96 MB then, ran out of memory at 20,000 episodes:
 #: some of the sort's blocks cannot spill; ``duckdb_memory`` now never goes below 128 MB)
 _ONE_PART_MEMORY = 512
+#: what a chunk costs a part: a unit to render about this many stored tokens copied (rendering and
+#: tokenizing a unit's 2,100 tokens costs about twice copying them); a worker's start, this many
+_RENDER_COST, _START_COST, _COPY_COST = 4_000, 4_000_000, 2_000
 
 
-#: what a window costs a part, in stored tokens: a unit to render costs about this many (rendering
-#: and tokenizing a unit's 2,100 tokens costs about twice copying them); a worker's start, this many;
-#: a copied window's token, rewritten with its segments brought up to date (no packing, no stored
-#: tokens looked up), this share of a packed window's (measured at 107,000 + 1 %: 35 copied windows
-#: rewritten in 1.9 s beside 36 windows packed in 4.8 s)
-_RENDER_COST, _START_COST, _REWRITE_SHARE = 4_000, 4_000_000, 0.4
-
-
-def _window_loads(stored: StoredSet, plan: Plan, rewrite: list[Path]) -> dict[str, int]:
-    """What each window to pack costs a part, in tokens (its stored tokens, which it reads and writes
-    again, and its units to render), and under "" what rewriting the copied windows' files costs
-    the build's own part: ``_deal_windows`` balances the parts by it."""
-    loads: dict[str, int] = {}
-    if stored.table is not None:
-        mine = {str(p) for p in rewrite}
-        for name, window, n in zip(stored.table.column("filename").to_pylist(),
-                                   stored.table.column("window_id").to_pylist(),
-                                   stored.table.column("n_tokens").to_pylist(), strict=True):
-            key = "" if window in plan.copy else window
-            if key or name in mine:
-                loads[key] = loads.get(key, 0) + (n or 0)
+def _deal_chunks(todo: list[str], n: int, plan: Plan) -> list[list[str]]:
+    """The chunks to write dealt out to ``n`` parts, the costliest first to the part with the least
+    to do (each worker starts with its start-up). Chunks are independent, so the rows do not
+    depend on the dealing."""
+    render_in: dict[str, int] = {}
     for order in plan.render.values():
-        window = order.partition("|")[0]
-        loads[window] = loads.get(window, 0) + _RENDER_COST
-    return loads
-
-
-def _deal_windows(todo: list[str], n: int, loads: dict[str, int]) -> list[list[str]]:
-    """The windows to pack dealt out to ``n`` parts, the costliest first to the part with the least
-    to do: the build's own part (the first) starts with the copied windows' rewrite, each worker with
-    its start. Windows are independent, so the packs do not depend on the dealing."""
+        chunk = order.partition("|")[0]
+        render_in[chunk] = render_in.get(chunk, 0) + 1
+    cost = {c: render_in.get(c, 0) * _RENDER_COST + plan.chunk_units.get(c, 0) * _COPY_COST for c in todo}
     shares: list[list[str]] = [[] for _ in range(n)]
-    load = [int(loads.get("", 0) * _REWRITE_SHARE)] + [_START_COST] * (n - 1)
-    for window in sorted(todo, key=lambda w: (-loads.get(w, 0), w)):
+    load = [0] + [_START_COST] * (n - 1)
+    for chunk in sorted(todo, key=lambda c: (-cost[c], c)):
         i = load.index(min(load))
-        shares[i].append(window)
-        load[i] += loads.get(window, 0)
+        shares[i].append(chunk)
+        load[i] += cost[chunk]
     return [sorted(share) for share in shares]
 
 
 def _rewrite_copied(wh: Warehouse, pack_set: str, plan: Plan, schema: pa.Schema, lineage: dict[str, str],
                     rewrite: list[Path], summary: PackSummary, seen: set[str]) -> list[Any]:
-    """The stored files of copied windows that ``kept_files`` does not keep, written again with
-    their segments brought up to date (``copied_packs``), counted in ``summary``."""
+    """The stored layout files of copied windows that ``kept_files`` does not keep, written again
+    with their segments brought up to date (``copied_packs``), counted in ``summary``."""
     files = []
     for table, segments in copied_packs(wh, pack_set, plan, schema, lineage, rewrite):
         files.append(write_table_file(wh, "packs", table))
@@ -469,26 +458,96 @@ def _rewrite_copied(wh: Warehouse, pack_set: str, plan: Plan, schema: pa.Schema,
     return files
 
 
-def _pack_part(t: dict[str, Any]) -> tuple[list[Any], PackSummary, set[str]]:
-    """A share of the windows rendered, packed and written (files not yet visible: the build
-    commits them), and the copied windows' files ``t["rewrite"]`` written again, with their counts
-    and the units the copies hold; in the build's process or a worker. Its two queries get
-    ``t["memory"]`` (``_PART_MEMORY`` when there are two parts or more: two parts at once stay
-    within the memory bound)."""
-    wh, cfg = Warehouse(t["root"]), t["cfg"]
+def _token_part(t: dict[str, Any]) -> tuple[list[Any], PackSummary, dict[str, tuple[int, tuple[int, ...], list[str]]]]:
+    """A share of the chunks written (files not yet visible: the build commits them): each chunk's
+    units rendered where their token key is new, their stored rows copied where it is not; in the
+    build's process or a worker. Returns the files, the drops found, and each rendered unit's
+    lengths (tokens, trainable tokens per ``seq_len`` piece, cut steps) for the layouts."""
+    wh, cfg, plan, stored = Warehouse(t["root"]), t["cfg"], t["plan"], t["stored"]
     tok = get_tokenizer(cfg.tokenizer)
     part = PackSummary(t["run_id"], pack_set=t["pack_set"], seq_len=cfg.seq_len)
-    schema = arrow_schema(PackRow)
-    seen: set[str] = set()
-    files: list[Any] = _rewrite_copied(wh, t["pack_set"], t["plan"], schema, t["lineage"], t.get("rewrite", []),
-                                       part, seen)
+    schema = arrow_schema(PackTokenRow)
+    files: list[Any] = []
+    made: dict[str, tuple[int, tuple[int, ...], list[str]]] = {}
+    chunk, rows, copy = None, [], []
 
-    def write(rows: list[dict]) -> None:
-        files.append(write_table_file(wh, "packs", pack_table(rows, schema)))
+    def flush() -> None:
+        if chunk is None:
+            return
+        base = {"pack_set": t["pack_set"], "chunk_id": chunk, "chunk_digest": plan.chunks[chunk], "tokenizer_id": tok.id,
+                "seq_len": cfg.seq_len, **t["lineage"]}
+        tables = [token_table([{**r, **base} for r in rows], schema)] if rows else []
+        if copy:
+            old = stored_rows(stored, copy)
+            if old is not None and old.num_rows:
+                for k, v in base.items():
+                    old = old.set_column(schema.get_field_index(k), schema.field(k), pa.array([v] * old.num_rows,
+                                                                                             type=schema.field(k).type))
+                tables.append(old.select(schema.names).cast(schema))
+        if not tables:
+            return
+        table = pa.concat_tables(tables)
+        table = table.take(pc_sort(table))
+        files.append(write_table_file(wh, "pack_tokens", table))
 
-    pack_stream(_units_to_pack(wh, t["pack_set"], t["plan"], Path(t["units"]), t["windows"], memory=t["memory"]),
-                cfg, tok, part, write, t["lineage"])
-    return files, part, seen
+    for u, steps in _units_to_render(wh, plan, Path(t["units"]), t["chunks"], memory=t["memory"],
+                                     threads=t.get("threads", 1)):
+        if u["chunk_id"] != chunk:
+            flush()
+            chunk, rows, copy = u["chunk_id"], [], []
+        unit = u["unit_id"]
+        if unit in plan.dropped:
+            continue
+        if unit not in plan.rendering:
+            copy.append(unit)
+            continue
+        r = render(steps, u["span"], tok, tools=u.get("tools"))
+        removed: list[str] = []
+        if cfg.policy == "truncate-context" and len(r.ids) > cfg.seq_len:
+            cut = truncate_context(steps, u["span"], cfg.seq_len, tok, r, tools=u.get("tools"))
+            if cut is None:
+                part.drops[unit] = u["token_key"]
+                continue
+            r, removed = cut
+        elif cfg.policy == "drop" and len(r.ids) > cfg.seq_len:
+            part.drops[unit] = u["token_key"]
+            continue
+        ids_ = np.asarray(r.ids, dtype=np.int32)
+        mask = np.asarray(r.mask, dtype=np.int8)
+        pieces = tuple(int(mask[a:a + cfg.seq_len].sum()) for a in range(0, max(1, len(ids_)), cfg.seq_len))
+        made[unit] = (len(ids_), pieces, removed)
+        rows.append({"unit_id": unit, "token_key": u["token_key"], "trajectory_key": u["trajectory_key"],
+                     "n_tokens": len(ids_), "n_trainable": int(mask.sum()), "piece_trainable": list(pieces),
+                     "input_ids": ids_, "loss_mask": mask, "removed_step_ids": removed})
+    flush()
+    return files, part, made
+
+
+def pc_sort(table: pa.Table) -> pa.Array:
+    """A token chunk's rows in (trajectory key, unit) order: the same file whatever the part."""
+    import pyarrow.compute as pc
+
+    return pc.sort_indices(table, sort_keys=[("trajectory_key", "ascending"), ("unit_id", "ascending")])
+
+
+def _layout_units(wh: Warehouse, plan: Plan, units: Path,
+                  lengths: dict[str, tuple[int, tuple[int, ...], list[str]]]) -> Iterator[tuple[dict, list[dict]]]:
+    """The units of every window that is not copied, in packing order (the spooled file's), each
+    with its lengths (``known``) or marked dropped: what the packer reads."""
+    if not units.exists():
+        return
+    # packing order: a sort of the columns a layout reads (the spool is in chunk order)
+    for batch in wh.stream("SELECT unit_id, trajectory_key, kind, split, dedup_weight, cluster_id, window_id FROM "
+                           "read_parquet(?) WHERE NOT list_contains(?, window_id) ORDER BY ord_key, unit_id",
+                           [str(units), list(plan.copy)], batch_rows=5_000, memory_limit=duckdb_memory(512)):
+        for u in batch:
+            u["token_key"] = plan.keys[u["unit_id"]]
+            u["window_digest"] = plan.digests[u["window_id"]]
+            if u["unit_id"] in lengths:
+                u["known"] = lengths[u["unit_id"]]
+            else:
+                u["drop"] = True
+            yield u, []
 
 
 def _add_counts(summary: PackSummary, part: PackSummary) -> None:
@@ -499,11 +558,16 @@ def _add_counts(summary: PackSummary, part: PackSummary) -> None:
             _bump(getattr(summary, k), split, n)
 
 
-_TOKEN_COLUMNS = ("input_ids", "loss_mask", "position_ids")
+_TOKEN_COLUMNS = ("input_ids", "loss_mask")
 
 
 def pack_table(rows: list[dict], schema: pa.Schema) -> pa.Table:
-    """Pack rows as an Arrow table, the token columns built from their arrays in one piece
+    """Pack rows (layouts) as an Arrow table."""
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def token_table(rows: list[dict], schema: pa.Schema) -> pa.Table:
+    """Token rows as an Arrow table, the token columns built from their arrays in one piece
     (``from_pylist`` converts them value by value: 3 of the 8 s of an incremental pack build)."""
     table = pa.Table.from_pylist([{**r, **{k: [] for k in _TOKEN_COLUMNS}} for r in rows], schema=schema)
     for k in _TOKEN_COLUMNS:
@@ -547,10 +611,11 @@ def _count_dropped_in_copies(summary: PackSummary, plan: Plan, seen: set[str]) -
 
 def pack_stream(units: Iterable[tuple[dict, list[dict]]], cfg: PackConfig, tok: Any, summary: PackSummary,
                 write: Callable[[list[dict]], None], lineage: dict[str, str]) -> None:
-    """Render, tokenize and pack a stream of (unit, steps) window by window (a unit's
-    ``window_id``, else ``cfg.window`` units of one split at a time); each window's packed rows go
-    to ``write``. A unit that carries ``stored`` tokens is not rendered. Counts accumulate in
-    ``summary``."""
+    """Pack a stream of (unit, steps) window by window (a unit's ``window_id``, else ``cfg.window``
+    units of one split at a time); each window's layout rows go to ``write``. A unit that carries
+    its lengths (``known``: tokens, trainable tokens per ``seq_len`` piece, cut steps) is packed
+    from them; another is rendered and tokenized here (its tokens are not kept: a library call or
+    a benchmark of the packer). Counts accumulate in ``summary``."""
     windows: dict[str, list[tuple[Segment, dict]]] = {}
     window_of: dict[str, tuple[str | None, str | None]] = {}
     packer = PACKERS[cfg.packer]
@@ -575,13 +640,12 @@ def pack_stream(units: Iterable[tuple[dict, list[dict]]], cfg: PackConfig, tok: 
                                  **meta[base]})
             rows.append({"pack_id": "pk-" + ids.digest([summary.pack_set, split, seq.segments])[:20],
                          "pack_set": summary.pack_set, "split": split, "tokenizer_id": tok.id,
-                         "template_id": tok.template_id, "seq_len": cfg.seq_len, "n_tokens": len(seq.ids),
-                         "n_trainable": sum(seq.mask), "input_ids": np.frombuffer(seq.ids, np.int32),
-                         "loss_mask": np.frombuffer(seq.mask, np.int8), "position_ids": np.frombuffer(seq.positions, np.int32),
-                         "segments": segments, "window_id": window_id, "window_digest": digest, **lineage})
+                         "template_id": tok.template_id, "seq_len": cfg.seq_len, "n_tokens": seq.n_tokens,
+                         "n_trainable": seq.n_trainable, "segments": segments, "window_id": window_id,
+                         "window_digest": digest, **lineage})
             _bump(summary.sequences, split)
-            _bump(summary.tokens, split, len(seq.ids))
-            _bump(summary.trainable, split, sum(seq.mask))
+            _bump(summary.tokens, split, seq.n_tokens)
+            _bump(summary.trainable, split, seq.n_trainable)
         if rows:  # a window whose units were all dropped writes no (empty) file
             write(rows)
 
@@ -598,10 +662,10 @@ def pack_stream(units: Iterable[tuple[dict, list[dict]]], cfg: PackConfig, tok: 
             if cfg.policy != "truncate-context":  # as the packer's drops are counted (truncation's are not)
                 summary.fragments += 1
             continue
-        stored = u.get("stored")
-        if stored is not None:
-            tokens, mask, removed = stored
-            seg = Segment(u["unit_id"], array("i", tokens.astype(np.int32).tobytes()), array("b", mask.astype(np.int8).tobytes()))
+        known = u.get("known")
+        if known is not None:  # a layout over stored tokens: lengths only
+            n, trainable, removed = known
+            seg = Segment(u["unit_id"], None, None, n, tuple(trainable))
             if removed:
                 _bump(summary.truncated, split)
         else:

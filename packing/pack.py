@@ -14,9 +14,10 @@ deterministic (segments ordered longest first, ties by fragment id, so input ord
   smallest that still holds it; a new sequence opens when none does.
 - ``first-fit``: each segment, in input order, into the first sequence with room (the baseline).
 
-A sequence holds the concatenated token ids, the loss mask, position ids that restart at 0 for each
-segment (so attention implementations that take position resets, or the segment table, keep
-fragments apart), and the segment table ``(fragment_id, start, end)``. Padding is not stored:
+A sequence holds the segment table ``(fragment_id, start, end)`` and its lengths; its token ids, loss
+mask and position ids (restarting at 0 for each segment, so attention implementations that take
+position resets, or the segment table, keep fragments apart) are its segments' put together. A
+packer reads only lengths: the pack layer packs layouts over stored tokens. Padding is not stored:
 ``length <= seq_len`` and a trainer pads (the efficiency figure counts what padding would cost).
 
 Segments longer than the sequence: ``drop`` (default, counted) or ``split`` (cut into pieces of
@@ -39,29 +40,61 @@ MAX_CANDIDATES = 256
 
 @dataclass(frozen=True)
 class Segment:
+    """One unit to pack: its tokens and mask, or only their length and trainable count (``n``,
+    ``trainable``: one count per ``seq_len``-long piece), which is all a packer reads (a layout
+    over stored tokens)."""
+
     fragment_id: str
-    ids: PySequence[int]  # a tuple, or array("i") / array("b") to keep a window small
-    mask: PySequence[int]
+    ids: PySequence[int] | None  # a tuple, or array("i") / array("b") to keep a window small
+    mask: PySequence[int] | None
+    n: int | None = None
+    trainable: tuple[int, ...] | None = None
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return self.n if self.n is not None else len(self.ids)  # type: ignore[arg-type]
+
+    @property
+    def n_trainable(self) -> int:
+        return sum(self.trainable) if self.trainable is not None else sum(self.mask)  # type: ignore[arg-type]
 
 
 @dataclass
 class Sequence:
-    """Compact arrays (4 bytes a token id, 1 a mask bit): a window of packs costs what its tokens do."""
+    """A packed sequence: its segments (``(fragment_id, start, end)``) and lengths. ``ids``,
+    ``mask`` and ``positions`` put its segments' tokens together (segments that carry them)."""
 
-    ids: array = field(default_factory=lambda: array("i"))
-    mask: array = field(default_factory=lambda: array("b"))
-    positions: array = field(default_factory=lambda: array("i"))
     segments: list[tuple[str, int, int]] = field(default_factory=list)
+    parts: list[Segment] = field(default_factory=list)
+    n_tokens: int = 0
+    n_trainable: int = 0
 
     def add(self, seg: Segment) -> None:
-        start = len(self.ids)
-        self.ids.extend(seg.ids)
-        self.mask.extend(seg.mask)
-        self.positions.extend(_positions(len(seg)))
-        self.segments.append((seg.fragment_id, start, len(self.ids)))
+        start = self.n_tokens
+        self.n_tokens += len(seg)
+        self.n_trainable += seg.n_trainable
+        self.parts.append(seg)
+        self.segments.append((seg.fragment_id, start, self.n_tokens))
+
+    @property
+    def ids(self) -> array:
+        out = array("i")
+        for p in self.parts:
+            out.extend(p.ids)  # type: ignore[arg-type]
+        return out
+
+    @property
+    def mask(self) -> array:
+        out = array("b")
+        for p in self.parts:
+            out.extend(p.mask)  # type: ignore[arg-type]
+        return out
+
+    @property
+    def positions(self) -> array:
+        out = array("i")
+        for p in self.parts:
+            out.extend(_positions(len(p)))
+        return out
 
 
 _POSITIONS = array("i", range(1 << 15))
@@ -84,7 +117,7 @@ class PackResult:
 
     @property
     def tokens(self) -> int:
-        return sum(len(s.ids) for s in self.sequences)
+        return sum(s.n_tokens for s in self.sequences)
 
     @property
     def efficiency(self) -> float:
@@ -107,8 +140,12 @@ def fit(segments: Iterable[Segment], seq_len: int, policy: str = "drop") -> tupl
         else:
             split.append(seg.fragment_id)
             for k, start in enumerate(range(0, len(seg), seq_len)):
-                out.append(Segment(f"{seg.fragment_id}#{k}", seg.ids[start:start + seq_len],
-                                   seg.mask[start:start + seq_len]))
+                if seg.ids is None:  # a layout: the piece's length and trainable count
+                    out.append(Segment(f"{seg.fragment_id}#{k}", None, None, min(seq_len, len(seg) - start),
+                                       (seg.trainable[k],)))  # type: ignore[index]
+                else:
+                    out.append(Segment(f"{seg.fragment_id}#{k}", seg.ids[start:start + seq_len],
+                                       seg.mask[start:start + seq_len]))
     return out, dropped, split
 
 
@@ -135,7 +172,7 @@ def first_fit(segments: Iterable[Segment], seq_len: int, policy: str = "drop") -
     sequences: list[Sequence] = []
     for seg in fitted:
         for s in sequences:
-            if len(s.ids) + len(seg) <= seq_len:
+            if s.n_tokens + len(seg) <= seq_len:
                 s.add(seg)
                 break
         else:

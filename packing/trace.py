@@ -50,9 +50,8 @@ def parse_token_ref(ident: str) -> tuple[str, int] | None:
 
 
 def trace_token(wh: Warehouse, pack_id: str, offset: int) -> TokenTrace:
-    rows = wh.query("SELECT pack_id, split, tokenizer_id, seq_len, n_tokens, input_ids[? + 1] AS token, "
-                    "loss_mask[? + 1] AS trained, position_ids[? + 1] AS position, segments FROM packs "
-                    "WHERE pack_id LIKE ? LIMIT 2", [offset, offset, offset, pack_id + "%"]).to_pylist()
+    rows = wh.query("SELECT pack_id, pack_set, split, tokenizer_id, seq_len, n_tokens, segments FROM packs "
+                    "WHERE pack_id LIKE ? LIMIT 2", [pack_id + "%"]).to_pylist()
     if len(rows) != 1:
         raise ConfigError(f"{'no' if not rows else 'more than one'} pack matches {pack_id!r}",
                           valid="a pack_id from `trajwh sql \"SELECT pack_id FROM packs\"`")
@@ -60,6 +59,15 @@ def trace_token(wh: Warehouse, pack_id: str, offset: int) -> TokenTrace:
     if not 0 <= offset < p["n_tokens"]:
         raise ConfigError(f"offset {offset} is outside pack {p['pack_id']}", valid=f"0 .. {p['n_tokens'] - 1}")
     seg = next(s for s in p["segments"] if s["start"] <= offset < s["end"])
+    # the token in its unit's row: a piece k of a split unit starts at k * seq_len
+    at = (seg["piece"] or 0) * p["seq_len"] + offset - seg["start"]
+    token = wh.query("SELECT input_ids[? + 1] AS token, loss_mask[? + 1] AS trained FROM pack_tokens "
+                     "WHERE pack_set = ? AND unit_id = ?", [at, at, p["pack_set"], seg["fragment_id"].split("#")[0]]
+                     ).to_pylist()
+    if not token:
+        raise ConfigError(f"segment {seg['fragment_id']} of {p['pack_id']} has no token row "
+                          "(the layers changed since packing)", valid="rebuild the packs: trajwh pack")
+    p.update(token[0], position=offset - seg["start"])
     unit = wh.query(f"SELECT * FROM ({_UNITS.format(evaluation='true')}) WHERE trajectory_key = ? AND unit_id = ?",
                     [seg["trajectory_key"], seg["fragment_id"].split("#")[0]]).to_pylist()
     if not unit:

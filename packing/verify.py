@@ -40,21 +40,68 @@ from trajwh.packing.layer import _STEPS_SQL, _UNITS, tools_by_digest
 from trajwh.packing.render import Layout, layout_digest, render, rendered_layout, trained_text
 from trajwh.packing.tokenizers import Tokenizer, tokenizer_of
 
-# the segments to render again as the token pass found them (their pack, place, unit, piece, cut
-# steps, token key, tokenizer and length, as parallel lists), each with its unit's steps and span
-# and its episode's tool definitions, in the order the steps stream comes: what rendering takes
-# beside the steps
+# the token rows to render again as the token pass found them (unit, trajectory key, cut steps, token
+# key, tokenizer and length, as parallel lists), each with its unit's steps and span and its
+# episode's tool definitions, in the order the steps stream comes: what rendering takes beside the steps
 _RENDER_SQL = """
     SELECT r.*, u.step_ids, u.span_step_ids, u.kind AS unit_kind, e.tool_schema_digest
-    FROM (SELECT unnest(?::VARCHAR[]) AS pack_id, unnest(?::VARCHAR[]) AS tokenizer_id, unnest(?::BIGINT[]) AS seq_len,
-                 unnest(?::VARCHAR[]) AS fragment_id, unnest(?::BIGINT[]) AS start,
-                 unnest(?::VARCHAR[]) AS trajectory_key, unnest(?::BIGINT[]) AS piece,
-                 unnest(?::VARCHAR[][]) AS removed_step_ids, unnest(?::VARCHAR[]) AS token_key) r
-    LEFT JOIN ({units}) u ON u.unit_id = split_part(r.fragment_id, '#', 1)
+    FROM (SELECT unnest(?::VARCHAR[]) AS unit_id, unnest(?::VARCHAR[]) AS tokenizer_id, unnest(?::BIGINT[]) AS seq_len,
+                 unnest(?::VARCHAR[]) AS trajectory_key, unnest(?::VARCHAR[][]) AS removed_step_ids,
+                 unnest(?::VARCHAR[]) AS token_key) r
+    LEFT JOIN ({units}) u ON u.unit_id = r.unit_id
     LEFT JOIN redacted_episodes e ON e.trajectory_key = r.trajectory_key
-    ORDER BY r.trajectory_key, r.pack_id, r.start"""
-#: what the token pass keeps of a segment to render again (with its pack's tokenizer and length)
-_RENDER_FIELDS = ("fragment_id", "start", "trajectory_key", "piece", "removed_step_ids", "token_key")
+    ORDER BY r.trajectory_key, r.unit_id"""
+#: what the token pass keeps of a row to render again, in ``_RENDER_SQL``'s order
+_RENDER_COLUMNS = ("unit_id", "tokenizer_id", "seq_len", "trajectory_key", "removed_step_ids", "token_key")
+# each pack's layout against the token rows of its units: the segments tile [0, n_tokens) in order,
+# each as long as its unit's row (or the piece of it) with the same token key, the pack's tokens at
+# most seq_len and its trainable tokens the sum of its segments'; one split per pack; every token
+# row packed
+_LAYOUT_SQL = """
+    WITH s AS (
+        SELECT p.pack_id, p.split AS pack_split, p.n_tokens AS pn, p.n_trainable AS pt, p.seq_len AS sl,
+               unnest(p.segments) AS seg, generate_subscripts(p.segments, 1) AS i
+        FROM packs p WHERE p.pack_set = ?),
+    k AS (SELECT unit_id, token_key AS row_key, n_tokens AS row_n, n_trainable AS row_t, piece_trainable AS row_pieces
+          FROM pack_tokens WHERE pack_set = ?),
+    g AS (
+        SELECT s.pack_id, s.pack_split, s.pn, s.pt, s.sl, s.i, seg.fragment_id AS fragment_id, seg.split AS seg_split,
+               seg.start AS seg_start, seg['end'] AS seg_end, seg.piece AS piece, seg.token_key AS seg_key,
+               k.row_key, k.row_n,
+               CASE WHEN seg.piece IS NULL THEN k.row_t ELSE k.row_pieces[seg.piece + 1] END AS seg_t,
+               CASE WHEN seg.piece IS NULL THEN k.row_n ELSE least(s.sl, k.row_n - seg.piece * s.sl) END AS want,
+               coalesce(lag(seg['end']) OVER (PARTITION BY s.pack_id ORDER BY s.i), 0) AS prev_end
+        FROM s LEFT JOIN k ON k.unit_id = split_part(seg.fragment_id, '#', 1)),
+    bad AS (
+        SELECT pack_id, fragment_id, CASE
+            WHEN row_key IS NULL THEN 'no token row of its unit'
+            WHEN row_key IS DISTINCT FROM seg_key THEN 'token key ' || coalesce(seg_key, 'NULL') || ', its row ' || row_key
+            WHEN seg_end - seg_start IS DISTINCT FROM want THEN
+                'segment of ' || (seg_end - seg_start) || ' tokens where its unit''s row has ' || coalesce(want, 0)
+            WHEN seg_start IS DISTINCT FROM prev_end THEN 'segment starts at ' || seg_start || ', the one before ends at ' || prev_end
+            END AS why FROM g
+        UNION ALL
+        SELECT pack_id, '' AS fragment_id, CASE
+            WHEN any_value(pn) > any_value(sl) THEN any_value(pn) || ' tokens of at most ' || any_value(sl)
+            WHEN max(seg_end) IS DISTINCT FROM any_value(pn) THEN
+                'segments cover ' || coalesce(max(seg_end), 0) || ' of ' || any_value(pn) || ' tokens'
+            WHEN sum(seg_t) IS DISTINCT FROM any_value(pt) THEN
+                any_value(pt) || ' trainable tokens, its segments ' || coalesce(sum(seg_t), 0)
+            END AS why FROM g GROUP BY pack_id),
+    mixed AS (SELECT pack_id FROM g GROUP BY pack_id
+              HAVING count(DISTINCT seg_split) > 1 OR bool_or(seg_split IS DISTINCT FROM pack_split)),
+    orphan AS (SELECT unit_id FROM k WHERE unit_id NOT IN (SELECT split_part(fragment_id, '#', 1) FROM g))
+    SELECT (SELECT count(*) FROM bad WHERE why IS NOT NULL) AS length_violations,
+           (SELECT count(*) FROM mixed) AS mixed_split_violations,
+           (SELECT count(*) FROM orphan) AS orphan_token_violations,
+           (SELECT coalesce(list(struct_pack("check" := 'length_violations', pack_id, fragment_id, why)
+                                 ORDER BY pack_id, fragment_id), []) FROM bad WHERE why IS NOT NULL)
+           || (SELECT coalesce(list(struct_pack("check" := 'mixed_split_violations', pack_id, fragment_id := '',
+                                                why := 'segments of more than one split, or of another split than the pack')
+                                    ORDER BY pack_id), []) FROM mixed)
+           || (SELECT coalesce(list(struct_pack("check" := 'orphan_token_violations', pack_id := '',
+                                                fragment_id := unit_id, why := 'a token row no pack holds')
+                                    ORDER BY unit_id), []) FROM orphan) AS examples"""
 # every segment of the set beside its unit and its episode's split now: the split and unit checks
 # as one aggregate (a join of table entries, never the tokens)
 _SEGMENT_CHECKS_SQL = """
@@ -132,8 +179,8 @@ def prune_ledgers(wh: Warehouse) -> int:
     removed = 0
     for path in sorted(folder.glob(f"*{FILES_SUFFIX}")) if folder.is_dir() else []:
         pack_set = path.name.removesuffix(FILES_SUFFIX)
-        held = {sha for _, sha in set_files(wh, pack_set)} if wh.files("packs") else set()
-        kept_files = read_files_ledger(wh, pack_set) & held
+        held = {sha for _, sha in set_files(wh, pack_set)} if wh.files("pack_tokens") else set()
+        kept_files = {sha: rows for sha, rows in read_files_ledger(wh, pack_set).items() if sha in held}
         if kept_files:
             _write_files_ledger(wh, pack_set, kept_files)
         else:
@@ -142,8 +189,8 @@ def prune_ledgers(wh: Warehouse) -> int:
         if path.name.endswith(FILES_SUFFIX):
             continue
         entries = read_ledger(wh, path.stem)
-        held = set(wh.query("SELECT DISTINCT t.s.fragment_id FROM packs p, unnest(p.segments) AS t(s) "
-                            "WHERE p.pack_set = ?", [path.stem]).column(0).to_pylist()) if wh.files("packs") else set()
+        held = set(wh.query("SELECT DISTINCT unit_id FROM pack_tokens WHERE pack_set = ?", [path.stem]).column(0)
+                   .to_pylist()) if wh.files("pack_tokens") else set()
         kept = {k: v for k, v in entries.items() if k in held}
         removed += len(entries) - len(kept)
         if kept:
@@ -163,37 +210,49 @@ def _files_ledger_path(wh: Warehouse, pack_set: str) -> Path:
     return wh.root / "_cache" / LEDGER_DIR / f"{pack_set}{FILES_SUFFIX}"
 
 
-def read_files_ledger(wh: Warehouse, pack_set: str) -> set[str]:
-    """The sha256 of each pack file whose every pack a passing check verified (tokens, masks,
-    positions, lengths, one split per pack); a lost or unreadable one only means reading again."""
+#: a token row as the files ledger lists it: [unit, token key, tokens]
+FileRow = list
+
+
+def read_files_ledger(wh: Warehouse, pack_set: str) -> dict[str, list[FileRow]]:
+    """The sha256 of each token file whose every row a passing check verified (tokens, masks,
+    lengths) -> its rows (``FileRow``): a file with those bytes holds those rows, so a check need
+    not open it. A lost, unreadable or older (a list of digests) ledger only means reading again."""
     try:
         data = orjson.loads(_files_ledger_path(wh, pack_set).read_bytes())
-        return set(data) if isinstance(data, list) else set()
     except (OSError, ValueError):
-        return set()
+        return {}
+    if not isinstance(data, dict) or any(not isinstance(rows, list) or any(
+            not isinstance(r, list) or len(r) != 3 for r in rows) for rows in data.values()):
+        return {}
+    return data
 
 
-def _write_files_ledger(wh: Warehouse, pack_set: str, shas: set[str]) -> None:
+def _write_files_ledger(wh: Warehouse, pack_set: str, files: dict[str, list[FileRow]]) -> None:
     path = _files_ledger_path(wh, pack_set)
     ensure_dir(path.parent, restricted=True)
-    write_bytes_atomic(orjson.dumps(sorted(shas)), path, restricted=True)
+    write_bytes_atomic(orjson.dumps(files, option=orjson.OPT_SORT_KEYS), path, restricted=True)
 
 
 def set_files(wh: Warehouse, pack_set: str) -> list[tuple[Path, str]]:
-    """A pack set's files with the sha256 the manifest recorded for each (the packs build writes a
-    set's files apart from every other set's)."""
-    rows = wh.query("SELECT path, sha256 FROM table_files WHERE table_name = 'packs' AND contains(transform_version, ?) "
-                    "ORDER BY path", [f"set={pack_set};"]).to_pylist()
+    """A pack set's token files with the sha256 the manifest recorded for each (the packs build
+    writes a set's files apart from every other set's)."""
+    rows = wh.query("SELECT path, sha256 FROM table_files WHERE table_name = 'pack_tokens' AND "
+                    "contains(transform_version, ?) ORDER BY path", [f"set={pack_set};"]).to_pylist()
     return [(wh.data / r["path"], r["sha256"]) for r in rows]
 
 
-def trusted_files(wh: Warehouse, pack_set: str) -> tuple[list[str], list[str]]:
-    """(files a passing check verified whose bytes are still the bytes it verified, the others):
-    a file is trusted by the sha256 of what it holds now, so a file changed in place is read again."""
+def trusted_files(wh: Warehouse, pack_set: str) -> tuple[list[tuple[str, list[FileRow]]], list[str]]:
+    """(files a passing check verified whose bytes are still the bytes it verified, with their rows
+    as the files ledger lists them; the others): a file is trusted by the sha256 of what it holds
+    now, so a file changed in place is read again."""
     known = read_files_ledger(wh, pack_set)
     trusted, other = [], []
     for path, sha in set_files(wh, pack_set):
-        (trusted if sha in known and content_sha256(path) == sha else other).append(str(path))
+        if sha in known and content_sha256(path) == sha:
+            trusted.append((str(path), known[sha]))
+        else:
+            other.append(str(path))
     return trusted, other
 
 
@@ -242,57 +301,75 @@ def verify_packs(wh: Warehouse, pack_set: str | None = None, *, scan_secrets: bo
                  workers: int | None = None) -> dict[str, Any]:
     """Counts of segments checked and of each violation (all 0 when the set is sound), with examples.
 
-    Every segment's tokens are checked against its rendering. ``token_sample`` = N encodes one unit
-    in N again and compares token for token (by the unit id's digest); every other unit of a
-    built-in tokenizer is checked by its layout (``render.Layout``): its tokens decode to exactly
-    the rendering's bytes, hold the template's special tokens at the template's byte offsets and
-    nowhere else, and set the mask on exactly the trained pieces' bytes. That is every property of
-    the round trip but the merges the encoder chose inside a piece, at the cost of the template
-    alone (encoding was 40 % of a whole check); the build's check samples, ``trajwh verify-packs``
-    encodes every unit. ``secret_sample`` = N scans the
-    decoded text of one unit in N for secret shapes (chosen by the unit id's digest, so the same
-    units every time): the build's check samples, since the decoded text is proved equal to the
-    rendering of the redacted layer, which its own check rescans; ``trajwh verify-packs`` scans all.
+    The layouts (every pack's segments against its units' token rows: tiling, lengths, trainable
+    counts, one split per pack, every token row packed) and every segment's split, unit and
+    eligibility are one query over the set's table entries. Every token row is checked against
+    its unit's rendering. ``token_sample`` = N encodes one unit in N again and compares token for
+    token (by the unit id's digest); every other unit of a built-in tokenizer is checked by its
+    layout (``render.Layout``): its tokens decode to exactly the rendering's bytes, hold the
+    template's special tokens at the template's byte offsets and nowhere else, and set the mask on
+    exactly the trained pieces' bytes. That is every property of the round trip but the merges the
+    encoder chose inside a piece, at the cost of the template alone (encoding was 40 % of a whole
+    check); the build's check samples, ``trajwh verify-packs`` encodes every unit. ``secret_sample``
+    = N scans the decoded text of one unit in N for secret shapes (chosen by the unit id's digest,
+    so the same units every time): the build's check samples, since the decoded text is proved
+    equal to the rendering of the redacted layer, which its own check rescans; ``trajwh
+    verify-packs`` scans all.
 
-    ``ledger`` (the build's check, one pack set): a segment whose stored tokens are exactly those
-    a passing check already verified for the same token key (what the rendering is made from,
-    packing.windows) is not rendered again, and a file whose bytes a passing check verified is not
-    read token by token again: an incremental build's check renders and reads only what changed.
-    Splits, units and eligibility are checked for every segment (one query over the table
-    entries). After a passing check the ledger holds every segment of the set.
+    ``ledger`` (the build's check, one pack set): a token row whose tokens are exactly those a
+    passing check already verified for the same token key (what the rendering is made from,
+    packing.windows) is not rendered again, and a token file whose bytes a passing check verified
+    is not read token by token again: an incremental build's check renders and reads only what
+    changed. After a passing check the ledger holds every unit of the set.
 
-    The files are read in ``workers`` parts (default: the machine's cores for a set of
+    The token files are read in ``workers`` parts (default: the machine's cores for a set of
     ``PARALLEL_MIN_PACKS`` sequences or more, else one part), the first in this process and each
     other one in a worker process reading the warehouse itself: the same counts as one part."""
     from trajwh.lineage.parallel import parts_within, run_parts, workers_wanted
 
-    where = "p.pack_set = ?" if pack_set else "true"
-    params = [pack_set] if pack_set else []
-    n_packs = wh.query(f"SELECT count(*) FROM packs p WHERE {where}", params).column(0)[0].as_py()
-    if pack_set and not n_packs:
+    sets = [pack_set] if pack_set else wh.query("SELECT DISTINCT pack_set FROM packs ORDER BY 1").column(0).to_pylist()
+    if pack_set and not wh.query("SELECT count(*) FROM packs WHERE pack_set = ?", [pack_set]).column(0)[0].as_py():
         from trajwh.schemas.errors import ConfigError
 
-        sets = wh.query("SELECT DISTINCT pack_set FROM packs ORDER BY 1").column(0).to_pylist()
-        raise ConfigError(f"no pack set {pack_set!r} in {wh.root}", valid=", ".join(sets) or "none: run trajwh pack")
-    use_ledger = ledger and pack_set is not None
-    # files a passing check verified and that still hold the same bytes: their tokens are not read
-    # again (only their segments' splits, units and eligibility, which other tables decide)
-    if use_ledger:
+        known = wh.query("SELECT DISTINCT pack_set FROM packs ORDER BY 1").column(0).to_pylist()
+        raise ConfigError(f"no pack set {pack_set!r} in {wh.root}", valid=", ".join(known) or "none: run trajwh pack")
+    out: dict[str, Any] = {"segments": 0, "tokens": 0, "packs": 0, "length_violations": 0, "mixed_split_violations": 0,
+                           "orphan_token_violations": 0, "round_trip_violations": 0, "trained_text_violations": 0,
+                           "secret_violations": 0, "secret_scanned": 0, "rendered": 0, "encoded": 0,
+                           "unknown_unit_violations": 0, "split_violations": 0, "not_eligible_violations": 0,
+                           "examples": [], "files_trusted": 0}
+    for one in sets:
+        for k, v in _verify_set(wh, one, scan_secrets=scan_secrets, progress=progress, examples=examples,
+                                secret_sample=secret_sample, token_sample=token_sample, ledger=ledger,
+                                workers=workers, parts_within=parts_within, run_parts=run_parts,
+                                workers_wanted=workers_wanted).items():
+            out[k] = out.get(k, 0) + v if k != "examples" else out["examples"] + v
+    out["examples"] = out["examples"][:examples]
+    return out
+
+
+def _verify_set(wh: Warehouse, pack_set: str, *, scan_secrets: bool, progress: Callable[[int], None] | None,
+                examples: int, secret_sample: int, token_sample: int, ledger: bool, workers: int | None,
+                parts_within: Any, run_parts: Any, workers_wanted: Any) -> dict[str, Any]:
+    """``verify_packs`` of one pack set."""
+    n_packs = wh.query("SELECT count(*) FROM packs WHERE pack_set = ?", [pack_set]).column(0)[0].as_py()
+    # token files a passing check verified and that still hold the same bytes are not read again
+    if ledger:
         trusted, unread = trusted_files(wh, pack_set)
     else:
-        trusted = []
-        unread = [str(p) for p, _ in set_files(wh, pack_set)] if pack_set else [str(p) for p in wh.files("packs")]
-    checks = _segment_checks(wh, where, params, examples)
+        trusted, unread = [], [str(p) for p, _ in set_files(wh, pack_set)]
+    checks = _segment_checks(wh, "p.pack_set = ?", [pack_set], examples)
+    (layout,) = _bounded(wh, _LAYOUT_SQL, [pack_set, pack_set])
     out: dict[str, Any] = {"segments": checks.pop("segments"), "tokens": 0, "packs": n_packs,
-                           "length_violations": 0, "mixed_split_violations": 0, "round_trip_violations": 0,
-                           "trained_text_violations": 0, "position_violations": 0, "secret_violations": 0,
-                           "secret_scanned": 0, "rendered": 0, "encoded": 0, **checks}
+                           "round_trip_violations": 0, "trained_text_violations": 0, "secret_violations": 0,
+                           "secret_scanned": 0, "rendered": 0, "encoded": 0, **checks,
+                           **{k: v for k, v in layout.items() if k != "examples"}}
+    out["examples"] = out["examples"] + [dict(e) for e in layout["examples"] or []][:examples]
     n = workers if workers is not None else (
-        parts_within(workers_wanted(), PART_MB) if _parallel_work(wh, pack_set, n_packs, out["segments"], unread,
-                                                                 use_ledger) else 1)
+        parts_within(workers_wanted(), PART_MB) if _parallel_work(wh, pack_set, n_packs, unread, ledger) else 1)
     n = max(1, min(n, len(trusted) + len(unread)))
     task = {"root": str(wh.root), "pack_set": pack_set, "scan_secrets": scan_secrets, "examples": examples,
-            "secret_sample": secret_sample, "token_sample": token_sample, "ledger": use_ledger, "parts": n}
+            "secret_sample": secret_sample, "token_sample": token_sample, "ledger": ledger, "parts": n}
     shares = _deal(trusted, unread, n)
     if n == 1:
         parts = [_verify_part({**task, **shares[0]}, progress)]
@@ -301,40 +378,42 @@ def verify_packs(wh: Warehouse, pack_set: str | None = None, *, scan_secrets: bo
         if progress:
             progress(out["segments"])
     verified: dict[str, list[str]] = {}
+    file_rows: dict[str, list[FileRow]] = dict(trusted)
     for part in parts:
         verified.update(part.pop("verified"))
+        file_rows.update(part.pop("file_rows"))
         out["examples"] += part.pop("examples")
         for k, v in part.items():
             out[k] += v
-    out["examples"] = out["examples"][:examples]
     out["files_trusted"] = len(trusted)
-    if use_ledger and violations(out) == 0:
+    if ledger and violations(out) == 0:
         _write_ledger(wh, pack_set, verified)
-        _write_files_ledger(wh, pack_set, {sha for _, sha in set_files(wh, pack_set)})
+        _write_files_ledger(wh, pack_set, {sha: file_rows[str(path)] for path, sha in set_files(wh, pack_set)
+                                           if str(path) in file_rows})
     return out
 
 
-def _parallel_work(wh: Warehouse, pack_set: str | None, n_packs: int, n_segments: int, unread: list[str],
-                   use_ledger: bool) -> bool:
+def _parallel_work(wh: Warehouse, pack_set: str, n_packs: int, unread: list[str], use_ledger: bool) -> bool:
     """Whether a check is worth parts: ``PARALLEL_MIN_PACKS`` packs or more and, with the ledger,
-    enough segments to render again or packs to read token by token."""
+    enough units to render again or token rows to read."""
     if n_packs < PARALLEL_MIN_PACKS:
         return False
-    if not use_ledger or pack_set is None:
+    if not use_ledger:
         return True
-    renders = n_segments - len(read_ledger(wh, pack_set))
     rows = {str(wh.data / r["path"]): r["rows"] for r in wh.query(
-        "SELECT path, rows FROM table_files WHERE table_name = 'packs' AND contains(transform_version, ?)",
+        "SELECT path, rows FROM table_files WHERE table_name = 'pack_tokens' AND contains(transform_version, ?)",
         [f"set={pack_set};"]).to_pylist()}
+    total = sum(rows.values())
+    renders = total - len(read_ledger(wh, pack_set))
     return renders >= PARALLEL_MIN_RENDERS or sum(rows.get(p, 0) for p in unread) >= PARALLEL_MIN_READ
 
 
-def _deal(trusted: list[str], unread: list[str], n: int) -> list[dict[str, list[str]]]:
+def _deal(trusted: list[tuple[str, list[FileRow]]], unread: list[str], n: int) -> list[dict[str, list[Any]]]:
     """The files dealt out to ``n`` parts, the largest first to the part holding the fewest bytes
-    to read token by token (a trusted file's segment table is a small read)."""
-    shares: list[dict[str, list[str]]] = [{"trusted": [], "unread": []} for _ in range(n)]
-    for i, path in enumerate(sorted(trusted)):
-        shares[i % n]["trusted"].append(path)
+    to read token by token (a trusted file is not read: its rows are the files ledger's)."""
+    shares: list[dict[str, list[Any]]] = [{"trusted": [], "unread": []} for _ in range(n)]
+    for i, item in enumerate(sorted(trusted)):
+        shares[i % n]["trusted"].append(item)
     load = [0] * n
     for size, path in sorted(((data_root(p).stat().st_size, p) for p in unread), reverse=True):
         i = load.index(min(load))
@@ -348,142 +427,129 @@ def _verify_in_worker(task: dict[str, Any]) -> dict[str, Any]:
     return _verify_part(task, None)
 
 
-#: what the token pass reads of a pack file
-_TOKEN_COLUMNS = ["pack_id", "pack_set", "split", "seq_len", "n_tokens", "input_ids", "loss_mask", "position_ids",
-                  "segments", "tokenizer_id"]
+#: what the token pass reads of a token file
+_TOKEN_COLUMNS = ["pack_set", "unit_id", "token_key", "trajectory_key", "tokenizer_id", "seq_len", "n_tokens",
+                  "n_trainable", "piece_trainable", "input_ids", "loss_mask", "removed_step_ids"]
 
 
 def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -> dict[str, Any]:
-    """One part of a pack set (its share of the files) verified: the counts, the first examples and
-    the segments verified (for the ledger)."""
+    """One part of a pack set (its share of the token files) verified: the counts, the first
+    examples and the units verified (for the ledger)."""
     from trajwh.redaction.engine import Detector
 
     wh, pack_set = Warehouse(task["root"]), task["pack_set"]
     memory = duckdb_memory(_PART_MEMORY.get(task["parts"], 256))
     ledger = read_ledger(wh, pack_set) if task["ledger"] else {}
-    out: dict[str, Any] = {"tokens": 0, "length_violations": 0, "mixed_split_violations": 0,
-                           "round_trip_violations": 0, "trained_text_violations": 0, "position_violations": 0,
+    out: dict[str, Any] = {"tokens": 0, "length_violations": 0, "round_trip_violations": 0, "trained_text_violations": 0,
                            "secret_violations": 0, "secret_scanned": 0, "rendered": 0, "encoded": 0, "examples": []}
 
-    def bad(kind: str, seg: dict[str, Any], why: str) -> None:
+    def bad(kind: str, row: dict[str, Any], why: str) -> None:
         out[kind] += 1
         if len(out["examples"]) < task["examples"]:
-            out["examples"].append({"check": kind, "pack_id": seg["pack_id"], "fragment_id": seg["fragment_id"],
-                                    "why": why})
+            out["examples"].append({"check": kind, "pack_id": "", "fragment_id": row["unit_id"], "why": why})
 
-    # 1. the packs as stored, file by file: lengths, tiling, one split per pack, positions; each
-    # segment's tokens digested, and a segment whose (token key, digest) the ledger holds needs no
-    # rendering
+    # 1. the token rows as stored, file by file: lengths and trainable counts; each row's tokens and
+    # mask digested, and a row whose (token key, digest) the ledger holds needs no rendering
     verified: dict[str, list[str]] = {}
     unread = list(task["unread"])
-    if task["trusted"]:  # files verified before, bytes unchanged: their segments, not their tokens
-        unread += _trusted_segments(task["trusted"], pack_set, ledger, verified, out)
-    stored: dict[tuple[str, int], bytes] = {}
-    layouts_of: dict[tuple[str, int], bytes] = {}
-    render_segs: list[dict[str, Any]] = []  # the segments to render, as the files hold them
+    if task["trusted"]:  # files verified before, bytes unchanged: their rows as the ledger lists them
+        unread += _trusted_rows(task["trusted"], ledger, verified, out)
+    stored: dict[str, bytes] = {}
+    layouts_of: dict[str, bytes] = {}
+    render_rows: list[dict[str, Any]] = []  # the rows to render, as the files hold them
     toks: dict[str, Any] = {}
+    file_rows: dict[str, list[FileRow]] = {}  # the files read: their rows, for the files ledger
     for path in unread:
-        for rb in _set_batches(path, pack_set, _TOKEN_COLUMNS, 64):
-            n = _token_pass(rb, ledger, stored, verified, out, bad, toks, layouts_of, render_segs)
+        rows = file_rows[path] = []
+        for rb in _set_batches(path, pack_set, _TOKEN_COLUMNS, 256):
+            n = _token_pass(rb, ledger, stored, verified, out, bad, toks, layouts_of, render_rows)
+            rows += [list(r) for r in zip(rb.column("unit_id").to_pylist(), rb.column("token_key").to_pylist(),
+                                          rb.column("n_tokens").to_pylist(), strict=True)]
             if progress and n:
                 progress(n)
-    release_memory()  # what reading the files took (Arrow's pool, freed batches) goes back before the renders
-    # 2. the segments to render rendered again from the redacted steps and compared with what is stored
+    if len(stored) >= PARALLEL_MIN_READ:  # what reading many files took (Arrow's pool, freed batches)
+        release_memory()  # goes back before the renders
+    # 2. the rows to render rendered again from the redacted steps and compared with what is stored
     # no memo: each rendering is scanned once (a memo of them would only hold up to 64 M characters)
     detector = Detector(memo_chars=0) if task["scan_secrets"] else None
     secret_sample, token_sample = task["secret_sample"], task["token_sample"]
     units = _UNITS.format(evaluation="true")
-    render_keys = sorted({seg["trajectory_key"] for seg in render_segs})
-    tools_of = tools_by_digest(wh) if render_segs else {}
-    # a check in one part with few segments to render (an incremental build's) has the cores to itself
-    # and a small sort: its queries scan on two threads (the steps of 498 segments after a scan of all
-    # 2.3 M steps at 107,000 episodes: 1.0 -> 0.55 s); a whole set's sort keeps one thread's memory
-    threads = 2 if task["parts"] == 1 and len(render_segs) <= FEW_RENDERS else 1
+    render_keys = sorted({r["trajectory_key"] for r in render_rows})
+    tools_of = tools_by_digest(wh) if render_rows else {}
+    # a check in one part with few units to render (an incremental build's) has the cores to itself
+    # and a small sort: its queries scan on two threads; a whole set's sort keeps one thread's memory
+    threads = 2 if task["parts"] == 1 and len(render_rows) <= FEW_RENDERS else 1
     step_stream = wh.stream(_STEPS_SQL.format(units=units, dedup="list_contains(?, trajectory_key)"),
                             [render_keys], memory_limit=memory, threads=threads,
-                            batch_rows=1_000) if render_segs else iter(())
-    seg_stream = (_render_segments(wh, render_segs, units, memory=memory, threads=threads) if render_segs
+                            batch_rows=1_000) if render_rows else iter(())
+    row_stream = (_render_rows(wh, render_rows, units, memory=memory, threads=threads) if render_rows
                   else iter(()))
     try:
-        for seg, steps in joined_by_key(seg_stream, step_stream):
-            if seg["unit_kind"] is None:  # counted by the segment checks
+        for row, steps in joined_by_key(row_stream, step_stream):
+            if row["unit_kind"] is None:
+                bad("round_trip_violations", row, "no trainable fragment or evaluation episode of that id")
                 continue
             out["rendered"] += 1
-            tok = _tokenizer(toks, seg["tokenizer_id"]) or tokenizer_of(seg["tokenizer_id"])  # (raises: not installed)
-            if tok.id != seg["tokenizer_id"]:
-                bad("round_trip_violations", seg, f"tokenizer {seg['tokenizer_id']} is not the installed {tok.id}")
+            tok = _tokenizer(toks, row["tokenizer_id"]) or tokenizer_of(row["tokenizer_id"])  # (raises: not installed)
+            if tok.id != row["tokenizer_id"]:
+                bad("round_trip_violations", row, f"tokenizer {row['tokenizer_id']} is not the installed {tok.id}")
                 continue
             by_id = {s["step_id"]: s for s in steps}
-            order = seg["step_ids"] if seg["step_ids"] is not None else [s["step_id"] for s in steps]
-            removed = set(seg["removed_step_ids"] or [])
+            order = row["step_ids"] if row["step_ids"] is not None else [s["step_id"] for s in steps]
+            removed = set(row["removed_step_ids"] or [])
             kept = [by_id[i] for i in order if i in by_id and i not in removed]
-            span = set(seg["span_step_ids"]) if seg["span_step_ids"] is not None else set(order)
-            tools = tools_of.get(seg["tool_schema_digest"])
-            key = (seg["pack_id"], seg["start"])
-            have, layout = stored.get(key), layouts_of.get(key)
-            if layout is not None and seg["piece"] is None and not _sampled(seg["fragment_id"], token_sample):
+            span = set(row["span_step_ids"]) if row["span_step_ids"] is not None else set(order)
+            tools = tools_of.get(row["tool_schema_digest"])
+            unit = row["unit_id"]
+            have, layout = stored.get(unit), layouts_of.get(unit)
+            if layout is not None and not _sampled(unit, token_sample):
                 # the layout only: the stored tokens decode to the rendering's bytes with its
                 # control tokens at its places and its mask (the merges inside a piece are the
                 # encoder's, checked by the token sample)
                 r = render(kept, span, Layout(tok), tools=tools)
                 if rendered_layout(r, tok) != layout:
-                    bad("round_trip_violations", seg,
+                    bad("round_trip_violations", row,
                         "decoded text, special tokens or loss mask differ from the unit's rendering")
-                elif seg["token_key"]:
-                    verified[seg["fragment_id"]] = [seg["token_key"], have.hex()]
+                elif row["token_key"]:
+                    verified[unit] = [row["token_key"], have.hex()]
                 if "".join(p for p, t in zip(r.pieces, r.trained_pieces, strict=True) if t) != trained_text(
                         kept, span, tok, tools):
-                    bad("trained_text_violations", seg, "trained tokens do not decode to the span's model text")
+                    bad("trained_text_violations", row, "trained tokens do not decode to the span's model text")
             else:
                 out["encoded"] += 1
                 r = render(kept, span, tok, tools=tools)
                 ids = np.fromiter(r.ids, dtype=np.int64, count=len(r.ids))
                 mask = np.fromiter(r.mask, dtype=np.int8, count=len(r.mask))
-                if seg["piece"] is not None:
-                    a = seg["piece"] * seg["seq_len"]
-                    want = _digest(ids[a:a + seg["seq_len"]], mask[a:a + seg["seq_len"]])
-                else:
-                    want = _digest(ids, mask)
-                if want != have:
-                    bad("round_trip_violations", seg, "tokens or mask differ from the unit's rendering")
-                elif seg["token_key"]:
-                    verified[seg["fragment_id"]] = [seg["token_key"], have.hex()]
-                if seg["piece"] is not None:  # a piece may end inside a character: not decoded alone
-                    continue
+                if _digest(ids, mask) != have:
+                    bad("round_trip_violations", row, "tokens or mask differ from the unit's rendering")
+                elif row["token_key"]:
+                    verified[unit] = [row["token_key"], have.hex()]
                 if tok.decode(r.ids) != r.text:
-                    bad("round_trip_violations", seg, "decoded tokens differ from the rendered text")
+                    bad("round_trip_violations", row, "decoded tokens differ from the rendered text")
                 if tok.decode(_trained(r.ids, mask)) != trained_text(kept, span, tok, tools):
-                    bad("trained_text_violations", seg, "trained tokens do not decode to the span's model text")
-            if detector is not None and _sampled(seg["fragment_id"], secret_sample):
+                    bad("trained_text_violations", row, "trained tokens do not decode to the span's model text")
+            if detector is not None and _sampled(unit, secret_sample):
                 out["secret_scanned"] += 1
                 found = detector.find(r.text)
                 if found:
-                    bad("secret_violations", seg, ", ".join(sorted({f"{f.entity} ({f.detector})" for f in found})))
+                    bad("secret_violations", row, ", ".join(sorted({f"{f.entity} ({f.detector})" for f in found})))
     finally:
-        for stream in (seg_stream, step_stream):
+        for stream in (row_stream, step_stream):
             if hasattr(stream, "close"):
                 stream.close()
-    out["verified"] = verified
+    out["verified"], out["file_rows"] = verified, file_rows
     return out
 
 
-#: the columns of ``_RENDER_SQL``'s parallel lists, in its order
-_RENDER_COLUMNS = ("pack_id", "tokenizer_id", "seq_len", *_RENDER_FIELDS)
-
-
-def _render_segments(wh: Warehouse, segs: list[dict[str, Any]], units: str, *, memory: str,
-                     threads: int) -> Iterator[list[dict[str, Any]]]:
-    """The segments the token pass found to render again, streamed in batches with their units'
-    steps and spans and their episodes' tool definitions (None where the segment names no unit: the
-    segment checks count it), in trajectory-key order: as the steps stream comes. The segments come
-    from the token pass, not a second read of the files' segment tables (0.6 s of an incremental
-    build's check at 107,000 + 1 %); ``segs`` is emptied, since the stream holds them. Streamed, not
-    fetched whole: a whole set's 49,520 segments with their step lists took 353 MB at 107,000
-    episodes, in each part at once."""
-    params = [[s[c] for s in segs] for c in _RENDER_COLUMNS]
-    segs.clear()
-    return wh.stream(_RENDER_SQL.format(units=units), params, batch_rows=1_000, memory_limit=memory,
-                     threads=threads)
+def _render_rows(wh: Warehouse, rows: list[dict[str, Any]], units: str, *, memory: str,
+                 threads: int) -> Iterator[list[dict[str, Any]]]:
+    """The token rows the token pass found to render again, streamed in batches with their units'
+    steps and spans and their episodes' tool definitions (None where the row names no unit), in
+    trajectory-key order: as the steps stream comes. ``rows`` is emptied, since the stream holds
+    them (a whole set's 49,520 with their step lists took 353 MB at 107,000 episodes, held)."""
+    params = [[r[c] for r in rows] for c in _RENDER_COLUMNS]
+    rows.clear()
+    return wh.stream(_RENDER_SQL.format(units=units), params, batch_rows=1_000, memory_limit=memory, threads=threads)
 
 
 def _trained(ids: list[int], mask: np.ndarray) -> list[int]:
@@ -499,99 +565,62 @@ def _trained(ids: list[int], mask: np.ndarray) -> list[int]:
 
 
 def _set_batches(path: str, pack_set: str | None, columns: list[str], size: int) -> Iterator[pa.RecordBatch]:
-    """A pack file's record batches (``columns``, which hold ``pack_set``), only the set's packs."""
+    """A token file's record batches (``columns``, which hold ``pack_set``), only the set's rows."""
     for rb in pq.ParquetFile(path).iter_batches(batch_size=size, columns=columns):
         if pack_set and not pc.all(pc.equal(rb.column("pack_set"), pack_set)).as_py():  # a set's files are its own
             rb = rb.filter(pc.equal(rb.column("pack_set"), pack_set))
         yield rb
 
 
-def _token_keys(flat: pa.StructArray) -> list[str | None]:
-    """Each segment's token key (none in files written before segments carried one)."""
-    names = {f.name for f in flat.type}
-    return flat.field("token_key").to_pylist() if "token_key" in names else [None] * len(flat)
-
-
 def _ints(array: pa.Array) -> np.ndarray:
     return array.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
-def _token_pass(rb: pa.RecordBatch, ledger: dict[str, list[str]], stored: dict[tuple[str, int], bytes],
+def _token_pass(rb: pa.RecordBatch, ledger: dict[str, list[str]], stored: dict[str, bytes],
                 verified: dict[str, list[str]], out: dict[str, Any],
                 bad: Callable[[str, dict[str, Any], str], None], toks: dict[str, Any],
-                layouts_of: dict[tuple[str, int], bytes], render_segs: list[dict[str, Any]]) -> int:
-    """One batch of packs as stored, checked with array operations: per pack, the lengths agree
-    (tokens, mask, positions, ``n_tokens`` <= ``seq_len``) and the segments tile [0, n_tokens)
-    (the first starts at 0, each next where the previous ended, together covering every token) and
-    share the pack's split; per segment, positions restart at 0 and count up. Each segment's
-    tokens and mask are digested into ``stored``; one whose (token key, digest) the ledger holds is
-    ``verified``, the others go to ``render_segs`` (as stored), with their layout in ``layouts_of`` when their
-    tokenizer is a built-in one (``toks``: the tokenizers by id, loaded once). Returns the segments
-    seen."""
+                layouts_of: dict[str, bytes], render_rows: list[dict[str, Any]]) -> int:
+    """One batch of token rows as stored: per row, the lengths agree (tokens, mask, ``n_tokens``),
+    the trainable count is the mask's and each ``seq_len`` piece's is the piece's. Each row's tokens
+    and mask are digested into ``stored``; one whose (token key, digest) the ledger holds is
+    ``verified``, the others go to ``render_rows`` (as stored), with their layout in ``layouts_of``
+    when their tokenizer is a built-in one (``toks``: the tokenizers by id, loaded once). Returns
+    the rows seen."""
     n = rb.num_rows
     if not n:
         return 0
-    segs = rb.column("segments")
-    flat = segs.flatten()
-    parent = pc.list_parent_indices(segs).to_numpy(zero_copy_only=False).astype(np.int64)
-    start, end = _ints(flat.field("start")), _ints(flat.field("end"))
-    fragment_ids = flat.field("fragment_id").to_pylist()
-    token_keys = _token_keys(flat)
-    pack_ids = rb.column("pack_id").to_pylist()
-    lists = {c: rb.column(c) for c in ("input_ids", "loss_mask", "position_ids")}
-    lens = {c: _ints(pc.list_value_length(a)) for c, a in lists.items()}
-    n_tokens, seq_len = _ints(rb.column("n_tokens")), _ints(rb.column("seq_len"))
-    # per pack: lengths and tiling
-    covered = np.bincount(parent, weights=end - start, minlength=n).astype(np.int64)
-    first = np.ones(len(parent), dtype=bool)
-    first[1:] = parent[1:] != parent[:-1]
-    prev_end = np.zeros_like(end)
-    prev_end[1:] = end[:-1]
-    prev_end[first] = 0
-    gaps = np.bincount(parent[start != prev_end], minlength=n)
-    wrong = ((n_tokens != lens["input_ids"]) | (n_tokens != lens["loss_mask"]) | (n_tokens != lens["position_ids"])
-             | (n_tokens > seq_len) | (covered != n_tokens) | (gaps > 0))
-    for i in np.flatnonzero(wrong):
-        bad("length_violations", {"pack_id": pack_ids[i], "fragment_id": ""},
-            f"{n_tokens[i]} tokens of at most {seq_len[i]}; ids, mask, positions {lens['input_ids'][i]}, "
-            f"{lens['loss_mask'][i]}, {lens['position_ids'][i]}; segments cover {covered[i]}, "
-            f"{'with' if gaps[i] else 'without'} a gap or overlap")
-    other = pc.fill_null(pc.not_equal(flat.field("split"), pc.take(rb.column("split"), pa.array(parent))), True)
-    other = other.to_numpy(zero_copy_only=False).astype(bool)
-    out["mixed_split_violations"] += int(np.unique(parent[other]).size)
-    # per segment: positions (a slice outside its pack's list is a violation), then digests
-    values = {c: a.flatten().to_numpy(zero_copy_only=False) for c, a in lists.items()}
-    base = {c: np.concatenate([[0], np.cumsum(lens[c])]) for c in lists}
-    size = lens["position_ids"][parent]
-    a = np.clip(start, 0, size)
-    b = np.clip(end, a, size)
-    span = b - a
-    rel = np.arange(span.sum()) - np.repeat(np.cumsum(span) - span, span)
-    got = values["position_ids"][np.repeat(base["position_ids"][parent] + a, span) + rel]
-    off = np.bincount(np.repeat(np.arange(len(parent)), span)[got != rel], minlength=len(parent))
-    moved = (off > 0) | (a != start) | (b != end)
-    ids = np.ascontiguousarray(values["input_ids"], dtype="<i8")
-    mask = np.ascontiguousarray(values["loss_mask"], dtype="<i1")
+    units = rb.column("unit_id").to_pylist()
+    keys = rb.column("token_key").to_pylist()
+    n_tokens, n_trainable = _ints(rb.column("n_tokens")), _ints(rb.column("n_trainable"))
+    seq_len = _ints(rb.column("seq_len"))
+    pieces = rb.column("piece_trainable").to_pylist()
+    lens = {c: _ints(pc.list_value_length(rb.column(c))) for c in ("input_ids", "loss_mask")}
+    ids = np.ascontiguousarray(rb.column("input_ids").flatten().to_numpy(zero_copy_only=False), dtype="<i8")
+    mask = np.ascontiguousarray(rb.column("loss_mask").flatten().to_numpy(zero_copy_only=False), dtype="<i1")
+    base = {c: np.concatenate([[0], np.cumsum(lens[c])]) for c in lens}
     tokenizer_ids = rb.column("tokenizer_id").to_pylist()
-    aligned = bool((lens["input_ids"] == lens["loss_mask"]).all())  # else every digest differs anyway
+    aligned = bool((lens["input_ids"] == lens["loss_mask"]).all())
     layouts: dict[str, _TokenLayouts | None] = {}
     rendering: list[int] = []
-    for k, i in enumerate(parent.tolist()):
-        s, e = int(start[k]), int(end[k])
-        pack = pack_ids[i]
-        out["tokens"] += e - s
-        if moved[k]:
-            bad("position_violations", {"pack_id": pack, "fragment_id": fragment_ids[k]},
-                "positions do not restart at 0 and count up")
-        lo, hi = max(s, 0), max(e, 0)
-        i0, m0 = base["input_ids"][i], base["loss_mask"][i]
-        digest = stored[(pack, s)] = _digest(ids[i0 + min(lo, lens["input_ids"][i]):i0 + min(hi, lens["input_ids"][i])],
-                                             mask[m0 + min(lo, lens["loss_mask"][i]):m0 + min(hi, lens["loss_mask"][i])])
-        entry = [token_keys[k] or "", digest.hex()]
-        if token_keys[k] and ledger.get(fragment_ids[k]) == entry:
-            verified[fragment_ids[k]] = entry
+    for i in range(n):
+        row = {"unit_id": units[i]}
+        a, b = int(base["input_ids"][i]), int(base["input_ids"][i + 1])
+        m0, m1 = int(base["loss_mask"][i]), int(base["loss_mask"][i + 1])
+        out["tokens"] += b - a
+        if not (n_tokens[i] == b - a == m1 - m0):
+            bad("length_violations", row, f"{n_tokens[i]} tokens recorded; ids {b - a}, mask {m1 - m0}")
+        else:
+            m = mask[m0:m1]
+            want = [int(m[k:k + seq_len[i]].sum()) for k in range(0, max(1, b - a), int(seq_len[i]))]
+            if int(m.sum()) != n_trainable[i] or list(pieces[i] or []) != want:
+                bad("length_violations", row, f"trainable {n_trainable[i]} / pieces {pieces[i]} recorded, "
+                                              f"the mask has {int(m.sum())} / {want}")
+        digest = stored[units[i]] = _digest(ids[a:b], mask[m0:m1])
+        entry = [keys[i] or "", digest.hex()]
+        if keys[i] and ledger.get(units[i]) == entry:
+            verified[units[i]] = entry
             continue
-        rendering.append(k)
+        rendering.append(i)
         tid = tokenizer_ids[i]
         if aligned and tid not in layouts:
             tok = _tokenizer(toks, tid)
@@ -599,17 +628,12 @@ def _token_pass(rb: pa.RecordBatch, ledger: dict[str, list[str]], stored: dict[t
                             and tok.chat_template is None else None)
         layout = layouts.get(tid)
         if layout is not None:
-            g0 = i0 + min(lo, lens["input_ids"][i])
-            layouts_of[(pack, s)] = layout.digest(g0, max(g0, i0 + min(hi, lens["input_ids"][i])))
+            layouts_of[units[i]] = layout.digest(a, b)
     if rendering:
-        names = {f.name for f in flat.type}
-        picked = flat.take(pa.array(rendering))
-        fields = {f: (picked.field(f).to_pylist() if f in names else [None] * len(rendering)) for f in _RENDER_FIELDS}
-        for j, k in enumerate(rendering):
-            i = int(parent[k])
-            render_segs.append({"pack_id": pack_ids[i], "tokenizer_id": tokenizer_ids[i], "seq_len": int(seq_len[i]),
-                                **{f: fields[f][j] for f in _RENDER_FIELDS}})
-    return len(parent)
+        picked = rb.select(["unit_id", "tokenizer_id", "seq_len", "trajectory_key", "removed_step_ids", "token_key"]
+                           ).take(pa.array(rendering)).to_pylist()
+        render_rows.extend(picked)
+    return n
 
 
 def _tokenizer(toks: dict[str, Any], tokenizer_id: str) -> Any:
@@ -653,32 +677,20 @@ class _TokenLayouts:
         return layout_digest(text, self.ids[sp], self.at[sp] - base, self.at[runs] - base, self.mask[runs])
 
 
-def _trusted_segments(files: list[str], pack_set: str | None, trusted: dict[str, list[str]],
-                      verified: dict[str, list[str]], out: dict[str, Any]) -> list[str]:
-    """The segments of trusted files (bytes a passing check verified), read with the same pyarrow
-    reader as the token pass but without the tokens: each one whose unit ledger entry has its token
-    key is verified as it was; returns the files holding one that has not (read again token by
-    token)."""
+def _trusted_rows(files: list[tuple[str, list[FileRow]]], trusted: dict[str, list[str]],
+                  verified: dict[str, list[str]], out: dict[str, Any]) -> list[str]:
+    """The rows of trusted token files (bytes a passing check verified, their rows as the files
+    ledger lists them), not read: each one whose ledger entry has its token key is verified as it
+    was; returns the files holding one that has not (read again token by token)."""
     again: list[str] = []
-    for path in files:
-        mine: list[tuple[str, list[str], int]] = []
-        for rb in _set_batches(path, pack_set, ["pack_set", "segments"], 1_000):
-            flat = rb.column("segments").flatten()
-            token_keys = _token_keys(flat)
-            lengths = (_ints(flat.field("end")) - _ints(flat.field("start"))).tolist()
-            for fragment_id, token_key, n in zip(flat.field("fragment_id").to_pylist(), token_keys, lengths, strict=True):
-                entry = trusted.get(fragment_id)
-                if not token_key or entry is None or entry[0] != token_key:
-                    break
-                mine.append((fragment_id, entry, n))
-            else:
-                continue
-            again.append(path)
-            break
-        else:
-            for fragment_id, entry, n in mine:
-                verified[fragment_id] = entry
+    for path, rows in files:
+        entries = [trusted.get(unit) for unit, _, _ in rows]
+        if all(key and entry is not None and entry[0] == key for (_, key, _), entry in zip(rows, entries, strict=True)):
+            for (unit, _, n), entry in zip(rows, entries, strict=True):
+                verified[unit] = entry
                 out["tokens"] += n
+        else:
+            again.append(path)
     return sorted(again)
 
 

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from trajwh.lineage.catalog import Warehouse
@@ -39,21 +38,38 @@ from trajwh.lineage.parallel import duckdb_memory
 from trajwh.lineage.storage import WrittenFile, data_root, ensure_dir, write_bytes_atomic
 from trajwh.schemas import ids
 
-#: units in packing order with their window (``bits``: ranges per split and batch, as a power of two)
+#: units per token chunk on average: a chunk is one ``pack_tokens`` file, what a unit that comes,
+#: goes or changes its token key costs to write again (a unit that changes split keeps its row)
+CHUNK = 64
+#: units in chunk order with their window (``bits``: ranges per split and batch, as a power of two)
+#: and their token chunk (``cbits``: ranges per batch: the chunk does not depend on the split); the
+#: rows are spooled in this order, which the token parts read without a sort (``ord_key`` is the
+#: packing order, which the layouts sort by, on small columns)
 WINDOWED_SQL = """
     WITH u AS (
-        SELECT u.*, coalesce(u.split, 'unsplit') AS pack_split, e.tool_schema_digest, e._batch_id AS batch_id
-        FROM ({units}) u LEFT JOIN redacted_episodes e USING (trajectory_key) WHERE {dedup}),
+        SELECT u.*, coalesce(u.split, 'unsplit') AS pack_split, e.tool_schema_digest, e._batch_id AS batch_id,
+               ('0x' || left(sha256(u.trajectory_key), 8))::UBIGINT AS key_bits,
+               left(sha256(concat_ws(chr(31), u.unit_id, u.trajectory_key, coalesce(array_to_string(u.step_ids, chr(30)), chr(1)),
+                                     coalesce(array_to_string(u.span_step_ids, chr(30)), chr(1)),
+                                     coalesce(e.tool_schema_digest, chr(1)), coalesce(e._batch_id, chr(1)),
+                                     coalesce(v.version, chr(1)))), 24) AS token_key
+        FROM ({units}) u LEFT JOIN redacted_episodes e USING (trajectory_key)
+        LEFT JOIN (SELECT unnest(?::VARCHAR[]) AS version_batch, unnest(?::VARCHAR[]) AS version) v
+          ON v.version_batch = e._batch_id
+        WHERE {dedup}),
     n AS (SELECT *, CAST(ceil(log2(greatest(1, ceil(count(*) OVER (PARTITION BY pack_split, batch_id) / {window}))))
-                         AS INTEGER) AS bits FROM u),
-    w AS (SELECT * EXCLUDE (bits), pack_split || '/' || coalesce(batch_id, '-') || '/' || lpad(CAST(
-              CASE WHEN bits = 0 THEN 0 ELSE ('0x' || left(sha256(trajectory_key), 8))::UBIGINT >> (32 - bits) END
-              AS VARCHAR), 10, '0') AS window_id FROM n)
-    SELECT *, window_id || '|' || trajectory_key AS ord_key FROM w {where}
-    ORDER BY ord_key, unit_id"""
-#: the steps of the trajectories to render, in packing order (``k``: trajectory key -> order key)
+                         AS INTEGER) AS bits,
+                    CAST(ceil(log2(greatest(1, ceil(count(*) OVER (PARTITION BY batch_id) / {chunk}))))
+                         AS INTEGER) AS cbits FROM u),
+    w AS (SELECT * EXCLUDE (bits, cbits, key_bits), pack_split || '/' || coalesce(batch_id, '-') || '/' || lpad(CAST(
+              CASE WHEN bits = 0 THEN 0 ELSE key_bits >> (32 - bits) END AS VARCHAR), 10, '0') AS window_id,
+              coalesce(batch_id, '-') || '/' || lpad(CAST(CASE WHEN cbits = 0 THEN 0 ELSE key_bits >> (32 - cbits) END
+                                                           AS VARCHAR), 10, '0') AS chunk_id FROM n)
+    SELECT *, window_id || '|' || trajectory_key AS ord_key, chunk_id || '|' || trajectory_key AS chunk_key FROM w {where}
+    ORDER BY chunk_key, unit_id"""
+#: the steps of the trajectories to render, in order (``k``: trajectory key -> order key)
 RENDER_STEPS_SQL = """
-    SELECT k.ord_key, s.trajectory_key, s.step_id, s.step_index, s.author, s.role, s.text, s.observation, s.tool_calls
+    SELECT k.ord_key AS chunk_key, s.trajectory_key, s.step_id, s.step_index, s.author, s.role, s.text, s.observation, s.tool_calls
     FROM redacted_steps s JOIN (SELECT unnest(?::VARCHAR[]) AS trajectory_key, unnest(?::VARCHAR[]) AS ord_key) k
     USING (trajectory_key) ORDER BY k.ord_key, s.step_index"""
 _REDACTED = ["redacted_episodes", "redacted_steps", "redacted_tool_schemas"]
@@ -66,11 +82,6 @@ def batch_versions(wh: Warehouse) -> dict[str, str]:
     return {r["batch_id"]: r["v"] for r in rows}
 
 
-def token_key(u: dict[str, Any], versions: dict[str, str]) -> str:
-    return ids.digest([u["unit_id"], u["trajectory_key"], u["step_ids"], u["span_step_ids"], u["tool_schema_digest"],
-                       u["batch_id"], versions.get(u["batch_id"])])[:24]
-
-
 def window_digest(window_id: str, units: list[tuple[str, str]]) -> str:
     """The packing inputs of a window: its id and its (unit, token key) pairs in packing order."""
     return ids.digest([window_id, units])[:24]
@@ -78,103 +89,118 @@ def window_digest(window_id: str, units: list[tuple[str, str]]) -> str:
 
 @dataclass
 class Plan:
-    """What an incremental pack build does with each window (see the module docstring)."""
+    """What an incremental pack build does with each window and each token chunk (module docstring)."""
 
-    copy: dict[str, str] = field(default_factory=dict)  # window id -> digest: packs copied as stored
+    copy: dict[str, str] = field(default_factory=dict)  # window id -> digest: layouts copied as stored
     meta: dict[str, tuple[float | None, str | None]] = field(default_factory=dict)  # unit -> (weight, cluster) there
     copy_units: dict[str, set[str]] = field(default_factory=dict)  # window id -> its units (for drop counts)
-    repack: set[str] = field(default_factory=set)  # windows packed again, some units' tokens from the stored packs
-    reuse: set[str] = field(default_factory=set)  # units whose stored tokens are taken
-    render: dict[str, str] = field(default_factory=dict)  # trajectory key -> order key: steps to read
-    keys: dict[str, str] = field(default_factory=dict)  # unit -> token key, units of windows not copied
+    repack: set[str] = field(default_factory=set)  # stored windows packed again (from lengths)
     digests: dict[str, str] = field(default_factory=dict)  # window id -> digest, every window
+    keys: dict[str, str] = field(default_factory=dict)  # unit -> token key, every unit
+    known: dict[str, tuple[int, tuple[int, ...], list[str]]] = field(default_factory=dict)  # unit -> stored (n, trainable per piece, cut steps)
     dropped: set[str] = field(default_factory=set)  # units a build dropped before with the same token key
+    render: dict[str, str] = field(default_factory=dict)  # trajectory key -> chunk order key: steps to read
+    rendering: set[str] = field(default_factory=set)  # units to render
+    chunks: dict[str, str] = field(default_factory=dict)  # chunk id -> digest, every chunk
+    write: set[str] = field(default_factory=set)  # chunks written (new or changed)
+    chunk_units: dict[str, int] = field(default_factory=dict)  # chunk id -> its units (to deal chunks by cost)
     units: int = 0
 
     @property
     def rendered_units(self) -> int:
-        return self.units - len(self.reuse) - len(self.meta) - len(self.dropped)
+        return len(self.rendering)
 
 
 @dataclass
 class StoredSet:
     """What an incremental build reads of the stored set, once: per pack its file, window, split,
-    token counts and segments (no tokens), in the files the manifest lists."""
+    token counts and segments, in the layout files the manifest lists; per unit its token row's
+    key, chunk, lengths and file."""
 
-    files: list[dict[str, Any]]  # manifest rows: path, sha256, rows, bytes
+    files: list[dict[str, Any]]  # manifest rows of the layouts: path, sha256, rows, bytes
     table: pa.Table | None = None  # filename, window_id, window_digest, split, n_tokens, n_trainable
     segments: list[list[dict[str, Any]]] = field(default_factory=list)  # per pack, as Python
+    token_files: list[dict[str, Any]] = field(default_factory=list)  # manifest rows of pack_tokens
+    tokens: dict[str, dict[str, Any]] = field(default_factory=dict)  # unit -> its token row's meta and file
+    chunks: dict[str, str] = field(default_factory=dict)  # chunk id -> digest
+    file_chunks: dict[str, str] = field(default_factory=dict)  # manifest path -> the chunk its file holds
 
 
-def read_stored(wh: Warehouse, pack_set: str, files: list[dict[str, Any]]) -> StoredSet:
-    """The stored set's table entries (``StoredSet``) from its ``files``."""
-    if not files:
-        return StoredSet(files)
-    data = wh.query("SELECT filename, window_id, window_digest, split, n_tokens, n_trainable, segments FROM "
-                    "read_parquet(?, union_by_name = true, filename = true) WHERE pack_set = ?",
-                    [[str(wh.data / r["path"]) for r in files], pack_set])
-    return StoredSet(files, data.drop_columns(["segments"]), data.column("segments").to_pylist())
+_TOKEN_META = ("SELECT filename, unit_id, token_key, chunk_id, chunk_digest, n_tokens, piece_trainable, removed_step_ids "
+               "FROM read_parquet(?, union_by_name = true, filename = true) WHERE pack_set = ?")
 
 
-def stored_state(stored: StoredSet) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
-    """The stored set's windows (id -> digest) and whole units (id -> (token key, window id)): the
-    pieces of a split unit are never reused (a forget may have removed the pack of one of them)."""
-    windows: dict[str, str] = {}
-    units: dict[str, tuple[str, str]] = {}
+def read_stored(wh: Warehouse, pack_set: str, files: list[dict[str, Any]], token_files: list[dict[str, Any]]
+                ) -> StoredSet:
+    """The stored set's layouts (``StoredSet``) from its ``files`` and its token rows' meta (no
+    tokens) from ``token_files``."""
+    out = StoredSet(files, token_files=token_files)
+    if files:
+        data = wh.query("SELECT filename, window_id, window_digest, split, n_tokens, n_trainable, segments FROM "
+                        "read_parquet(?, union_by_name = true, filename = true) WHERE pack_set = ?",
+                        [[str(wh.data / r["path"]) for r in files], pack_set])
+        out.table, out.segments = data.drop_columns(["segments"]), data.column("segments").to_pylist()
+    if token_files:
+        path_of = {str(wh.data / r["path"]): str(r["path"]) for r in token_files}
+        for r in wh.query(_TOKEN_META, [list(path_of), pack_set]).to_pylist():
+            out.tokens[r["unit_id"]] = r
+            out.chunks[r["chunk_id"]] = r["chunk_digest"]
+            out.file_chunks[path_of.get(r["filename"], r["filename"])] = r["chunk_id"]
+    return out
+
+
+def stored_windows(stored: StoredSet) -> dict[str, str]:
+    """The stored set's windows: id -> digest."""
     if stored.table is None:
-        return windows, units
-    for window, digest, segs in zip(stored.table.column("window_id").to_pylist(),
-                                    stored.table.column("window_digest").to_pylist(), stored.segments, strict=True):
-        if window is not None:
-            windows[window] = digest
-        for seg in segs:
-            if seg["piece"] is None:
-                units[seg["fragment_id"].partition("#")[0]] = (seg["token_key"], window)
-    return windows, units
+        return {}
+    return {w: d for w, d in zip(stored.table.column("window_id").to_pylist(),
+                                 stored.table.column("window_digest").to_pylist(), strict=True) if w is not None}
 
 
-def plan_windows(rows: Iterator[dict[str, Any]], versions: dict[str, str], stored_windows: dict[str, str],
-                 stored_units: dict[str, tuple[str, str]], dropped: dict[str, str] | None = None) -> Plan:
-    """Walk the units in packing order once (no steps, no tokens) and decide per window.
-    ``dropped``: unit -> token key of the units an earlier build of the set dropped as too long
-    (``read_drops``): whether a unit fits depends on its rendering alone, so one with the same
+def chunk_digest(chunk_id: str, units: list[tuple[str, str]]) -> str:
+    """The token inputs of a chunk: its id and its (unit, token key) pairs, sorted."""
+    return ids.digest([chunk_id, sorted(units)])[:24]
+
+
+def plan_windows(rows: Iterator[dict[str, Any]], stored: StoredSet, dropped: dict[str, str] | None = None) -> Plan:
+    """Walk the units once, in chunk order (no steps, no tokens), and decide per window and per
+    chunk. ``dropped``: unit -> token key of the units an earlier build of the set dropped as too
+    long (``read_drops``): whether a unit fits depends on its rendering alone, so one with the same
     token key is dropped again without rendering it."""
     dropped = dropped or {}
+    windows = stored_windows(stored)
     plan = Plan()
-    current: str | None = None
-    members: list[dict[str, Any]] = []
-
-    def close() -> None:
-        if current is None:
-            return
-        pairs = [(u["unit_id"], u["token_key"]) for u in members]
-        digest = plan.digests[current] = window_digest(current, pairs)
-        if stored_windows.get(current) == digest:
-            plan.copy[current] = digest
-            plan.copy_units[current] = {u["unit_id"] for u in members}
-            for u in members:
-                plan.meta[u["unit_id"]] = (u["dedup_weight"], u["cluster_id"])
-            return
-        if current in stored_windows:
-            plan.repack.add(current)
-        for u in members:
-            plan.keys[u["unit_id"]] = u["token_key"]
-            if stored_units.get(u["unit_id"]) == (u["token_key"], current):
-                plan.reuse.add(u["unit_id"])
-            elif dropped.get(u["unit_id"]) == u["token_key"]:
-                plan.dropped.add(u["unit_id"])
-            else:
-                plan.render[u["trajectory_key"]] = u["ord_key"]
-
-    for u in rows:
+    in_window: dict[str, list[tuple[str, str, str, float | None, str | None]]] = {}
+    in_chunk: dict[str, list[tuple[str, str]]] = {}
+    for u in rows:  # in chunk order
         plan.units += 1
-        u["token_key"] = token_key(u, versions)
-        if u["window_id"] != current:
-            close()
-            current, members = u["window_id"], []
-        members.append({k: u[k] for k in ("unit_id", "token_key", "trajectory_key", "ord_key", "dedup_weight",
-                                          "cluster_id")})
-    close()
+        key = plan.keys[u["unit_id"]] = u["token_key"]
+        in_chunk.setdefault(u["chunk_id"], []).append((u["unit_id"], key))
+        in_window.setdefault(u["window_id"], []).append((u["ord_key"], u["unit_id"], key, u["dedup_weight"],
+                                                         u["cluster_id"]))
+        row = stored.tokens.get(u["unit_id"])
+        if row is not None and row["token_key"] == key:
+            plan.known[u["unit_id"]] = (row["n_tokens"], tuple(row["piece_trainable"]), row["removed_step_ids"] or [])
+        elif dropped.get(u["unit_id"]) == key:
+            plan.dropped.add(u["unit_id"])
+        else:
+            plan.rendering.add(u["unit_id"])
+            plan.render[u["trajectory_key"]] = u["chunk_key"]
+    for window, members in in_window.items():
+        members.sort()  # packing order: (order key, unit)
+        digest = plan.digests[window] = window_digest(window, [(m[1], m[2]) for m in members])
+        if windows.get(window) == digest:
+            plan.copy[window] = digest
+            plan.copy_units[window] = {m[1] for m in members}
+            for _, unit, _, weight, cluster in members:
+                plan.meta[unit] = (weight, cluster)
+        elif window in windows:
+            plan.repack.add(window)
+    for chunk, pairs in in_chunk.items():
+        digest = plan.chunks[chunk] = chunk_digest(chunk, pairs)
+        plan.chunk_units[chunk] = len(pairs)
+        if stored.chunks.get(chunk) != digest:
+            plan.write.add(chunk)
     return plan
 
 
@@ -206,38 +232,14 @@ def write_drops(wh: Warehouse, pack_set: str, drops: dict[str, str]) -> None:
     write_bytes_atomic(json.dumps(drops, sort_keys=True).encode(), path, restricted=True)
 
 
-def stored_tokens(wh: Warehouse, pack_set: str, windows: list[str]
-                  ) -> Iterator[tuple[str, dict[str, tuple[np.ndarray, np.ndarray, list[str]]]]]:
-    """Per window, in the order given: unit id -> (token ids, mask, removed steps) as stored
-    (whole units only, as ``stored_state`` lists them). One small query finds each window's files
-    (a window's packs are one file; copied windows may share one), then each window is read from
-    its own files alone (a query per window over the ``packs`` view opened every file's footer:
-    0.12 s a window at 107,000 episodes; sorting the whole table's token lists would not fit the
-    memory bound)."""
-    if not windows:
-        return
-    files_of: dict[str, list[str]] = {}  # a window's packs are one file (copied windows may share one)
-    for r in wh.query("SELECT window_id, list(DISTINCT filename ORDER BY filename) AS files FROM "
-                      "read_parquet(?, union_by_name = true, filename = true) WHERE pack_set = ? AND "
-                      "list_contains(?, window_id) GROUP BY 1",
-                      [[str(p) for p in wh.files("packs")], pack_set, list(windows)]).to_pylist():
-        files_of[r["window_id"]] = r["files"]
-    for window in windows:
-        t = pa.concat_tables([pq.read_table(f, columns=["pack_set", "window_id", "input_ids", "loss_mask", "segments"],
-                                            filters=[("pack_set", "=", pack_set), ("window_id", "=", window)])
-                              for f in files_of.get(window, [])]) if files_of.get(window) else None
-        out = {}
-        if t is None:
-            yield window, out
-            continue
-        for i, segs in enumerate(t.column("segments").to_pylist()):
-            tokens = t.column("input_ids")[i].values.to_numpy(zero_copy_only=False)
-            mask = t.column("loss_mask")[i].values.to_numpy(zero_copy_only=False)
-            for s in segs:
-                if s["piece"] is None:
-                    out[s["fragment_id"]] = (tokens[s["start"]:s["end"]], mask[s["start"]:s["end"]],
-                                             s["removed_step_ids"] or [])
-        yield window, out
+def stored_rows(stored: StoredSet, units: list[str]) -> pa.Table | None:
+    """The stored token rows of ``units`` (whole rows, tokens too), read from the files that hold
+    them (a chunk written again copies its unchanged units' rows)."""
+    by_file: dict[str, list[str]] = {}
+    for u in units:
+        by_file.setdefault(stored.tokens[u]["filename"], []).append(u)
+    tables = [pq.read_table(f, filters=[("unit_id", "in", us)]) for f, us in sorted(by_file.items())]
+    return pa.concat_tables(tables, promote_options="default") if tables else None
 
 
 def _segment_updates(segments: list[list[dict[str, Any]]], plan: Plan) -> list[bool]:

@@ -85,7 +85,7 @@ def pack(tokenizer: str | None, seq_len: int | None, policy: str | None, dedup: 
 @handle_errors
 def verify_packs_cmd(pack_set: str | None, no_secrets: bool, warehouse: str | None) -> None:
     """Check packs against the layers they came from: round trip to the rendered fragment, trained
-    tokens = the span's model text, no split mixing, positions, no secret in the decoded text."""
+    tokens = the span's model text, no split mixing, layouts that agree with the token rows, no secret in the decoded text."""
     from trajwh.packing.verify import verify_packs, violations
 
     wh = Warehouse(warehouse)

@@ -94,6 +94,7 @@ PARQUET_TABLES: dict[str, type[BaseModel]] = {
     "task_stats": tables.TaskStatsRow,
     "fragments": tables.FragmentRow,
     "packs": tables.PackRow,
+    "pack_tokens": tables.PackTokenRow,
     "license_facts": tables.LicenseFactRow,
     "eligibility": tables.EligibilityRow,
 }
@@ -101,7 +102,7 @@ PARQUET_TABLES: dict[str, type[BaseModel]] = {
 #: table name -> columns written without a dictionary: a pack's token columns, whose dictionary
 #: (ids of a vocabulary of about 150,000) costs more to build than it saves (packs of the scale
 #: benchmark: 12.5 M tokens written in 0.61 s with dictionaries, 0.33 s without; smaller files)
-PLAIN_COLUMNS: dict[str, frozenset[str]] = {"packs": frozenset({"input_ids", "loss_mask", "position_ids"})}
+PLAIN_COLUMNS: dict[str, frozenset[str]] = {"pack_tokens": frozenset({"input_ids", "loss_mask"})}
 
 #: table name -> layer folder
 TABLE_LAYERS: dict[str, str] = {
@@ -124,6 +125,7 @@ TABLE_LAYERS: dict[str, str] = {
     "task_stats": "curated",
     "fragments": "fragments",
     "packs": "packed",
+    "pack_tokens": "packed",
     "license_facts": "curated",
     "eligibility": "curated",
 }

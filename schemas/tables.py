@@ -12,7 +12,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = "1.9.0"  # 1.9: the exports registry; 1.8: license_facts, eligibility, the opt-out registry; 1.7: packs carry their window and digest, segments their token key; 1.6: redacted_tool_schemas (what packing renders); 1.5: pack segments carry kind, split and the context steps cut; 1.1: canonical actions on steps and tool calls; 1.2: base_commit_at, normalized repository;
+SCHEMA_VERSION = "1.10.0"  # 1.10: pack_tokens, packs as layouts (no token columns); 1.9: the exports registry; 1.8: license_facts, eligibility, the opt-out registry; 1.7: packs carry their window and digest, segments their token key; 1.6: redacted_tool_schemas (what packing renders); 1.5: pack segments carry kind, split and the context steps cut; 1.1: canonical actions on steps and tool calls; 1.2: base_commit_at, normalized repository;
 # 1.3: tool_schemas table, tool calls keep the request the harness executed when it rewrote the model's;
 # 1.4: episode_features (per-batch curation inputs), outcomes.inputs_digest
 
@@ -565,6 +565,31 @@ class ExportRow(_Row):
 # --- packed zone -----------------------------------------------------------------------------
 
 
+class PackTokenRow(_Row):
+    """One unit's rendering, tokenized, in one pack set: written once per token key (what the
+    rendering is made from), in chunks of the units of one ingest batch by trajectory key (a unit
+    that changes split keeps its row where it is). The packs are layouts over these rows."""
+
+    pack_set: str
+    unit_id: str  # a fragment id, or "ev-..." an evaluation episode
+    token_key: str
+    trajectory_key: str
+    chunk_id: str  # batch / key range: the file the row is written in (packing.windows)
+    chunk_digest: str  # the chunk's units and token keys: equal digests give equal chunks
+    tokenizer_id: str
+    seq_len: int
+    n_tokens: int
+    n_trainable: int
+    piece_trainable: list[Int32]  # the trainable tokens of each seq_len-long piece (one piece when it fits)
+    input_ids: list[Int32]  # a vocabulary fits 31 bits
+    loss_mask: list[Int8]  # 0 or 1
+    removed_step_ids: list[str] = []  # policy truncate-context: the context steps cut (not rendered)
+    lin_run_id: str = _lineage("_run_id")
+    lin_transform: str = _lineage("_transform")
+    lin_transform_version: str = _lineage("_transform_version")
+
+
+
 class PackSegmentRow(_Row):
     fragment_id: str  # "fragment_id#k" for the k-th piece of a split fragment; "ev-..." an evaluation episode
     start: int  # token offsets in the sequence, end exclusive
@@ -580,7 +605,10 @@ class PackSegmentRow(_Row):
 
 
 class PackRow(_Row):
-    """One packed sequence of one split, in one pack set (tokenizer + template + packing config)."""
+    """One packed sequence of one split, in one pack set (tokenizer + template + packing config): its
+    layout. The tokens are the ``pack_tokens`` rows of its segments' units, in segment order (a
+    piece ``k`` of a split unit is tokens ``k * seq_len`` onward); positions restart at 0 per
+    segment (``packing.sequences`` assembles a sequence)."""
 
     pack_id: str
     pack_set: str
@@ -590,9 +618,6 @@ class PackRow(_Row):
     seq_len: int
     n_tokens: int
     n_trainable: int
-    input_ids: list[Int32]  # a vocabulary fits 31 bits
-    loss_mask: list[Int8]  # 0 or 1
-    position_ids: list[Int32]  # below seq_len (at most 2**20)
     segments: list[PackSegmentRow]
     window_id: str | None = None  # the packing window: split / batch / key range (packing.windows)
     window_digest: str | None = None  # the window's packing inputs: equal digests give equal packs

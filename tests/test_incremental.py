@@ -13,7 +13,7 @@ from trajwh.lineage.catalog import Warehouse
 from trajwh.pipelines.definitions import build
 
 DERIVED = ("episode_features", "near_dup_clusters", "task_groups", "splits", "leak_flags", "outcomes", "task_stats",
-           "fragments", "packs")
+           "fragments", "packs", "pack_tokens")
 # which run made a row, and the digest of the files it read: differ by construction (a full
 # rebuild rewrites the redacted files too)
 RUN_COLUMNS = ("_run_id", "_transform_version", "inputs_digest")
@@ -172,6 +172,7 @@ def test_pack_windows_copied_repacked_or_new_equal_a_full_pack_build(tmp_path: P
     inc = build_packs(wh, run_id="w2", cfg=cfg)
     if policy == "drop-short":
         assert rows(wh, "packs") == rows(forgetful, "packs") and inc.dropped == without.dropped
+        assert rows(wh, "pack_tokens") == rows(forgetful, "pack_tokens")
         assert inc.units_rendered < without.units_rendered, (inc.units_rendered, without.units_rendered)
         assert len(read_drops(wh, inc.pack_set)) == sum(inc.dropped.values())
     assert inc.windows["copied"] > 0 and inc.windows["new"] > 0 and inc.units_reused > 0, inc
@@ -183,7 +184,7 @@ def test_pack_windows_copied_repacked_or_new_equal_a_full_pack_build(tmp_path: P
     full = Warehouse(tmp_path / "full")
     shutil.copytree(wh.root, full.root)
     again = build_packs(full, run_id="w3", cfg=cfg, full=True)
-    assert rows(wh, "packs") == rows(full, "packs")
+    assert rows(wh, "packs") == rows(full, "packs") and rows(wh, "pack_tokens") == rows(full, "pack_tokens")
     for k in ("sequences", "tokens", "trainable", "dropped", "truncated", "split_fragments"):
         assert getattr(inc, k) == getattr(again, k), k
     assert inc.fragments == again.fragments
@@ -193,12 +194,12 @@ def test_pack_windows_copied_repacked_or_new_equal_a_full_pack_build(tmp_path: P
     r = verify_packs(wh, inc.pack_set, scan_secrets=False, ledger=True)
     assert violations(r) == 0 and 0 < r["rendered"] < r["segments"], r
     assert verify_packs(wh, inc.pack_set, scan_secrets=False, ledger=True)["rendered"] == 0  # all verified now
-    # a token changed in a copied window's pack: its segment is no longer the verified one
-    rel = wh.query("SELECT path FROM table_files WHERE table_name = 'packs' AND contains(transform_version, ?) "
+    # a token changed in a kept chunk's row: its unit is no longer the verified one
+    rel = wh.query("SELECT path FROM table_files WHERE table_name = 'pack_tokens' AND contains(transform_version, ?) "
                    "ORDER BY path", [inc.pack_set]).column(0).to_pylist()[0]
     t = pq.read_table(wh.root / rel)
     data = t.to_pylist()
-    data[0]["input_ids"][data[0]["segments"][0]["start"]] += 1
+    data[0]["input_ids"][0] += 1
     pq.write_table(type(t).from_pylist(data, schema=t.schema), wh.root / rel)
     tampered = verify_packs(wh, inc.pack_set, scan_secrets=False, ledger=True)
     assert tampered["round_trip_violations"] == 1 and tampered["rendered"] >= 1, tampered
@@ -246,4 +247,4 @@ def test_a_copied_window_whose_weights_changed_is_rewritten_as_a_full_build_writ
     full = Warehouse(tmp_path / "full")
     shutil.copytree(wh.root, full.root)
     build_packs(full, run_id="w3", cfg=cfg, full=True)
-    assert rows(wh, "packs") == rows(full, "packs")
+    assert rows(wh, "packs") == rows(full, "packs") and rows(wh, "pack_tokens") == rows(full, "pack_tokens")

@@ -256,7 +256,10 @@ def test_packs_table_per_split_beside_other_pack_sets(built: Warehouse):
 
     s = build_packs(built, run_id="p1", cfg=PackConfig(seq_len=8192))
     assert s.fragments > 0 and sum(s.sequences.values()) > 0 and 0.5 < s.efficiency <= 1.0
-    packs = built.query("SELECT * FROM packs").to_pylist()
+    from trajwh.packing.sequences import sequences_of
+
+    packs = _assembled(built)
+    assert sequences_of(built) == packs  # the library's query puts them together the same way
     frag = {r["fragment_id"]: r for r in built.query(
         "SELECT fragment_id, trajectory_key, split, step_ids, span_step_ids FROM fragments").to_pylist()}
     # evaluation splits: each resolved episode whole, every model step trained
@@ -304,7 +307,7 @@ def test_packs_table_per_split_beside_other_pack_sets(built: Warehouse):
 def test_a_new_packing_version_replaces_its_configurations_old_set(built: Warehouse, tmp_path: Path, monkeypatch):
     """A set an earlier packing version made leaves when the current version builds the same
     configuration (an upgrade never leaves two sets of one configuration); a set of another
-    configuration stays. Token columns are stored int32 / int8 / int32, without dictionaries."""
+    configuration stays. Token columns are stored int32 / int8, without dictionaries."""
     import shutil
 
     import pyarrow.parquet as pq
@@ -324,8 +327,8 @@ def test_a_new_packing_version_replaces_its_configurations_old_set(built: Wareho
     caches = [wh.root / "_cache" / "verified_packs" / f"{old.pack_set}{suffix}" for suffix in (".json", ".files.json")]
     caches.append(wh.root / "_cache" / "pack_drops" / f"{old.pack_set}.json")
     assert all(p.exists() for p in caches), caches
-    old_files = wh.query("SELECT path FROM table_files WHERE table_name = 'packs' AND starts_with(transform_version, "
-                         "'packs@0.9.0;set=' || ?)", [old.pack_set]).column(0).to_pylist()
+    old_files = wh.query("SELECT path FROM table_files WHERE table_name IN ('packs', 'pack_tokens') AND "
+                         "starts_with(transform_version, 'packs@0.9.0;set=' || ?)", [old.pack_set]).column(0).to_pylist()
     assert old_files and all((wh.data / p).exists() for p in old_files)
     new = build_packs(wh, run_id="new", cfg=cfg)
     assert new.pack_set != old.pack_set and not new.skipped
@@ -337,16 +340,35 @@ def test_a_new_packing_version_replaces_its_configurations_old_set(built: Wareho
     assert not any(p.exists() for p in caches)  # and what was cached of it (drops, the check's ledgers)
     assert (wh.root / "_cache" / "pack_drops" / f"{kept.pack_set}.json").exists()
     assert build_packs(wh, run_id="again", cfg=cfg).skipped
-    path = wh.query("SELECT path FROM table_files WHERE table_name = 'packs' AND starts_with(transform_version, ?)",
+    path = wh.query("SELECT path FROM table_files WHERE table_name = 'pack_tokens' AND starts_with(transform_version, ?)",
                     [f"packs@{layer.PACKS_VERSION};set={new.pack_set}"]).column(0)[0].as_py()
     f = pq.ParquetFile(wh.data / path)
-    types = {n: str(f.schema_arrow.field(n).type.value_type) for n in ("input_ids", "loss_mask", "position_ids")}
-    assert types == {"input_ids": "int32", "loss_mask": "int8", "position_ids": "int32"}
+    types = {n: str(f.schema_arrow.field(n).type.value_type) for n in ("input_ids", "loss_mask")}
+    assert types == {"input_ids": "int32", "loss_mask": "int8"}
     columns = {f.metadata.row_group(0).column(i).path_in_schema: f.metadata.row_group(0).column(i)
                for i in range(f.metadata.num_columns)}
-    for name in ("input_ids.list.element", "loss_mask.list.element", "position_ids.list.element"):
+    for name in ("input_ids.list.element", "loss_mask.list.element"):
         assert not columns[name].has_dictionary_page, name
     assert columns["pack_set"].has_dictionary_page  # the other columns keep theirs
+
+
+def _assembled(wh: Warehouse, where: str = "true", params: list | None = None) -> list[dict]:
+    """Packs with their tokens, mask and positions put together here, from the token rows (not
+    with the library's query): what a pack's layout over its units' rows means."""
+    rows = {(r["pack_set"], r["unit_id"]): r for r in wh.query(
+        "SELECT pack_set, unit_id, input_ids, loss_mask FROM pack_tokens").to_pylist()}
+    out = []
+    for p in wh.query(f"SELECT * FROM packs p WHERE {where} ORDER BY pack_id", params or []).to_pylist():
+        ids, mask, pos = [], [], []
+        for seg in p["segments"]:
+            r = rows[(p["pack_set"], seg["fragment_id"].split("#")[0])]
+            a = (seg["piece"] or 0) * p["seq_len"]
+            n = seg["end"] - seg["start"]
+            ids += r["input_ids"][a:a + n]
+            mask += r["loss_mask"][a:a + n]
+            pos += list(range(n))
+        out.append({**p, "input_ids": ids, "loss_mask": mask, "position_ids": pos})
+    return out
 
 
 def _pack_set(wh: Warehouse) -> str:
@@ -380,6 +402,12 @@ def test_verify_packs_catches_a_tampered_pack(built: Warehouse, tmp_path: Path):
     wh = Warehouse(tmp_path / "copy")
     shutil.copytree(built.root, wh.root)
     ps = _pack_set(wh)
+    rel = wh.query("SELECT path FROM table_files WHERE table_name = 'pack_tokens' AND contains(transform_version, ?) "
+                   "ORDER BY path LIMIT 1", [ps]).column(0)[0].as_py()
+    t = pq.read_table(wh.root / rel)
+    rows = t.to_pylist()
+    rows[0]["input_ids"][3] += 1  # one token off
+    pq.write_table(type(t).from_pylist(rows, schema=t.schema), wh.root / rel)
     for rel in wh.query("SELECT path FROM table_files WHERE table_name = 'packs' AND contains(transform_version, ?) "
                         "ORDER BY path", [ps]).column(0).to_pylist():
         path = wh.root / rel
@@ -388,9 +416,6 @@ def test_verify_packs_catches_a_tampered_pack(built: Warehouse, tmp_path: Path):
         i = next((k for k, r in enumerate(rows) if r["split"] == "train"), None)
         if i is not None:
             break
-    ids = rows[i]["input_ids"]
-    j = rows[i]["segments"][0]["start"] + 3
-    ids[j] = ids[j] + 1  # one token off
     rows[i]["segments"][-1]["split"] = "test"  # and a segment that claims another split
     pq.write_table(type(t).from_pylist(rows, schema=t.schema), path)
     r = verify_packs(wh, ps, scan_secrets=False)
@@ -404,7 +429,7 @@ def test_verify_packs_catches_a_tampered_pack(built: Warehouse, tmp_path: Path):
 
 
 def test_verify_packs_catches_broken_structure(built: Warehouse, tmp_path: Path):
-    """Positions that do not restart, segments that overlap, a length that disagrees and a segment
+    """Segments that overlap, a length that disagrees, a trainable count that disagrees and a segment
     of no known unit are each found, named in the examples, in one part and in two."""
     import shutil
 
@@ -422,15 +447,17 @@ def test_verify_packs_catches_broken_structure(built: Warehouse, tmp_path: Path)
     rows = t.to_pylist()
     multi = [i for i, r in enumerate(rows) if len(r["segments"]) >= 2]
     a, b, c = multi[:3]
-    rows[a]["position_ids"][rows[a]["segments"][1]["start"] + 1] += 5  # positions of one segment
+    rows[a]["n_trainable"] += 1  # the trainable count disagrees with its segments'
     rows[b]["segments"][1]["start"] -= 1  # overlaps the first segment by one token
-    rows[b]["n_tokens"] += 1  # and the length disagrees with the lists
+    rows[b]["n_tokens"] += 1  # and the length disagrees with the segments
     rows[c]["segments"][0]["fragment_id"] = "no-such-unit"
     pq.write_table(type(t).from_pylist(rows, schema=t.schema), path)
     r = verify_packs(wh, ps, scan_secrets=False)
-    assert r["position_violations"] >= 1 and r["length_violations"] == 1 and r["unknown_unit_violations"] == 1, r
+    # a: trainable; b: the overlapping segment, and its pack's cover; c: no token row, an unknown unit, a
+    # token row no pack holds
+    assert r["length_violations"] >= 3 and r["unknown_unit_violations"] == 1 and r["orphan_token_violations"] == 1, r
     assert {e["check"] for e in verify_packs(wh, ps, scan_secrets=False, examples=50)["examples"]} >= {
-        "position_violations", "length_violations", "unknown_unit_violations"}
+        "length_violations", "unknown_unit_violations", "orphan_token_violations"}
     two = verify_packs(wh, ps, scan_secrets=False, workers=2)
     assert {k: v for k, v in two.items() if k != "examples"} == {k: v for k, v in r.items() if k != "examples"}
 
@@ -457,9 +484,9 @@ def test_verify_packs_in_parts_counts_and_trusts_what_one_part_does(built: Wareh
 
 
 def test_a_check_with_little_to_render_or_read_runs_in_one_part(built: Warehouse, tmp_path: Path, monkeypatch):
-    """With the ledger, parts (a worker's start costs about a second) only pay when many segments
-    are to be rendered again or many packs read token by token: a set the ledger covers is one
-    part, the same set without a ledger (or with it gone) is parts."""
+    """With the ledger, parts (a worker's start costs about a second) only pay when many units are
+    to be rendered again or many token rows read: a set the ledger covers is one part, the same set
+    without a ledger (or with it gone) is parts."""
     import shutil
 
     import trajwh.packing.verify as verify
@@ -470,17 +497,17 @@ def test_a_check_with_little_to_render_or_read_runs_in_one_part(built: Warehouse
     monkeypatch.setattr(verify, "PARALLEL_MIN_PACKS", 1)
     monkeypatch.setattr(verify, "PARALLEL_MIN_RENDERS", 5)
     files = [str(p) for p, _ in verify.set_files(wh, ps)]
-    row = wh.query("SELECT count(*) AS p, sum(len(segments)) AS s FROM packs WHERE pack_set = ?", [ps]).to_pylist()[0]
-    n_packs, n_segments = row["p"], row["s"]
-    monkeypatch.setattr(verify, "PARALLEL_MIN_READ", n_packs + 1)
-    assert verify._parallel_work(wh, ps, n_packs, n_segments, files, use_ledger=False)  # everything rendered
-    assert len(verify.read_ledger(wh, ps)) >= n_segments - 4  # the build's check covered the set
-    assert not verify._parallel_work(wh, ps, n_packs, n_segments, files, use_ledger=True)
-    monkeypatch.setattr(verify, "PARALLEL_MIN_READ", n_packs)  # every file unread: enough packs to read
-    assert verify._parallel_work(wh, ps, n_packs, n_segments, files, use_ledger=True)
-    assert not verify._parallel_work(wh, ps, n_packs, n_segments, files[:0], use_ledger=True)
-    verify._ledger_path(wh, ps).unlink()  # nothing verified before: every segment rendered again
-    assert verify._parallel_work(wh, ps, n_packs, n_segments, [], use_ledger=True)
+    n_packs = wh.query("SELECT count(*) FROM packs WHERE pack_set = ?", [ps]).column(0)[0].as_py()
+    n_rows = wh.query("SELECT count(*) FROM pack_tokens WHERE pack_set = ?", [ps]).column(0)[0].as_py()
+    monkeypatch.setattr(verify, "PARALLEL_MIN_READ", n_rows + 1)
+    assert verify._parallel_work(wh, ps, n_packs, files, use_ledger=False)  # everything rendered
+    assert len(verify.read_ledger(wh, ps)) >= n_rows - 4  # the build's check covered the set
+    assert not verify._parallel_work(wh, ps, n_packs, files, use_ledger=True)
+    monkeypatch.setattr(verify, "PARALLEL_MIN_READ", n_rows)  # every file unread: enough rows to read
+    assert verify._parallel_work(wh, ps, n_packs, files, use_ledger=True)
+    assert not verify._parallel_work(wh, ps, n_packs, files[:0], use_ledger=True)
+    verify._ledger_path(wh, ps).unlink()  # nothing verified before: every unit rendered again
+    assert verify._parallel_work(wh, ps, n_packs, [], use_ledger=True)
 
 
 def _read_megatron(prefix: Path) -> list[np.ndarray]:
@@ -511,9 +538,7 @@ def test_export_parquet_and_megatron_round_trip(built: Warehouse, tmp_path: Path
     from trajwh.packing.export import export_packs
 
     ps = _pack_set(built)
-    packs = {r["pack_id"]: r for r in built.query(
-        "SELECT pack_id, input_ids, loss_mask, position_ids, segments, n_trainable FROM packs "
-        "WHERE pack_set = ? AND split = 'train'", [ps]).to_pylist()}
+    packs = {r["pack_id"]: r for r in _assembled(built, "pack_set = ? AND split = 'train'", [ps])}
     s = export_packs(built, split="train", fmt="parquet", out=tmp_path / "pq", pack_set=ps, rows_per_shard=7)
     manifest = json.loads((tmp_path / "pq" / "manifest.json").read_text())
     assert manifest["pack_set"] == ps and manifest["counts"]["sequences"] == len(packs) == s.sequences
@@ -558,8 +583,7 @@ def test_trace_a_packed_token_to_its_characters_and_raw_record(built: Warehouse)
     from trajwh.packing.trace import trace_token
 
     ps = _pack_set(built)
-    p = built.query("SELECT pack_id, input_ids, loss_mask, segments FROM packs WHERE pack_set = ? AND split = 'train' "
-                    "ORDER BY pack_id LIMIT 1", [ps]).to_pylist()[0]
+    p = _assembled(built, "pack_set = ? AND split = 'train'", [ps])[0]
     tok = get_tokenizer()
     seen = set()
     trained = [i for i, m in enumerate(p["loss_mask"]) if m]
@@ -749,7 +773,7 @@ def test_tool_definitions_are_packed_from_the_redacted_layer(tmp_path: Path, sma
     for tok_name in ("qwen2.5", str(hf_folder)):
         s = build_packs(wh, run_id=f"tools-{len(tok_name)}", cfg=PackConfig(tokenizer=tok_name))
         tok = get_tokenizer(tok_name)
-        ids = wh.query("SELECT input_ids FROM packs WHERE pack_set = ? LIMIT 1", [s.pack_set]).column(0)[0].as_py()
+        ids = wh.query("SELECT input_ids FROM pack_tokens WHERE pack_set = ? LIMIT 1", [s.pack_set]).column(0)[0].as_py()
         text = tok.decode(ids)
         # Anthropic's input_schema rendered as OpenAI's parameters, the secret as its placeholder
         assert '{"type": "function", "function": {' in text and '"name": "deploy"' in text
@@ -759,21 +783,21 @@ def test_tool_definitions_are_packed_from_the_redacted_layer(tmp_path: Path, sma
         assert not violations(report) and report["segments"] == s.fragments
 
 
-def test_windows_are_dealt_to_parts_by_what_they_cost():
-    """Every window goes to exactly one part, the costliest first to the part with the least to do:
-    the build's own part starts with the copied windows' rewrite, a worker with its start."""
-    from trajwh.packing.layer import _REWRITE_SHARE, _START_COST, _deal_windows
+def test_token_chunks_are_dealt_to_parts_by_what_they_cost():
+    """Every chunk to write goes to exactly one part, the costliest first (units to render, then
+    rows to copy) to the part with the least to do: a worker starts with its start-up."""
+    from trajwh.packing.layer import _COPY_COST, _RENDER_COST, _START_COST, _deal_chunks
+    from trajwh.packing.windows import Plan
 
-    big = _START_COST
-    loads = {"": int(3 * big / _REWRITE_SHARE), "w1": 2 * big, "w2": 2 * big, "w3": big, "w4": big // 2}
-    shares = _deal_windows(["w1", "w2", "w3", "w4"], 2, loads)
-    assert sorted(w for share in shares for w in share) == ["w1", "w2", "w3", "w4"]
-    # loads 3 (the rewrite) and 1 (the start): w1 -> worker (3), w2 -> the tie to the build's part
-    # (5), w3 -> worker (4), w4 -> worker (4.5)
-    assert shares == [["w2"], ["w1", "w3", "w4"]]
-    assert _deal_windows(["a", "b", "c"], 1, {}) == [["a", "b", "c"]]
-    no_rewrite = _deal_windows(["a", "b"], 2, {"a": 5 * big, "b": big})
-    assert no_rewrite == [["a"], ["b"]]  # the build's part has no start to pay: the costliest window
+    plan = Plan(render={f"t{i}": f"c1|t{i}" for i in range(3 * _START_COST // _RENDER_COST)}
+                | {f"u{i}": f"c2|u{i}" for i in range(_START_COST // _RENDER_COST)},
+                chunk_units={"c1": 0, "c2": 0, "c3": _START_COST // (2 * _COPY_COST), "c4": 1})
+    shares = _deal_chunks(["c1", "c2", "c3", "c4"], 2, plan)
+    assert sorted(c for share in shares for c in share) == ["c1", "c2", "c3", "c4"]
+    # costs 3, 1, 0.5 and a little (starts: 0 here, 1 for the worker): c1 -> here (3), c2 -> the
+    # worker (2), c3 -> the worker (2.5), c4 -> the worker
+    assert shares == [["c1"], ["c2", "c3", "c4"]]
+    assert _deal_chunks(["a", "b", "c"], 1, Plan()) == [["a", "b", "c"]]
 
 
 def test_a_pack_build_in_worker_processes_makes_the_same_packs(built: Warehouse, tmp_path: Path):
@@ -798,13 +822,29 @@ def test_a_pack_build_in_worker_processes_makes_the_same_packs(built: Warehouse,
     # packed again with stored tokens (in two parts), and a third window's segments take a new dedup
     # weight: copied with its segments brought up to date (rewritten in the build's own part while the
     # worker starts)
+    # (the warehouse also holds the build's own set, of other windows: only this set's packs)
     placed = one.query("SELECT window_id, list_transform(segments, lambda s: s.trajectory_key) AS keys FROM packs "
-                       "ORDER BY window_id, pack_id").to_pylist()
-    train = {r["trajectory_key"] for r in one.query("SELECT trajectory_key FROM fragments WHERE trainable").to_pylist()}
+                       "WHERE pack_set = ? ORDER BY window_id, pack_id", [a.pack_set]).to_pylist()
+    # trainable fragments of the train split per episode (the units that leave with it)
+    units_of = {r["trajectory_key"]: r["n"] for r in one.query(
+        "SELECT trajectory_key, count(*) AS n FROM fragments f LEFT JOIN near_dup_clusters c USING (trajectory_key) "
+        "WHERE f.trainable AND f.split = 'train' AND coalesce(c.is_representative, true) GROUP BY 1").to_pylist()}
     windows = sorted({p["window_id"] for p in placed if p["window_id"].startswith("train/")})
     assert len(windows) >= 3
-    first_key = {w: next(k for p in placed if p["window_id"] == w for k in p["keys"] if k in train) for w in windows[:3]}
-    leave, reweight = [first_key[windows[0]], first_key[windows[1]]], first_key[windows[2]]
+    first_key = {w: next(k for p in placed if p["window_id"] == w for k in p["keys"] if k in units_of) for w in windows}
+
+    def ranges(n: int) -> int:  # the bits of a (split, batch)'s window ranges for n units (packing.windows)
+        return (max(1, -(-n // cfg.window)) - 1).bit_length()
+
+    # two windows whose first episodes leave without changing the split's ranges (else every window
+    # of the split is another range, none copied): which two, the data decide (their lengths order the packs)
+    assert len({w.split("/")[1] for w in windows}) == 1  # one batch: its train units are all of units_of
+    total = sum(units_of.values())
+    pair = next((a, b) for a in windows for b in windows
+                if a < b and ranges(total - units_of[first_key[a]] - units_of[first_key[b]]) == ranges(total))
+    leave = [first_key[w] for w in pair]
+    third = next(w for w in windows if w not in pair)
+    reweight = first_key[third]
     for wh in (one, two):
         with wh.write_session("t") as session:
             changed = []
@@ -827,12 +867,13 @@ def test_a_pack_build_in_worker_processes_makes_the_same_packs(built: Warehouse,
         b.tokens, b.trainable, b.dropped, b.truncated, b.split_fragments)
     for wh in (one, two):  # the reweighted window was copied, its segments rewritten by this run
         assert 0.125 in wh.query("SELECT flatten(list(list_transform(segments, lambda s: s.dedup_weight))) FROM packs "
-                                 "WHERE window_id = ? AND _run_id = 'q'", [windows[2]]).column(0)[0].as_py()
+                                 "WHERE pack_set = ? AND window_id = ? AND _run_id = 'q'",
+                                 [a.pack_set, third]).column(0)[0].as_py()
 
 
-def test_the_check_reads_again_only_files_it_has_not_verified(built: Warehouse, tmp_path: Path):
-    """After a passing check, a file whose bytes are the ones it verified is not read token by
-    token again; a file changed in place is, and its tampered pack is found."""
+def test_the_check_reads_again_only_files_it_has_not_verified(built: Warehouse, tmp_path: Path, monkeypatch):
+    """After a passing check, a token file whose bytes are the ones it verified is not read token
+    by token again; a file changed in place is, and its tampered row is found."""
     import shutil
 
     import pyarrow.parquet as pq
@@ -844,15 +885,24 @@ def test_the_check_reads_again_only_files_it_has_not_verified(built: Warehouse, 
     first = verify_packs(wh, ps, scan_secrets=False, ledger=True)
     files = set_files(wh, ps)
     assert violations(first) == 0 and len(files) >= 2
+    import trajwh.packing.verify as verify
+
+    opened: list[str] = []
+    read = verify._set_batches
+    monkeypatch.setattr(verify, "_set_batches", lambda path, *a: opened.append(path) or read(path, *a))
     again = verify_packs(wh, ps, scan_secrets=False, ledger=True)
     assert again["files_trusted"] == len(files) and again["rendered"] == 0
     assert again["segments"] == first["segments"] and again["tokens"] == first["tokens"]
-    path = next(p for p, _ in files if any(r["split"] == "train" for r in pq.read_table(p).to_pylist()))
+    assert opened == []  # a trusted file's rows are the files ledger's: it is not opened
+    ledger = wh.root / "_cache" / "verified_packs" / f"{ps}.files.json"
+    kept = ledger.read_bytes()
+    ledger.write_text('{"' + files[0][1] + '": [["unit", "key"]]}')  # malformed: read everything again
+    assert verify_packs(wh, ps, scan_secrets=False, ledger=True)["files_trusted"] == 0 and len(opened) == len(files)
+    ledger.write_bytes(kept)
+    path = files[0][0]
     t = pq.read_table(path)
     rows = t.to_pylist()
-    i = next(k for k, r in enumerate(rows) if r["split"] == "train")
-    j = rows[i]["segments"][0]["start"] + 2
-    rows[i]["input_ids"][j] += 1  # one token off, the manifest left as it was
+    rows[0]["input_ids"][2] += 1  # one token off, the manifest left as it was
     pq.write_table(type(t).from_pylist(rows, schema=t.schema), path)
     r = verify_packs(wh, ps, scan_secrets=False, ledger=True)
     assert r["files_trusted"] == len(files) - 1 and r["round_trip_violations"] == 1, r
