@@ -308,7 +308,7 @@ def _units_to_render(wh: Warehouse, plan: Plan, units: Path, chunks: list[str], 
 
 
 def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), full: bool = False,
-                lock_timeout: float = 60.0, workers: int | None = None) -> PackSummary:
+                lock_timeout: float = 60.0, workers: int | None = None, engine: str = "duckdb") -> PackSummary:
     """Build (or bring up to date) one pack set, in two steps. **Tokens**: each unit's rendering,
     tokenized, is a ``pack_tokens`` row, written once per token key in chunks of about ``CHUNK``
     units of one batch (``packing.windows``); only the chunks whose units or token keys changed are
@@ -318,7 +318,8 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
     write are dealt out to ``workers`` parts (default ``workers_wanted()``: this process and
     workers; one part below ``PARALLEL_MIN_ITEMS`` units to render). The window and chunk
     assignment (window functions over every unit) runs once, here: its rows are spooled to a file
-    under ``.tmp`` that each part reads its chunks' units from."""
+    under ``.tmp`` that each part reads its chunks' units from. ``engine`` runs the layouts' bin
+    assignment (``packing.bins``: the same packs on every engine)."""
     cfg.validate()
     tok = get_tokenizer(cfg.tokenizer)
     summary = PackSummary(run_id, pack_set=pack_set_id(cfg, tok), seq_len=cfg.seq_len)
@@ -383,8 +384,10 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
                 files.append(written)
                 _count_copied(summary, table, segments, seen)
             files += _rewrite_copied(wh, summary.pack_set, plan, schema, lineage, rewrite, summary, seen)
-            pack_stream(_layout_units(wh, plan, units, lengths), cfg, tok, summary,
-                        lambda rows: files.append(write_table_file(wh, "packs", pack_table(rows, schema))), lineage)
+            from trajwh.packing.bins import pack_windows  # (it imports this module)
+
+            pack_windows(engine, _layout_units(wh, plan, units, lengths), cfg, tok, summary,
+                         lambda rows: files.append(write_table_file(wh, "packs", pack_table(rows, schema))), lineage)
             _count_dropped_in_copies(summary, plan, seen)
         finally:
             units.unlink(missing_ok=True)
@@ -609,6 +612,66 @@ def _count_dropped_in_copies(summary: PackSummary, plan: Plan, seen: set[str]) -
         _bump(summary.dropped, split, sum(1 for u in units if u not in seen))
 
 
+def window_rows(segs: list[tuple[Segment, dict]], window_id: str | None, digest: str | None, cfg: PackConfig,
+                tok_ids: tuple[str, str], pack_set: str, lineage: dict[str, str]
+                ) -> tuple[list[dict], dict[str, int], dict[str, str]]:
+    """One window packed (the bin assignment): its units' segments (with their meta) through the
+    configured packer. Returns the layout rows, the window's counts (sequences, tokens, trainable,
+    dropped, split_fragments) and the units dropped as too long (unit -> token key). A pure
+    function of its arguments: ``pack_stream`` calls it in this process, an engine's workers
+    call it per window (``packing.bins``)."""
+    split = segs[0][1]["split"]
+    meta = {s.fragment_id: m for s, m in segs}
+    result = PACKERS[cfg.packer]([s for s, _ in segs], cfg.seq_len, cfg.policy)
+    counts = {"sequences": len(result.sequences), "tokens": 0, "trainable": 0, "dropped": len(result.dropped),
+              "split_fragments": len(result.split)}
+    drops = {fid: meta[fid]["token_key"] for fid in result.dropped if meta[fid]["token_key"]}
+    rows = []
+    for seq in result.sequences:
+        segments = []
+        for fid, a, b in seq.segments:
+            base, _, piece = fid.partition("#")
+            segments.append({"fragment_id": fid, "start": a, "end": b, "piece": int(piece) if piece else None,
+                             **meta[base]})
+        rows.append({"pack_id": "pk-" + ids.digest([pack_set, split, seq.segments])[:20],
+                     "pack_set": pack_set, "split": split, "tokenizer_id": tok_ids[0], "template_id": tok_ids[1],
+                     "seq_len": cfg.seq_len, "n_tokens": seq.n_tokens, "n_trainable": seq.n_trainable,
+                     "segments": segments, "window_id": window_id, "window_digest": digest, **lineage})
+        counts["tokens"] += seq.n_tokens
+        counts["trainable"] += seq.n_trainable
+    return rows, counts, drops
+
+
+def _add_window(summary: PackSummary, split: str, counts: dict[str, int], drops: dict[str, str]) -> None:
+    """A packed window's counts (``window_rows``) added to the summary."""
+    for k, n in counts.items():
+        _bump(getattr(summary, k), split, n)
+    summary.drops.update(drops)
+
+
+def _count_known_drop(summary: PackSummary, u: dict, split: str, cfg: PackConfig) -> None:
+    """A unit an earlier build found too long, dropped again without rendering (``read_drops``)."""
+    _bump(summary.dropped, split)
+    summary.drops[u["unit_id"]] = u["token_key"]
+    if cfg.policy != "truncate-context":  # as the packer's drops are counted (truncation's are not)
+        summary.fragments += 1
+
+
+def _known_segment(summary: PackSummary, u: dict, split: str) -> tuple[Segment, list[str]]:
+    """The segment of a unit that carries its lengths (``known``) and its cut steps."""
+    n, trainable, removed = u["known"]
+    if removed:
+        _bump(summary.truncated, split)
+    return Segment(u["unit_id"], None, None, n, tuple(trainable)), removed
+
+
+def segment_meta(u: dict, split: str, removed: list[str]) -> dict[str, Any]:
+    """What a unit's segments carry beside their place (the layout's segment fields)."""
+    return {"trajectory_key": u["trajectory_key"], "kind": u["kind"], "split": split,
+            "dedup_weight": u["dedup_weight"], "cluster_id": u["cluster_id"], "removed_step_ids": removed,
+            "token_key": u.get("token_key")}
+
+
 def pack_stream(units: Iterable[tuple[dict, list[dict]]], cfg: PackConfig, tok: Any, summary: PackSummary,
                 write: Callable[[list[dict]], None], lineage: dict[str, str]) -> None:
     """Pack a stream of (unit, steps) window by window (a unit's ``window_id``, else ``cfg.window``
@@ -618,34 +681,15 @@ def pack_stream(units: Iterable[tuple[dict, list[dict]]], cfg: PackConfig, tok: 
     a benchmark of the packer). Counts accumulate in ``summary``."""
     windows: dict[str, list[tuple[Segment, dict]]] = {}
     window_of: dict[str, tuple[str | None, str | None]] = {}
-    packer = PACKERS[cfg.packer]
 
     def flush(key: str) -> None:
         segs = windows.pop(key, [])
         if not segs:
             return
         window_id, digest = window_of.pop(key)
-        split = segs[0][1]["split"]
-        meta = {s.fragment_id: m for s, m in segs}
-        result = packer([s for s, _ in segs], cfg.seq_len, cfg.policy)
-        _bump(summary.dropped, split, len(result.dropped))
-        summary.drops.update({fid: meta[fid]["token_key"] for fid in result.dropped if meta[fid]["token_key"]})
-        _bump(summary.split_fragments, split, len(result.split))
-        rows = []
-        for seq in result.sequences:
-            segments = []
-            for fid, a, b in seq.segments:
-                base, _, piece = fid.partition("#")
-                segments.append({"fragment_id": fid, "start": a, "end": b, "piece": int(piece) if piece else None,
-                                 **meta[base]})
-            rows.append({"pack_id": "pk-" + ids.digest([summary.pack_set, split, seq.segments])[:20],
-                         "pack_set": summary.pack_set, "split": split, "tokenizer_id": tok.id,
-                         "template_id": tok.template_id, "seq_len": cfg.seq_len, "n_tokens": seq.n_tokens,
-                         "n_trainable": seq.n_trainable, "segments": segments, "window_id": window_id,
-                         "window_digest": digest, **lineage})
-            _bump(summary.sequences, split)
-            _bump(summary.tokens, split, seq.n_tokens)
-            _bump(summary.trainable, split, seq.n_trainable)
+        rows, counts, drops = window_rows(segs, window_id, digest, cfg, (tok.id, tok.template_id), summary.pack_set,
+                                          lineage)
+        _add_window(summary, segs[0][1]["split"], counts, drops)
         if rows:  # a window whose units were all dropped writes no (empty) file
             write(rows)
 
@@ -657,17 +701,10 @@ def pack_stream(units: Iterable[tuple[dict, list[dict]]], cfg: PackConfig, tok: 
             flush(open_key)
         open_key = key
         if u.get("drop"):  # too long, as an earlier build found: dropped without rendering
-            _bump(summary.dropped, split)
-            summary.drops[u["unit_id"]] = u["token_key"]
-            if cfg.policy != "truncate-context":  # as the packer's drops are counted (truncation's are not)
-                summary.fragments += 1
+            _count_known_drop(summary, u, split, cfg)
             continue
-        known = u.get("known")
-        if known is not None:  # a layout over stored tokens: lengths only
-            n, trainable, removed = known
-            seg = Segment(u["unit_id"], None, None, n, tuple(trainable))
-            if removed:
-                _bump(summary.truncated, split)
+        if u.get("known") is not None:  # a layout over stored tokens: lengths only
+            seg, removed = _known_segment(summary, u, split)
         else:
             r = render(steps, u["span"], tok, tools=u.get("tools"))
             removed = []
@@ -681,10 +718,7 @@ def pack_stream(units: Iterable[tuple[dict, list[dict]]], cfg: PackConfig, tok: 
                 r, removed = cut
                 _bump(summary.truncated, split)
             seg = Segment(u["unit_id"], array("i", r.ids), array("b", r.mask))
-        meta = {"trajectory_key": u["trajectory_key"], "kind": u["kind"], "split": split,
-                "dedup_weight": u["dedup_weight"], "cluster_id": u["cluster_id"], "removed_step_ids": removed,
-                "token_key": u.get("token_key")}
-        windows.setdefault(key, []).append((seg, meta))
+        windows.setdefault(key, []).append((seg, segment_meta(u, split, removed)))
         summary.fragments += 1
         window_of[key] = (u.get("window_id"), u.get("window_digest"))
         if not u.get("window_id") and len(windows[key]) >= cfg.window:

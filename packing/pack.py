@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import bisect
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from collections.abc import Sequence as PySequence
 from dataclasses import dataclass, field
 
@@ -75,26 +75,23 @@ class Sequence:
         self.parts.append(seg)
         self.segments.append((seg.fragment_id, start, self.n_tokens))
 
+    def _joined(self, typecode: str, of: Callable[[Segment], Iterable[int]]) -> array:
+        out = array(typecode)
+        for p in self.parts:
+            out.extend(of(p))
+        return out
+
     @property
     def ids(self) -> array:
-        out = array("i")
-        for p in self.parts:
-            out.extend(p.ids)  # type: ignore[arg-type]
-        return out
+        return self._joined("i", lambda p: p.ids)  # type: ignore[arg-type,return-value]
 
     @property
     def mask(self) -> array:
-        out = array("b")
-        for p in self.parts:
-            out.extend(p.mask)  # type: ignore[arg-type]
-        return out
+        return self._joined("b", lambda p: p.mask)  # type: ignore[arg-type,return-value]
 
     @property
     def positions(self) -> array:
-        out = array("i")
-        for p in self.parts:
-            out.extend(_positions(len(p)))
-        return out
+        return self._joined("i", lambda p: _positions(len(p)))
 
 
 _POSITIONS = array("i", range(1 << 15))

@@ -291,6 +291,7 @@ class PacksConfig(dg.Config):
     policy: str = ""
     dedup: str = ""
     packer: str = ""
+    engine: str = ""  # what runs the bin assignment: duckdb or daft (same packs); empty: trajwh.toml's [engine]
 
 
 def pack_config(config: PacksConfig, warehouse: WarehouseResource):
@@ -306,7 +307,7 @@ def pack_config(config: PacksConfig, warehouse: WarehouseResource):
 def packs(context: dg.AssetExecutionContext, config: PacksConfig, warehouse: WarehouseResource):
     cfg = pack_config(config, warehouse)
     s = build_packs(warehouse.get(), run_id=context.run_id, cfg=cfg, full=config.full,
-                    lock_timeout=warehouse.lock_timeout)
+                    lock_timeout=warehouse.lock_timeout, engine=config.engine or warehouse.settings().engine.name)
     return dg.MaterializeResult(metadata={
         **table_metadata(warehouse, "packs"), "pack_set": s.pack_set, "tokenizer": cfg.tokenizer, "seq_len": s.seq_len, "policy": cfg.policy,
         "packer": cfg.packer, "dedup": cfg.dedup, "skipped_unchanged": s.skipped, "units": s.fragments,

@@ -253,7 +253,8 @@ def build(warehouse: str, *, full: bool = False, include_ingest: bool = False,
     ops: dict = {"normalized": {"config": {"full": full}}, "redacted": {"config": {"full": full, "scope": scope}},
                  "curated": {"config": {"full": full, **{k: v for k, v in (curate or {}).items() if v is not None}}},
                  "featurized": {"config": {"full": full, **{k: v for k, v in (curate or {}).items() if v is not None}}},
-                 "licensed": {"config": {"full": full}}, "fragment_layer": {"config": {"full": full}}, "packs": {"config": {"full": full, **(pack or {})}}}
+                 "licensed": {"config": {"full": full}}, "fragment_layer": {"config": {"full": full}}, "packs": {"config": {"full": full, **(pack or {}),
+                                                  **({"engine": curate["engine"]} if (curate or {}).get("engine") else {})}}}
     if only:  # config only for the ops that run
         keep = {n for a in ASSETS for n in [a.op.name] if set(only) & {k.to_user_string() for k in a.keys}}
         ops = {k: v for k, v in ops.items() if k in keep}

@@ -871,6 +871,51 @@ def test_a_pack_build_in_worker_processes_makes_the_same_packs(built: Warehouse,
                                  [a.pack_set, third]).column(0)[0].as_py()
 
 
+def test_bin_assignment_is_the_same_on_both_engines(built: Warehouse, tmp_path: Path):
+    """The layouts' bin assignment (the packer per window) on Daft gives the packs and counts the
+    DuckDB stream gives: with drops and first-fit's order (input order decides), with split pieces,
+    and on an incremental build that packs windows again from stored lengths."""
+    pytest.importorskip("daft")
+    import shutil
+
+    import pyarrow.parquet as pq
+    from trajwh.packing.layer import PackConfig, build_packs
+
+    def packs(wh: Warehouse, ps: str) -> list[str]:
+        return sorted(repr(r) for r in wh.query("SELECT * EXCLUDE (_run_id) FROM packs WHERE pack_set = ? "
+                                                "ORDER BY pack_id", [ps]).to_pylist())
+
+    def counts(s) -> tuple:
+        return (s.fragments, s.sequences, s.tokens, s.trainable, s.dropped, s.truncated, s.split_fragments, s.drops,
+                s.windows)
+
+    for n, cfg in enumerate([PackConfig(window=8, packer="first-fit", seq_len=4096),
+                             PackConfig(window=8, policy="split", seq_len=2048)]):
+        duck, daft = Warehouse(tmp_path / f"duck{n}"), Warehouse(tmp_path / f"daft{n}")
+        for wh in (duck, daft):
+            shutil.copytree(built.root, wh.root)
+        a = build_packs(duck, run_id="p", cfg=cfg, full=True, workers=1, engine="duckdb")
+        b = build_packs(daft, run_id="p", cfg=cfg, full=True, workers=1, engine="daft")
+        assert sum(a.sequences.values()) > 8 and (a.dropped or a.split_fragments), a
+        assert packs(duck, a.pack_set) == packs(daft, b.pack_set) and counts(a) == counts(b)
+        # an incremental build: one episode's units leave, so its window is packed again from lengths
+        key = duck.query("SELECT trajectory_key FROM fragments WHERE trainable AND split = 'train' ORDER BY 1 "
+                         "LIMIT 1").column(0)[0].as_py()
+        for wh in (duck, daft):
+            with wh.write_session("t") as session:
+                changed = []
+                for rel in wh.query("SELECT path FROM table_files WHERE table_name = 'near_dup_clusters'").column(0).to_pylist():
+                    t = pq.read_table(wh.root / rel)
+                    rows = [{**r, "is_representative": False} if r["trajectory_key"] == key else r for r in t.to_pylist()]
+                    changed.append((session.write("near_dup_clusters", type(t).from_pylist(rows, schema=t.schema)),
+                                    wh.root / rel))
+                session.commit([w for w, _ in changed], removed=[r for _, r in changed])
+        a = build_packs(duck, run_id="q", cfg=cfg, workers=1, engine="duckdb")
+        b = build_packs(daft, run_id="q", cfg=cfg, workers=1, engine="daft")
+        assert a.windows["repacked"] >= 1 and a.windows["copied"] >= 1, a.windows
+        assert packs(duck, a.pack_set) == packs(daft, b.pack_set) and counts(a) == counts(b)
+
+
 def test_the_check_reads_again_only_files_it_has_not_verified(built: Warehouse, tmp_path: Path, monkeypatch):
     """After a passing check, a token file whose bytes are the ones it verified is not read token
     by token again; a file changed in place is, and its tampered row is found."""
