@@ -10,7 +10,9 @@ before it left) but windows are independent, so the groups are the unit of distr
   here as its last unit passes (``layer.pack_stream``), one window in memory at a time;
 - ``daft``: the units are a Daft frame grouped by window, and a UDF packs each group on Daft's
   workers (its local runner here, Ray across machines: docs/scale.md). The layouts come back to
-  the build, which writes and commits them.
+  the build, which writes and commits them. The frame is made in the build's process from the
+  units' lengths and segment fields (about 200 bytes a unit: 10 MB for the 51,000 units of
+  107,000 episodes); at many millions of units it would be read from files the workers can reach.
 
 Both give the same rows (``tests/test_packing.py``): the packer breaks ties by unit id, the units of
 a window go to it in the same order (trajectory key, unit: what the stream's sort gives), and the
