@@ -494,7 +494,7 @@ def _token_part(t: dict[str, Any]) -> tuple[list[Any], PackSummary, dict[str, tu
         files.append(write_table_file(wh, "pack_tokens", table))
 
     for u, steps in _units_to_render(wh, plan, Path(t["units"]), t["chunks"], memory=t["memory"],
-                                     threads=t.get("threads", 1)):
+                                     threads=t["threads"]):
         if u["chunk_id"] != chunk:
             flush()
             chunk, rows, copy = u["chunk_id"], [], []
@@ -551,14 +551,6 @@ def _layout_units(wh: Warehouse, plan: Plan, units: Path,
             else:
                 u["drop"] = True
             yield u, []
-
-
-def _add_counts(summary: PackSummary, part: PackSummary) -> None:
-    summary.fragments += part.fragments
-    summary.drops.update(part.drops)
-    for k in ("sequences", "tokens", "trainable", "dropped", "truncated", "split_fragments"):
-        for split, n in getattr(part, k).items():
-            _bump(getattr(summary, k), split, n)
 
 
 _TOKEN_COLUMNS = ("input_ids", "loss_mask")

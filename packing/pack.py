@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterable
 from collections.abc import Sequence as PySequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 POLICIES = ("drop", "truncate-context", "split")
 MAX_CANDIDATES = 256
 
@@ -91,18 +93,16 @@ class Sequence:
 
     @property
     def positions(self) -> array:
-        return self._joined("i", lambda p: _positions(len(p)))
+        return array("i", positions(((a, b) for _, a, b in self.segments), self.n_tokens).tobytes())
 
 
-_POSITIONS = array("i", range(1 << 15))
-
-
-def _positions(n: int) -> array:
-    """0 .. n-1 as an array slice (a copy of memory, not n Python ints)."""
-    global _POSITIONS
-    if n > len(_POSITIONS):
-        _POSITIONS = array("i", range(n))
-    return _POSITIONS[:n]
+def positions(bounds: Iterable[tuple[int, int]], n: int) -> np.ndarray:
+    """Position ids of a sequence of ``n`` tokens whose segments are ``bounds`` ((start, end)
+    pairs): 0, 1, ... restarting at each segment's start."""
+    out = np.arange(n, dtype=np.int32)
+    for a, b in bounds:
+        out[a:b] -= a
+    return out
 
 
 @dataclass

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 from trajwh.lineage.catalog import Warehouse
 from trajwh.lineage.parallel import duckdb_memory
+from trajwh.packing.pack import positions
 
 #: each pack of ``where`` (over ``p``, the packs) with its tokens and mask, in pack id order
 SEQUENCES_SQL = """
@@ -31,14 +31,6 @@ SEQUENCES_SQL = """
     SELECT p.*, a.input_ids, a.loss_mask FROM packs p JOIN a ON a.apid = p.pack_id WHERE {where} ORDER BY p.pack_id"""
 
 
-def positions(segments: list[dict[str, Any]], n: int) -> np.ndarray:
-    """Position ids of a sequence of ``n`` tokens: 0, 1, ... restarting at each segment's start."""
-    out = np.arange(n, dtype=np.int32)
-    for s in segments:
-        out[s["start"]:s["end"]] -= s["start"]
-    return out
-
-
 def pack_sequences(wh: Warehouse, where: str = "true", params: list[Any] | None = None, *,
                    batch_rows: int = 64) -> Iterator[list[dict[str, Any]]]:
     """Batches of packs (``where`` over ``p``, the packs table; ``params`` for its ``?``, used twice)
@@ -49,7 +41,8 @@ def pack_sequences(wh: Warehouse, where: str = "true", params: list[Any] | None 
         for p in batch:
             p["input_ids"] = p["input_ids"] or []
             p["loss_mask"] = p["loss_mask"] or []
-            p["position_ids"] = positions(p["segments"], len(p["input_ids"])).tolist()
+            p["position_ids"] = positions(((s["start"], s["end"]) for s in p["segments"]),
+                                           len(p["input_ids"])).tolist()
         yield batch
 
 

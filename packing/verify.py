@@ -462,9 +462,7 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
     for path in unread:
         rows = file_rows[path] = []
         for rb in _set_batches(path, pack_set, _TOKEN_COLUMNS, 256):
-            n = _token_pass(rb, ledger, stored, verified, out, bad, toks, layouts_of, render_rows)
-            rows += [list(r) for r in zip(rb.column("unit_id").to_pylist(), rb.column("token_key").to_pylist(),
-                                          rb.column("n_tokens").to_pylist(), strict=True)]
+            n = _token_pass(rb, ledger, stored, verified, out, bad, toks, layouts_of, render_rows, rows)
             if progress and n:
                 progress(n)
     if len(stored) >= PARALLEL_MIN_READ:  # what reading many files took (Arrow's pool, freed batches)
@@ -579,13 +577,13 @@ def _ints(array: pa.Array) -> np.ndarray:
 def _token_pass(rb: pa.RecordBatch, ledger: dict[str, list[str]], stored: dict[str, bytes],
                 verified: dict[str, list[str]], out: dict[str, Any],
                 bad: Callable[[str, dict[str, Any], str], None], toks: dict[str, Any],
-                layouts_of: dict[str, bytes], render_rows: list[dict[str, Any]]) -> int:
+                layouts_of: dict[str, bytes], render_rows: list[dict[str, Any]], file_rows: list[FileRow]) -> int:
     """One batch of token rows as stored: per row, the lengths agree (tokens, mask, ``n_tokens``),
     the trainable count is the mask's and each ``seq_len`` piece's is the piece's. Each row's tokens
     and mask are digested into ``stored``; one whose (token key, digest) the ledger holds is
     ``verified``, the others go to ``render_rows`` (as stored), with their layout in ``layouts_of``
-    when their tokenizer is a built-in one (``toks``: the tokenizers by id, loaded once). Returns
-    the rows seen."""
+    when their tokenizer is a built-in one (``toks``: the tokenizers by id, loaded once); each row's
+    (unit, token key, tokens) goes to ``file_rows`` (the files ledger's). Returns the rows seen."""
     n = rb.num_rows
     if not n:
         return 0
@@ -602,6 +600,7 @@ def _token_pass(rb: pa.RecordBatch, ledger: dict[str, list[str]], stored: dict[s
     aligned = bool((lens["input_ids"] == lens["loss_mask"]).all())
     layouts: dict[str, _TokenLayouts | None] = {}
     rendering: list[int] = []
+    file_rows += [[u, k, int(t)] for u, k, t in zip(units, keys, n_tokens, strict=True)]
     for i in range(n):
         row = {"unit_id": units[i]}
         a, b = int(base["input_ids"][i]), int(base["input_ids"][i + 1])

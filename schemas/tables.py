@@ -589,7 +589,6 @@ class PackTokenRow(_Row):
     lin_transform_version: str = _lineage("_transform_version")
 
 
-
 class PackSegmentRow(_Row):
     fragment_id: str  # "fragment_id#k" for the k-th piece of a split fragment; "ev-..." an evaluation episode
     start: int  # token offsets in the sequence, end exclusive
