@@ -129,7 +129,7 @@ _STEPS_SQL = """
     SELECT trajectory_key, step_id, step_index, author, role, text, observation, exit_code,
            action_kind, action_object, action_command, test_results,
            json_extract(metadata, '$.tests_summary') AS tests_summary
-    FROM redacted_steps {where} ORDER BY trajectory_key, step_index"""
+    FROM {steps} {where} ORDER BY trajectory_key, step_index"""
 #: what an episode's outcome and fragments are made from, per episode (its batch's redacted files
 #: stand for its rows); the task expression is the one task_stats groups by
 _INPUTS_SQL = """
@@ -157,7 +157,9 @@ def _episodes_with_steps(wh: Warehouse, keys: list[str] | None = None, memory_mb
     # 107,000 + 1 %, 1,242 episodes' steps: 1.07 -> 0.60 s)
     limit = duckdb_memory(memory_mb)
     few = keys is not None and len(keys) <= _FEW_EPISODES
-    step_stream = wh.stream(_STEPS_SQL.format(where="" if keys is None else f"WHERE trajectory_key IN {_KEYS}"), params,
+    steps = "redacted_steps" if keys is None else wh.rows_of("redacted_steps", keys)
+    step_stream = wh.stream(_STEPS_SQL.format(where="" if keys is None else f"WHERE trajectory_key IN {_KEYS}",
+                                              steps=steps), params,
                             memory_limit=limit, threads=2 if few else 1)
     episode_stream = wh.stream(_EPISODES_SQL.format(where="" if keys is None else f"WHERE e.trajectory_key IN {_KEYS}"),
                                params, batch_rows=2_000, memory_limit=limit, threads=1)

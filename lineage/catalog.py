@@ -414,6 +414,24 @@ class Warehouse:
             params.append(batch_id)
         return [self.data / r["path"] for r in self.query(sql + " ORDER BY added_at, path", params).to_pylist()]
 
+    def rows_of(self, table: str, keys: Sequence[str]) -> str:
+        """A FROM source for the rows of a per-batch table (written by batch: ``redacted_steps``, ...)
+        that belong to the episodes ``keys``: the files of those episodes' batches (and of none,
+        should a file have no batch), with the table's columns; the table's view when ``keys``
+        belong to every batch. An incremental build's few episodes are mostly of the new batch:
+        their steps are found in its files, not by a scan of every step (107,000 + 1 %: 2.3 M
+        rows, 0.43 s -> 0.07 s). The caller still filters by key."""
+        batches = self.query("SELECT DISTINCT _batch_id FROM redacted_episodes WHERE trajectory_key IN "
+                             "(SELECT unnest(?::VARCHAR[]))", [list(keys)]).column(0).to_pylist() if keys else []
+        rows = self.manifest_query("SELECT path, batch_id FROM table_files WHERE table_name = ? ORDER BY added_at, path",
+                                   [table]).to_pylist()
+        if None in batches or {r["batch_id"] for r in rows} <= set(batches):
+            return table
+        prefix = self._view_prefix()
+        paths = [f"{prefix}_schemas/{table}.parquet"] + [prefix + r["path"] for r in rows
+                                                         if r["batch_id"] is None or r["batch_id"] in batches]
+        return "read_parquet([{}], union_by_name = true)".format(", ".join(f"'{_sql_str(p)}'" for p in paths))
+
     # --- writing -------------------------------------------------------------------------
 
     @contextmanager

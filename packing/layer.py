@@ -182,7 +182,7 @@ def episode_tools(wh: Warehouse, trajectory_key: str) -> list[dict] | None:
     """The tool definitions an episode's model was shown, as rendered in its packs."""
     return next(iter(tools_by_digest(wh, trajectory_key).values()), None)
 _STEPS_SQL = """
-    SELECT trajectory_key, step_id, step_index, author, role, text, observation, tool_calls FROM redacted_steps
+    SELECT trajectory_key, step_id, step_index, author, role, text, observation, tool_calls FROM {steps}
     WHERE trajectory_key IN (SELECT trajectory_key FROM ({units}) WHERE {dedup}) ORDER BY trajectory_key, step_index"""
 
 
@@ -197,7 +197,7 @@ def units_with_steps(wh: Warehouse, dedup: str = "representative", evaluation: b
              "dedup": "representative" if dedup == "representative" else "true"}
     tools = tools_by_digest(wh)
     unit_stream = wh.stream(_UNITS_SQL.format(**parts), batch_rows=2_000, memory_limit=duckdb_memory(512), threads=1)
-    step_stream = wh.stream(_STEPS_SQL.format(**parts), memory_limit=duckdb_memory(512), threads=1)
+    step_stream = wh.stream(_STEPS_SQL.format(**parts, steps="redacted_steps"), memory_limit=duckdb_memory(512), threads=1)
     try:
         for u, mine in joined_by_key(unit_stream, step_stream):
             u["tools"] = tools.get(u.pop("tool_schema_digest"))
@@ -295,7 +295,8 @@ def _units_to_render(wh: Warehouse, plan: Plan, units: Path, chunks: list[str], 
     # the file is in chunk order, and one thread's scan keeps it (insertion order is preserved): no sort
     unit_stream = wh.stream("SELECT * FROM read_parquet(?) WHERE list_contains(?, chunk_id)",
                             [str(units), chunks], batch_rows=2_000, memory_limit=duckdb_memory(memory), threads=1)
-    step_stream = wh.stream(RENDER_STEPS_SQL, [list(render), list(render.values())],
+    step_stream = wh.stream(RENDER_STEPS_SQL.format(steps=wh.rows_of("redacted_steps", list(render))),
+                            [list(render), list(render.values())],
                             memory_limit=duckdb_memory(memory), threads=threads, batch_rows=2_000)
     try:
         for u, steps in joined_by_key(unit_stream, step_stream, key="chunk_key"):

@@ -477,7 +477,8 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
     # a check in one part with few units to render (an incremental build's) has the cores to itself
     # and a small sort: its queries scan on two threads; a whole set's sort keeps one thread's memory
     threads = 2 if task["parts"] == 1 and len(render_rows) <= FEW_RENDERS else 1
-    step_stream = wh.stream(_STEPS_SQL.format(units=units, dedup="list_contains(?, trajectory_key)"),
+    step_stream = wh.stream(_STEPS_SQL.format(units=units, dedup="list_contains(?, trajectory_key)",
+                                              steps=wh.rows_of("redacted_steps", render_keys)),
                             [render_keys], memory_limit=memory, threads=threads,
                             batch_rows=1_000) if render_rows else iter(())
     row_stream = (_render_rows(wh, render_rows, units, memory=memory, threads=threads) if render_rows

@@ -30,9 +30,14 @@ from trajwh.redaction.layer import redact_warehouse
 from trajwh.schemas.errors import ConfigError
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
 @pytest.mark.parametrize("num_perm", [64, 128])
-def test_signatures_are_identical_to_datasketch(num_perm):
+def test_signatures_are_identical_to_datasketch(num_perm, compiled, monkeypatch):
+    """Both ways signatures are computed (numba's kernels; mmh3 and numpy for few shingles)."""
     from datasketch import MinHash
+    from trajwh.dedup import minhash
+
+    monkeypatch.setattr(minhash, "_compiled", lambda n: compiled)
 
     rng = random.Random(num_perm)
     docs = [[f"w{rng.randint(0, 400)} w{rng.randint(0, 400)}" for _ in range(rng.randint(1, 60))] for _ in range(20)]
@@ -43,12 +48,17 @@ def test_signatures_are_identical_to_datasketch(num_perm):
         assert np.array_equal(m.hashvalues, sig)
 
 
-def test_compiled_kernel_equals_the_numpy_reference():
-    from trajwh.dedup.minhash import signatures_numpy
+def test_compiled_kernel_equals_the_numpy_reference(monkeypatch):
+    from trajwh.dedup import minhash
 
     rng = random.Random(1)
     docs = [[f"s{rng.randint(0, 10**6)}" for _ in range(rng.randint(0, 300))] for _ in range(50)]
-    assert np.array_equal(signatures(docs), signatures_numpy(docs))
+    docs[3] = ["héllo wörld", "x" * 1001, ""]  # several blocks, a tail, no bytes
+    monkeypatch.setattr(minhash, "_compiled", lambda n: False)  # few shingles: mmh3 hashes, numpy the minima
+    few = minhash.signatures(docs)
+    monkeypatch.setattr(minhash, "_compiled", lambda n: True)  # the compiled kernels
+    assert np.array_equal(few, signatures(docs))
+    assert np.array_equal(few, minhash.signatures_numpy(docs))
 
 
 @pytest.mark.parametrize("threshold", [0.5, 0.8, 0.9])
@@ -344,10 +354,11 @@ def test_task_clustered_interval_is_wider_than_the_rollout_binomial():
     assert (ci["high"] - ci["low"]) > 2 * (hi - lo)
 
 
-def test_the_shingle_hash_is_murmur3_by_its_specification():
+def test_the_shingle_hash_is_murmur3_by_its_specification(monkeypatch):
     """Signatures must not change with a library release: the shingle hash is MurmurHash3 x86
     32-bit, checked against the algorithm's published test vectors and a plain reference."""
     import numpy as np
+    from trajwh.dedup import minhash
     from trajwh.dedup.minhash import (
         _HASH_SEED,
         SHINGLE_HASH,
@@ -365,8 +376,10 @@ def test_the_shingle_hash_is_murmur3_by_its_specification():
     assert vector(b"The quick brown fox jumps over the lazy dog", 0x9747B28C) == 0x2FA826CD
     assert vector(b"aaaa", 0x9747B28C) == 0x5A97808A and vector(b"abc", 0) == 0xB3DD93FA
     words = ["", "a", "ab", "abc", "abcd", "héllo wörld", "x" * 1001]
-    got = hash_shingles(words)
-    assert [vector(w.encode(), _HASH_SEED) for w in words] == [int(g) for g in got]
+    for compiled in (False, True):  # mmh3 (few shingles), the compiled kernel
+        monkeypatch.setattr(minhash, "_compiled", lambda n, c=compiled: c)
+        got = hash_shingles(words)
+        assert [vector(w.encode(), _HASH_SEED) for w in words] == [int(g) for g in got]
     assert SHINGLE_HASH in MinHashParams().describe()  # the layer's version names the hash
 
 
