@@ -477,7 +477,9 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
     # a check in one part with few units to render (an incremental build's) has the cores to itself
     # and a small sort: its queries scan on two threads; a whole set's sort keeps one thread's memory
     threads = 2 if task["parts"] == 1 and len(render_rows) <= FEW_RENDERS else 1
-    step_stream = wh.stream(_STEPS_SQL.format(units=units, dedup="list_contains(?, trajectory_key)",
+    # the steps of the keys to render (a key that is no unit's any more has its row found so by
+    # ``_render_rows``, and its steps skipped by the join)
+    step_stream = wh.stream(_STEPS_SQL.format(units="SELECT unnest(?::VARCHAR[]) AS trajectory_key", dedup="true",
                                               steps=wh.rows_of("redacted_steps", render_keys)),
                             [render_keys], memory_limit=memory, threads=threads,
                             batch_rows=1_000) if render_rows else iter(())
