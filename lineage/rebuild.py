@@ -87,6 +87,12 @@ class TableSetWriter:
             self.files.append(self.session.write(table, data))
             self.written.add(table)
 
+    def add_written(self, table: str, files: list[Any]) -> None:
+        """Files of ``table`` written elsewhere (``write_table_file``: another thread or process)."""
+        self.files += files
+        if files:
+            self.written.add(table)
+
     def _flush(self, table: str) -> None:
         buf = self.buffers[table]
         if buf or table not in self.written:  # every table gets at least one (maybe empty) file
