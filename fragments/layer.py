@@ -60,6 +60,7 @@ class FragmentSummary:
     fragments: dict[str, int] = field(default_factory=dict)
     withheld: dict[str, int] = field(default_factory=dict)  # episodes giving no fragments, by why
     rebuilt: int | None = None  # an incremental run: the episodes it redid (None: all of them)
+    outcomes_standing: int = 0  # of those, the episodes whose stored outcome stood (no steps read)
 
     def add(self, part: FragmentSummary) -> None:
         """A part's counts (``_fragments_part``) added to these."""
@@ -176,35 +177,94 @@ def _episodes_with_steps(wh: Warehouse, keys: list[str] | None = None, memory_mb
         episode_stream.close()
 
 
-def episode_inputs(wh: Warehouse, sel: SelectConfig | None = None,
-                   withheld: dict[str, int] | None = None) -> dict[str, tuple[str, str]]:
+def _inputs_digest(source: str | None, split: str | None, kinds: list[str], train: str) -> str:
+    """What an episode's outcome and fragments are made from: its batch's redacted files
+    (``source``: their fingerprint), its split, leak kinds and training license. The dedup weight
+    is not an input: fragments carry it as it is now (``_kept``), so a cluster that grows
+    re-weights its members without selecting their fragments again."""
+    parts = [source, split, kinds]
+    if train != "allow":  # (allowed episodes keep the digest they had before eligibility)
+        parts.append(train)
+    return ids.digest(parts)[:16]
+
+
+@dataclass
+class Inputs:
+    """Per episode what ``episode_inputs`` read beside the digests: its batch, and whether it gives
+    fragments now; the distinct splits, leak kinds and licenses; the batches' fingerprints."""
+
+    batch_of: dict[str, str] = field(default_factory=dict)
+    giving: set[str] = field(default_factory=set)
+    values: tuple[set, set, set] = field(default_factory=lambda: (set(), set(), set()))
+    sources: dict[str, str] = field(default_factory=dict)
+
+
+def episode_inputs(wh: Warehouse, sel: SelectConfig | None = None, withheld: dict[str, int] | None = None,
+                   seen_inputs: Inputs | None = None) -> dict[str, tuple[str, str]]:
     """Trajectory key -> (digest of its inputs, its task), for every redacted episode; with
-    ``withheld``, also counts there the episodes that give no fragments under ``sel``, by why."""
+    ``withheld``, also counts there the episodes that give no fragments under ``sel``, by why; with
+    ``seen_inputs``, fills it (``Inputs``; ``sel`` is then needed)."""
     src = batch_fingerprints(wh, ["redacted_episodes", "redacted_steps"])
     out = {}
     # the inputs take few distinct values (batches x splits x leak kinds x licenses): each is digested
     # and judged once, and the rows are read as columns (108,070 episodes: 1.0 -> 0.3 s)
     digests: dict[tuple, str] = {}
     episodes: dict[tuple, int] = {}
+    giving: dict[tuple, bool] = {}
     names = ("trajectory_key", "batch_id", "split", "leak_kinds", "license_train", "task")
     for rb in wh.stream(_INPUTS_SQL, batch_rows=50_000, arrow=True):
         for key, batch, split, kinds, train, task in zip(*(rb.column(n).to_pylist() for n in names), strict=True):
             seen = (batch, split, tuple(kinds), train)
             digest = digests.get(seen)
             if digest is None:
-                # the dedup weight is not an input: fragments carry it as it is now (``_kept``), so a
-                # cluster that grows re-weights its members without selecting their fragments again
-                parts = [src.get(batch), split, kinds]
-                if train != "allow":  # (allowed episodes keep the digest they had before eligibility)
-                    parts.append(train)
-                digest = digests[seen] = ids.digest(parts)[:16]
+                digest = digests[seen] = _inputs_digest(src.get(batch), split, kinds, train)
             episodes[seen] = episodes.get(seen, 0) + 1
             out[key] = (digest, task)
+            if seen_inputs is not None:
+                seen_inputs.batch_of[key] = batch
+                gives = giving.get(seen)
+                if gives is None:
+                    gives = giving[seen] = gives_fragments(split, kinds, sel, train)
+                if gives:
+                    seen_inputs.giving.add(key)
     for (_, split, kinds, train), n in episodes.items() if withheld is not None else ():
         if not gives_fragments(split, list(kinds), sel, train):
             why = withheld_reason(split, list(kinds), sel, train)
             withheld[why] = withheld.get(why, 0) + n
+    if seen_inputs is not None:
+        seen_inputs.values = ({s[1] for s in episodes}, {s[2] for s in episodes}, {s[3] for s in episodes})
+        seen_inputs.sources = src
     return out
+
+
+def _outcomes_standing(keys: list[str], previous: dict[str, tuple[str, str]], seen: Inputs) -> list[str]:
+    """Of the episodes to redo, those whose stored outcome stands and that need no steps: known
+    before, giving no fragments now, and whose stored inputs digest was made from their batch's
+    redacted files as they are now (it is the digest of that batch's fingerprint with one of the
+    splits, leak kinds and licenses this run sees: their steps, and so their outcome, are the same;
+    their split, leak flags or license moved). An incremental build then reads the steps of the
+    new batch's episodes alone (``Warehouse.rows_of``) when older episodes only changed split."""
+    splits, kinds, trains = seen.values
+    made: dict[str, set[str]] = {}
+    out = []
+    for k in keys:
+        if k not in previous or k in seen.giving:
+            continue
+        batch = seen.batch_of[k]
+        if batch not in made:
+            source = seen.sources.get(batch)
+            made[batch] = {_inputs_digest(source, s, list(kk), t) for s in splits | {None} for kk in kinds for t in trains}
+        if previous[k][0] in made[batch]:
+            out.append(k)
+    return out
+
+
+#: the stored outcomes of episodes whose outcome stands (``_outcomes_standing``), with their inputs
+#: digest now and this run's lineage, as a rebuild would write them
+_STANDING_OUTCOMES = """
+    SELECT o.* REPLACE (d.inputs_digest AS inputs_digest, ? AS _run_id, ? AS _transform, ? AS _transform_version)
+    FROM outcomes o JOIN (SELECT unnest(?::VARCHAR[]) AS trajectory_key, unnest(?::VARCHAR[]) AS inputs_digest) d
+    USING (trajectory_key)"""
 
 
 def _previous(wh: Warehouse, rules: str) -> dict[str, tuple[str, str]]:
@@ -250,11 +310,19 @@ def _kept(wh: Warehouse, writer: TableSetWriter, redo: list[str], redo_tasks: li
     with ThreadPoolExecutor(len(copies)) as pool:
         for (table, _, _), files in zip(copies, pool.map(lambda c: _copied(wh, *c), copies), strict=True):
             writer.add_written(table, files)
-    return wh.query(f"""
-        SELECT o.trajectory_key, {_TASK.format(e="e.")} AS task_id, o.cause, e.policy_name, e.harness_name, e.started_at
-        FROM outcomes o JOIN redacted_episodes e USING (trajectory_key)
-        WHERE o.trajectory_key NOT IN {_KEYS} AND {_TASK.format(e="e.")} IN (SELECT unnest(?::VARCHAR[]))
-        ORDER BY o.trajectory_key""", [redo, redo_tasks]).to_pylist()
+    return wh.query(_STAT_INPUTS.format(where=f"o.trajectory_key NOT IN {_KEYS} AND {_TASK.format(e='e.')} IN {_KEYS}"),
+                    [redo, redo_tasks]).to_pylist()
+
+
+#: what task statistics read of stored outcomes
+_STAT_INPUTS = """
+    SELECT o.trajectory_key, """ + _TASK.format(e="e.") + """ AS task_id, o.cause, e.policy_name, e.harness_name, e.started_at
+    FROM outcomes o JOIN redacted_episodes e USING (trajectory_key) WHERE {where} ORDER BY o.trajectory_key"""
+
+
+def _stat_inputs(wh: Warehouse, keys: list[str]) -> list[dict]:
+    """The task-statistics inputs of the stored outcomes of ``keys``."""
+    return wh.query(_STAT_INPUTS.format(where=f"o.trajectory_key IN {_KEYS}"), [keys]).to_pylist()
 
 
 def _totals(wh: Warehouse, summary: FragmentSummary, withheld: dict[str, int]) -> None:
@@ -371,7 +439,8 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
                                                  counts=summary.__dict__, code_version=f"{TRANSFORM}@{RULES_VERSION}")])
             return summary
         withheld: dict[str, int] = {}
-        current = episode_inputs(wh, sel, withheld)
+        seen = Inputs()
+        current = episode_inputs(wh, sel, withheld, seen)
         previous = {} if full else _previous(wh, rules)
         if previous and len(previous) != wh.query("SELECT count(*) FROM outcomes").column(0)[0].as_py():
             previous = {}  # episodes are gone (their tasks are no longer known): everything is redone
@@ -383,6 +452,14 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
             tasks = sorted({current[k][1] for k in keys} | {previous[k][1] for k in keys if k in previous})
             stat_rows = _kept(wh, writer, keys, tasks, lineage)
             summary.rebuilt = len(keys)
+            standing = _outcomes_standing(keys, previous, seen)
+            if standing:
+                writer.add_written("outcomes", _copied(wh, "outcomes", _STANDING_OUTCOMES, [
+                    lineage["_run_id"], lineage["_transform"], lineage["_transform_version"], standing,
+                    [current[k][0] for k in standing]]))
+                stat_rows += _stat_inputs(wh, standing)
+                summary.outcomes_standing = len(standing)
+                keys = sorted(set(keys) - set(standing))
         todo = sorted(current) if keys is None else keys
         if on_plan:  # the episodes this run redoes
             on_plan(len(todo))

@@ -263,3 +263,57 @@ def test_a_copied_window_whose_weights_changed_is_rewritten_as_a_full_build_writ
     shutil.copytree(wh.root, full.root)
     build_packs(full, run_id="w3", cfg=cfg, full=True)
     assert rows(wh, "packs") == rows(full, "packs") and rows(wh, "pack_tokens") == rows(full, "pack_tokens")
+
+
+def test_episodes_that_leave_train_keep_their_outcome_and_need_no_steps(tmp_path: Path, small_corpus: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch):
+    """An old episode whose split moves out of train gives no fragments and its outcome stands: an
+    incremental build copies the outcome without reading its steps, and equals a full rebuild."""
+    import trajwh.fragments.layer as layer
+
+    wh = Warehouse(tmp_path / "wh")
+    ingest_paths(wh, [small_corpus], IngestOptions(source="synthetic"))
+    build(str(wh.root))
+    read: list[str] = []
+    episodes_with_steps = layer._episodes_with_steps
+
+    def recording(wh_, keys=None, memory_mb=512):
+        read.extend(keys or [])
+        return episodes_with_steps(wh_, keys, memory_mb)
+
+    monkeypatch.setattr(layer, "_episodes_with_steps", recording)
+    def splits() -> dict[str, str]:
+        return {r["trajectory_key"]: r["split"] for r in wh.query("SELECT trajectory_key, split FROM splits").to_pylist()}
+
+    before = splits()
+    earlier_cutoff = {"cutoff": "2024-09-01"}  # more episodes after the cutoff: some go to evaluation
+    build(str(wh.root), curate=earlier_cutoff)
+    after = splits()
+    left = {k for k, s in before.items() if s == "train" and after[k] != "train"}
+    frag = run_counts(wh, "fragments")
+    assert left and frag["outcomes_standing"] >= len(left) and frag["rebuilt"] >= frag["outcomes_standing"], frag
+    assert not left & set(read), "the steps of episodes that left train were read again"
+    monkeypatch.undo()
+
+    full = Warehouse(tmp_path / "full")
+    shutil.copytree(wh.root, full.root)
+    build(str(full.root), full=True, curate=earlier_cutoff)
+    for table in ("outcomes", "fragments", "task_stats"):
+        assert rows(wh, table) == rows(full, table), f"{table}: incremental build differs from a full rebuild"
+    # the stored inputs digests are those of the inputs now (what the next build compares: nothing to redo)
+    stored = {r["trajectory_key"]: r["inputs_digest"]
+              for r in wh.query("SELECT trajectory_key, inputs_digest FROM outcomes").to_pylist()}
+    assert stored == {k: d for k, (d, _) in layer.episode_inputs(wh).items()}
+
+
+def test_an_outcome_stands_only_when_made_from_the_batch_as_it_is():
+    """The stored digest must be one the batch's current fingerprint makes: an episode whose batch was
+    redacted again (another fingerprint), that is new, or that gives fragments now is redone."""
+    from trajwh.fragments.layer import Inputs, _inputs_digest, _outcomes_standing
+
+    seen = Inputs(batch_of={"a": "b1", "b": "b1", "c": "b2", "d": "b1"}, giving={"d"},
+                  values=({"train", "valid"}, {(), ("future_fix",)}, {"allow"}), sources={"b1": "f1", "b2": "f2-now"})
+    previous = {"a": (_inputs_digest("f1", "train", [], "allow"), "t"),  # moved out of train: stands
+                "c": (_inputs_digest("f2-before", "train", [], "allow"), "t"),  # its batch changed: redone
+                "d": (_inputs_digest("f1", "valid", [], "allow"), "t")}  # gives fragments now: redone
+    assert _outcomes_standing(["a", "b", "c", "d"], previous, seen) == ["a"]  # b is new
