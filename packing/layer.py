@@ -39,7 +39,6 @@ from trajwh.packing.tokenizers import DEFAULT_TOKENIZER, get_tokenizer
 from trajwh.packing.windows import (
     CHUNK,
     RENDER_STEPS_SQL,
-    UNIT_STEPS_SQL,
     WINDOWED_SQL,
     Plan,
     StoredSet,
@@ -285,16 +284,17 @@ def _spooled(batches: Iterator[pa.RecordBatch], path: Path, columns: list[str]) 
 def _units_to_render(wh: Warehouse, plan: Plan, units: Path, chunks: list[str], *, memory: int, threads: int = 1
                      ) -> Iterator[tuple[dict, list[dict]]]:
     """(unit, its steps) of the units of ``chunks`` in chunk order, read from the file the plan
-    spooled (``units``) with their step lists: a unit to render carries its steps, the others none.
-    ``memory``: the queries' DuckDB memory in MB at the default budget (``duckdb_memory``);
-    ``threads``: theirs."""
+    spooled (``units``): a unit to render carries its steps, the others none. ``memory``: the
+    queries' DuckDB memory in MB at the default budget (``duckdb_memory``); ``threads``: the steps
+    query's (the units' scan keeps one, which keeps the file's order)."""
     if not units.exists() or not chunks:
         return
     tools = tools_by_digest(wh)
     mine = set(chunks)
     render = {k: o for k, o in plan.render.items() if o.partition("|")[0] in mine}
-    unit_stream = wh.stream(UNIT_STEPS_SQL, [str(units), chunks], batch_rows=2_000, memory_limit=duckdb_memory(memory),
-                            threads=threads)
+    # the file is in chunk order, and one thread's scan keeps it (insertion order is preserved): no sort
+    unit_stream = wh.stream("SELECT * FROM read_parquet(?) WHERE list_contains(?, chunk_id)",
+                            [str(units), chunks], batch_rows=2_000, memory_limit=duckdb_memory(memory), threads=1)
     step_stream = wh.stream(RENDER_STEPS_SQL.format(steps=wh.rows_of("redacted_steps", list(render))),
                             [list(render), list(render.values())],
                             memory_limit=duckdb_memory(memory), threads=threads, batch_rows=2_000)

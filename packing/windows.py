@@ -43,13 +43,11 @@ from trajwh.schemas import ids
 CHUNK = 64
 #: units in chunk order with their window (``bits``: ranges per split and batch, as a power of two)
 #: and their token chunk (``cbits``: ranges per batch: the chunk does not depend on the split); the
-#: rows are spooled in this order (``ord_key`` is the packing order, which the layouts sort by, on
-#: small columns). The units' step lists are inputs of the token key but are not carried on: the
-#: window functions and the sort move narrow rows (107,000 episodes' 51,000 units: 1.1 -> 0.7 s),
-#: and the token parts read the lists of the units they render (``UNIT_STEPS_SQL``)
+#: rows are spooled in this order, which the token parts read without a sort (``ord_key`` is the
+#: packing order, which the layouts sort by, on small columns)
 WINDOWED_SQL = """
     WITH u AS (
-        SELECT u.* EXCLUDE (step_ids, span_step_ids), coalesce(u.split, 'unsplit') AS pack_split, e.tool_schema_digest, e._batch_id AS batch_id,
+        SELECT u.*, coalesce(u.split, 'unsplit') AS pack_split, e.tool_schema_digest, e._batch_id AS batch_id,
                ('0x' || left(sha256(u.trajectory_key), 8))::UBIGINT AS key_bits,
                left(sha256(concat_ws(chr(31), u.unit_id, u.trajectory_key, coalesce(array_to_string(u.step_ids, chr(30)), chr(1)),
                                      coalesce(array_to_string(u.span_step_ids, chr(30)), chr(1)),
@@ -69,12 +67,6 @@ WINDOWED_SQL = """
                                                            AS VARCHAR), 10, '0') AS chunk_id FROM n)
     SELECT *, window_id || '|' || trajectory_key AS ord_key, chunk_id || '|' || trajectory_key AS chunk_key FROM w {where}
     ORDER BY chunk_key, unit_id"""
-#: the spooled units of some chunks (``s``), in chunk order, with their step lists (the fragments'
-#: ``step_ids`` and ``span_step_ids``: None for an evaluation episode, rendered whole)
-UNIT_STEPS_SQL = """
-    SELECT s.*, f.step_ids, f.span_step_ids FROM read_parquet(?) s
-    LEFT JOIN (SELECT fragment_id, step_ids, span_step_ids FROM fragments) f ON f.fragment_id = s.unit_id
-    WHERE list_contains(?, s.chunk_id) ORDER BY s.chunk_key, s.unit_id"""
 #: the steps of the trajectories to render, in order (``k``: trajectory key -> order key; ``steps``: where
 #: they are, ``Warehouse.rows_of``)
 RENDER_STEPS_SQL = """
