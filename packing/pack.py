@@ -205,9 +205,8 @@ def min_slack(segments: Iterable[Segment], seq_len: int, policy: str = "drop") -
                 target += neg[cand[k]]
         for i in sorted(chosen):
             seq.add(remaining[i])
-        taken = {0, *chosen}
-        remaining = [s for i, s in enumerate(remaining) if i not in taken]
-        neg = [n for i, n in enumerate(neg) if i not in taken]
+        for i in sorted({0, *chosen}, reverse=True):  # (a few: deleted in place, not the lists copied)
+            del remaining[i], neg[i]
         sequences.append(seq)
     return PackResult(sequences, seq_len, dropped, split)
 
