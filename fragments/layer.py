@@ -274,11 +274,13 @@ def _previous(wh: Warehouse, rules: str) -> dict[str, tuple[str, str]]:
                         [list(TABLES)]).column(0).to_pylist()
     if not versions or any(v.split(";inputs=")[0] != rules for v in versions):
         return {}
-    rows = wh.query(f"""SELECT o.trajectory_key, o.inputs_digest, {_TASK.format(e="e.")} AS task
-                        FROM outcomes o JOIN redacted_episodes e USING (trajectory_key)""").to_pylist()
-    if any(r["inputs_digest"] is None for r in rows):
+    t = wh.query(f"""SELECT o.trajectory_key, o.inputs_digest, {_TASK.format(e="e.")} AS task
+                     FROM outcomes o JOIN redacted_episodes e USING (trajectory_key)""")
+    if t.column("inputs_digest").null_count:
         return {}
-    return {r["trajectory_key"]: (r["inputs_digest"], r["task"]) for r in rows}
+    # as columns (108,070 rows as dicts: 0.2 s)
+    return dict(zip(t.column("trajectory_key").to_pylist(),
+                    zip(t.column("inputs_digest").to_pylist(), t.column("task").to_pylist(), strict=True), strict=True))
 
 
 #: kept fragments with their episode's dedup weight now; a row whose weight changed takes this run's lineage
@@ -298,31 +300,31 @@ def _copied(wh: Warehouse, table: str, sql: str, params: list[Any]) -> list[Any]
 
 
 def _kept(wh: Warehouse, writer: TableSetWriter, redo: list[str], redo_tasks: list[str],
-          lineage: dict[str, str]) -> list[dict]:
+          lineage: dict[str, str], standing: dict[str, str]) -> list[dict]:
     """Copy the rows of episodes (and tasks) that need no rebuild as they are (fragments with
-    their episode's current dedup weight); return the task-statistics inputs of the kept
-    episodes of the tasks that do."""
+    their episode's current dedup weight), and the outcomes of those of ``redo`` whose outcome
+    stands (``standing``: key -> its inputs digest now); return the task-statistics inputs of the
+    kept and standing episodes of the tasks redone."""
     copies = [("outcomes", f"SELECT * FROM outcomes WHERE trajectory_key NOT IN {_KEYS}", [redo]),
               ("fragments", _KEPT_FRAGMENTS, [lineage["_run_id"], lineage["_transform_version"], redo]),
               ("task_stats", f"SELECT * FROM task_stats WHERE task_id NOT IN {_KEYS}", [redo_tasks])]
-    # the three side by side: a scan and a Parquet write each, mostly outside the GIL (107,000 + 1 %:
-    # 1.3 -> 0.8 s)
+    if standing:
+        copies.append(("outcomes", _STANDING_OUTCOMES, [lineage["_run_id"], lineage["_transform"],
+                                                        lineage["_transform_version"], list(standing),
+                                                        list(standing.values())]))
+    # side by side: a scan and a Parquet write each, mostly outside the GIL (107,000 + 1 %: 1.3 -> 0.8 s)
     with ThreadPoolExecutor(len(copies)) as pool:
         for (table, _, _), files in zip(copies, pool.map(lambda c: _copied(wh, *c), copies), strict=True):
             writer.add_written(table, files)
+    fresh = [k for k in redo if k not in standing]
     return wh.query(_STAT_INPUTS.format(where=f"o.trajectory_key NOT IN {_KEYS} AND {_TASK.format(e='e.')} IN {_KEYS}"),
-                    [redo, redo_tasks]).to_pylist()
+                    [fresh, redo_tasks]).to_pylist()
 
 
 #: what task statistics read of stored outcomes
 _STAT_INPUTS = """
     SELECT o.trajectory_key, """ + _TASK.format(e="e.") + """ AS task_id, o.cause, e.policy_name, e.harness_name, e.started_at
     FROM outcomes o JOIN redacted_episodes e USING (trajectory_key) WHERE {where} ORDER BY o.trajectory_key"""
-
-
-def _stat_inputs(wh: Warehouse, keys: list[str]) -> list[dict]:
-    """The task-statistics inputs of the stored outcomes of ``keys``."""
-    return wh.query(_STAT_INPUTS.format(where=f"o.trajectory_key IN {_KEYS}"), [keys]).to_pylist()
 
 
 def _totals(wh: Warehouse, summary: FragmentSummary, withheld: dict[str, int]) -> None:
@@ -450,16 +452,11 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
         if previous:
             keys = sorted(k for k, (d, _) in current.items() if previous.get(k, (None,))[0] != d)
             tasks = sorted({current[k][1] for k in keys} | {previous[k][1] for k in keys if k in previous})
-            stat_rows = _kept(wh, writer, keys, tasks, lineage)
             summary.rebuilt = len(keys)
-            standing = _outcomes_standing(keys, previous, seen)
-            if standing:
-                writer.add_written("outcomes", _copied(wh, "outcomes", _STANDING_OUTCOMES, [
-                    lineage["_run_id"], lineage["_transform"], lineage["_transform_version"], standing,
-                    [current[k][0] for k in standing]]))
-                stat_rows += _stat_inputs(wh, standing)
-                summary.outcomes_standing = len(standing)
-                keys = sorted(set(keys) - set(standing))
+            standing = {k: current[k][0] for k in _outcomes_standing(keys, previous, seen)}
+            stat_rows = _kept(wh, writer, keys, tasks, lineage, standing)
+            summary.outcomes_standing = len(standing)
+            keys = [k for k in keys if k not in standing]  # redone from their steps
         todo = sorted(current) if keys is None else keys
         if on_plan:  # the episodes this run redoes
             on_plan(len(todo))
