@@ -194,13 +194,13 @@ def band_table(sigs: np.ndarray, bands: int, rows: int) -> pa.Table:
     verified on the signatures anyway. (An integer key, not the band's bytes: Daft 0.6 neither
     sorts nor reliably joins on binary columns; measured, it paired documents of different keys.)"""
     n = len(sigs)
-    keys = np.empty((n, bands), dtype=np.uint64)
+    # every band at once, a value of each per step (rows steps over n x bands, not bands x rows
+    # over n: 108,000 documents, 9 x 13: 0.30 -> 0.17 s; the same keys)
+    values = sigs[:, :bands * rows].reshape(n, bands, rows).astype(np.uint64)
     with np.errstate(over="ignore"):
-        for band in range(bands):
-            h = np.full(n, band + 1, dtype=np.uint64)
-            for col in sigs[:, band * rows:(band + 1) * rows].T:
-                h = _fmix64(h * np.uint64(0x9E3779B97F4A7C15) + col.astype(np.uint64))
-            keys[:, band] = h
+        keys = np.broadcast_to(np.arange(1, bands + 1, dtype=np.uint64), (n, bands)).copy()
+        for j in range(rows):
+            keys = _fmix64(keys * np.uint64(0x9E3779B97F4A7C15) + values[:, :, j])
     return pa.table({"doc": np.repeat(np.arange(n, dtype=np.int64), bands),
                      "band": np.tile(np.arange(bands, dtype=np.int64), n), "key": keys.view(np.int64).ravel()})
 

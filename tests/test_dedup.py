@@ -489,3 +489,23 @@ def test_features_see_a_placeholder_as_its_type():
     assert a.actions[0] == "browse:http://<IP_ADDRESS>:9200/_health" and "<USER>" in a.touched_files[0]
     assert "call phone then rerun the" in text_shingles(a.text)
     assert text_shingles("<notaplaceholder> words") == ["notaplaceholder words"]
+
+
+def test_band_keys_are_the_chain_of_each_bands_values():
+    """A band's key is the multiply-and-mix chain (murmur3's fmix64) of its rows' values, from the
+    band's number: fixed by this code, whatever way it is computed (bands at once, here)."""
+    from trajwh.dedup.engines import _fmix64, band_table
+
+    rng = np.random.default_rng(5)
+    sigs = rng.integers(0, 2**32, size=(300, 40), dtype=np.uint64).astype(np.uint32)
+    bands, rows = 6, 6  # 36 of the 40 values: the rest are in no band
+    table = band_table(sigs, bands, rows)
+    want = []
+    with np.errstate(over="ignore"):
+        for doc in range(len(sigs)):
+            for band in range(bands):
+                h = np.uint64(band + 1)
+                for v in sigs[doc, band * rows:(band + 1) * rows]:
+                    h = _fmix64(np.array([h * np.uint64(0x9E3779B97F4A7C15) + np.uint64(v)]))[0]
+                want.append((doc, band, int(np.array([h]).view(np.int64)[0])))
+    assert list(zip(*(table.column(c).to_pylist() for c in ("doc", "band", "key")), strict=True)) == want
