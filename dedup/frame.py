@@ -15,6 +15,8 @@ from collections.abc import Iterable
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
 from trajwh.dedup.features import EpisodeFeatures
 
 _TIME = pl.Datetime("us", "UTC")
@@ -66,13 +68,20 @@ def nonblank(col: str) -> pl.Expr:
 def signature_matrix(df: pl.DataFrame, col: str, num_perm: int) -> tuple[np.ndarray, np.ndarray]:
     """(row numbers that have a signature in ``col``, their signatures as an ``uint32`` matrix)."""
     present = np.flatnonzero(df[col].is_not_null().to_numpy())
-    values = df[col].gather(present).to_list()
     width = 4 * num_perm
-    for row, v in zip(present.tolist(), values, strict=True):
-        if len(v) != width:
-            raise ValueError(f"episode features: the {col} of {df['trajectory_key'][row]!r} holds {len(v)} bytes, not "
-                             f"{width} ({num_perm} permutations): features of another MinHash setting; rebuild them "
-                             f"with `trajwh build --full`")
-    matrix = np.frombuffer(b"".join(values), dtype="<u4").reshape(len(present), num_perm) if values else \
-        np.empty((0, num_perm), dtype=np.uint32)
+    # the values' bytes as Arrow holds them, one after the other (no Python object per episode)
+    arr = df[col].gather(present).to_arrow()
+    arr = (pa.concat_arrays(arr.chunks) if isinstance(arr, pa.ChunkedArray) else arr).cast(pa.large_binary())
+    lengths = pc.binary_length(arr).to_numpy(zero_copy_only=False)
+    wrong = np.flatnonzero(lengths != width)
+    if len(wrong):
+        row = int(present[wrong[0]])
+        raise ValueError(f"episode features: the {col} of {df['trajectory_key'][row]!r} holds {int(lengths[wrong[0]])} "
+                         f"bytes, not {width} ({num_perm} permutations): features of another MinHash setting; "
+                         f"rebuild them with `trajwh build --full`")
+    if not len(present):
+        return present, np.empty((0, num_perm), dtype=np.uint32)
+    start = int(np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset])
+    data = np.frombuffer(arr.buffers()[2], dtype=np.uint8)[start:start + width * len(present)]
+    matrix = data.view("<u4").reshape(len(present), num_perm).copy()
     return present, matrix
