@@ -6,7 +6,9 @@ Exit codes: 0 success; 1 the command ran but achieved nothing (e.g. every record
 
 from __future__ import annotations
 
+import atexit
 import functools
+import gc
 import json
 import os
 import re
@@ -72,6 +74,21 @@ def object_store_problem(exc: BaseException) -> str | None:
 @click.version_option(package_name="trajectory-warehouse")
 def main() -> None:
     """Trajectory warehouse: agent rollouts in, lineage-tracked training data out."""
+    _freeze_at_exit()
+
+
+def _freeze_at_exit() -> None:
+    """At the process's exit, the heap is frozen (``gc.freeze``) before the interpreter's last
+    collections, which then skip what the command left: after an incremental build at 107,000
+    episodes they took 1.1 s, now 0.15 s. Freezing stops only the cycle collector: objects are
+    still freed by their reference counts, the other exit handlers run, and files, catalog
+    connections and logs are closed and flushed by the code that opened them."""
+    if not _FREEZE_REGISTERED:
+        atexit.register(gc.freeze)
+        _FREEZE_REGISTERED.append(True)
+
+
+_FREEZE_REGISTERED: list[bool] = []  # once per process (a test runs many commands in one)
 
 
 # --- ingest ------------------------------------------------------------------------------------
