@@ -207,7 +207,7 @@ def episode_inputs(wh: Warehouse, sel: SelectConfig | None = None, withheld: dic
     src = batch_fingerprints(wh, ["redacted_episodes", "redacted_steps"])
     out = {}
     # the inputs take few distinct values (batches x splits x leak kinds x licenses): each is digested
-    # and judged once, and the rows are read as columns (108,070 episodes: 1.0 -> 0.3 s)
+    # and judged once, and the rows are read as columns (108,070 episodes: 0.62 -> 0.47 s)
     digests: dict[tuple, str] = {}
     episodes: dict[tuple, int] = {}
     giving: dict[tuple, bool] = {}
