@@ -159,12 +159,12 @@ def hash_shingles(shingles: list[str] | pl.Series) -> np.ndarray:
     arr = series.to_arrow()
     arr = pa.concat_arrays(arr.chunks) if isinstance(arr, pa.ChunkedArray) else arr
     arr = arr.cast(pa.large_string())
-    out = np.empty(len(arr), dtype=np.uint32)
     if len(arr) and not _compiled(len(arr)):
         import mmh3
 
         return np.fromiter((mmh3.hash(t, _HASH_SEED, signed=False) for t in arr.to_pylist()), dtype=np.uint32,
                            count=len(arr))
+    out = np.empty(len(arr), dtype=np.uint32)
     if len(arr):
         buffers = arr.buffers()
         offsets = np.frombuffer(buffers[1], dtype=np.int64)[arr.offset:arr.offset + len(arr) + 1]

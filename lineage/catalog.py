@@ -428,9 +428,8 @@ class Warehouse:
         if None in batches or {r["batch_id"] for r in rows} <= set(batches):
             return table
         prefix = self._view_prefix()
-        paths = [f"{prefix}_schemas/{table}.parquet"] + [prefix + r["path"] for r in rows
-                                                         if r["batch_id"] is None or r["batch_id"] in batches]
-        return "read_parquet([{}], union_by_name = true)".format(", ".join(f"'{_sql_str(p)}'" for p in paths))
+        return _parquet_source([f"{prefix}_schemas/{table}.parquet"] + [
+            prefix + r["path"] for r in rows if r["batch_id"] is None or r["batch_id"] in batches])
 
     # --- writing -------------------------------------------------------------------------
 
@@ -896,8 +895,12 @@ def _refresh_views(con: duckdb.DuckDBPyConnection, tables: Any, prefix: str) -> 
         ).fetchall()]
         if not paths:
             paths = [f"{prefix}_schemas/{table}.parquet"]
-        listing = ", ".join(f"'{_sql_str(p)}'" for p in paths)
-        con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet([{listing}], union_by_name = true)")
+        con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM {_parquet_source(paths)}")
+
+
+def _parquet_source(paths: list[str]) -> str:
+    """What a view (or ``Warehouse.rows_of``) reads: the files, their columns by name."""
+    return "read_parquet([{}], union_by_name = true)".format(", ".join(f"'{_sql_str(p)}'" for p in paths))
 
 
 #: what the plain names mean in `trajwh sql`: the redacted tables (views), and the raw zone's
