@@ -52,7 +52,7 @@ STAGES = ("planned", "sources_removed", "rebuilt", "exports_refreshed", "compact
 #: tables whose rows belong to one episode (column ``trajectory_key``)
 _BY_EPISODE = ("episodes", "steps", "redacted_episodes", "redacted_steps", "redaction_events", "episode_features",
                "near_dup_clusters", "task_groups", "splits", "leak_flags", "outcomes", "fragments", "license_facts",
-               "eligibility", "pack_tokens")
+               "eligibility", "pack_tokens", "pack_tokens_staged")
 #: every table a forget rewrites (task_stats are aggregates: the rebuild recomputes them)
 _KEYED = frozenset({"raw_records", "quarantine", *_BY_EPISODE, "tool_schemas", "redacted_tool_schemas", "lineage_edges",
                     "packs"})

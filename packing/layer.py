@@ -12,6 +12,7 @@ window, not the layer. Which fragments: trainable ones of every split that gives
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from array import array
 from collections.abc import Callable, Iterable, Iterator
@@ -64,6 +65,10 @@ PACKS_VERSION = "2.0.0"  # 2.0: packs are layouts over pack_tokens (a token stor
 PACK_INPUTS = ["fragments", "redacted_steps", "redacted_episodes", "redacted_tool_schemas", "near_dup_clusters",
                "splits", "outcomes", "eligibility"]
 DEDUP_CHOICES = ("representative", "weighted", "all")
+#: the table of token chunks rendered ahead of the layouts (``stage_pack_tokens``)
+STAGED = "pack_tokens_staged"
+#: the run row of a ``pack_tokens`` partition run without the layouts
+STAGE = "pack_tokens"
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,7 @@ class PackSummary:
     units_reused: int = 0  # lengths taken from the stored token rows (not rendered)
     chunks: dict[str, int] = field(default_factory=dict)  # token chunks kept / written
     drops: dict[str, str] = field(default_factory=dict)  # unit -> token key: dropped as too long (not in counts)
+    written: list[str] = field(default_factory=list)  # the token files this run wrote or took staged (not in counts)
 
     @property
     def efficiency(self) -> float:
@@ -238,9 +244,9 @@ def _outdated_sets(wh: Warehouse, cfg: PackConfig, tok: Any) -> list[dict[str, A
     configuration: the build of the current version replaces them (an upgrade never leaves the old
     set beside the new)."""
     return [r for r in wh.query(
-        "SELECT path, transform_version FROM table_files WHERE table_name IN ('packs', 'pack_tokens') AND "
+        "SELECT path, transform_version FROM table_files WHERE table_name IN ('packs', 'pack_tokens', ?) AND "
         "NOT starts_with(transform_version, ?)",
-        [f"{TRANSFORM}@{PACKS_VERSION};"]).to_pylist()
+        [STAGED, f"{TRANSFORM}@{PACKS_VERSION};"]).to_pylist()
         if r["transform_version"].split(";inputs=")[0].split(";", 2)[2:] == [_config_rules(cfg, tok)]]
 
 
@@ -338,10 +344,7 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
     with wh.write_session("packs", timeout=lock_timeout) as session:
         mark_running(session, run_id, "packs", started)
         prefix = f"{TRANSFORM}@{PACKS_VERSION};set={summary.pack_set};"
-        mine = wh.query("SELECT path, sha256, rows, bytes, transform_version FROM table_files WHERE table_name = 'packs' AND "
-                        "starts_with(transform_version, ?)", [prefix]).to_pylist()
-        token_files = wh.query("SELECT path, sha256, rows, bytes, transform_version FROM table_files WHERE "
-                               "table_name = 'pack_tokens' AND starts_with(transform_version, ?)", [prefix]).to_pylist()
+        mine, token_files = _set_files(wh, "packs", prefix), _set_files(wh, "pack_tokens", prefix)
         old_versions = {r["transform_version"] for r in mine + token_files}
         outdated = _outdated_sets(wh, cfg, tok)
         if not full and mine and old_versions == {version} and not outdated:
@@ -350,7 +353,9 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
                                                  counts=_counts(summary), code_version=f"{TRANSFORM}@{PACKS_VERSION}")])
             return summary
         reusable = not full and (mine or token_files) and {v.split(";inputs=")[0] for v in old_versions} == {rules}
-        known_drops = read_drops(wh, summary.pack_set) if reusable else {}
+        staged_files = _set_files(wh, STAGED, prefix)  # every one goes at the commit: taken, or of no use now
+        staged = [r for r in staged_files if _rules_of(r) == rules] if not full else []
+        known_drops = read_drops(wh, summary.pack_set) if reusable or staged else {}
         versions = batch_versions(wh)
         units = wh.root / ".tmp" / f"pack-units-{uuid.uuid4().hex}.parquet"
         try:
@@ -358,7 +363,8 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
             # thread (its Python work beside DuckDB's; 107,000 + 1 %: the stage 5.7 -> 5.0 s with
             # min_slack's deletes in place), then the plan walks the spool
             with ThreadPoolExecutor(1) as pool:
-                pending = pool.submit(read_stored, wh, summary.pack_set, mine, token_files) if reusable else None
+                pending = (pool.submit(read_stored, wh, summary.pack_set, mine, token_files, staged) if reusable else
+                           pool.submit(read_stored, wh, summary.pack_set, [], [], staged) if staged else None)
                 _spool(wh.stream(_windowed(cfg), [list(versions), list(versions.values())], batch_rows=5_000,
                                  arrow=True), units)
                 stored = pending.result() if pending is not None else StoredSet(mine, token_files=token_files)
@@ -369,25 +375,22 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
             # whose stored file is not found is written too (never a chunk without its file)
             held = {c for p, c in stored.file_chunks.items() if c in plan.chunks}
             plan.write |= set(plan.chunks) - held
-            todo = sorted(plan.write)
-            if workers is None:  # below PARALLEL_MIN_ITEMS renders a worker's start-up costs more than it saves
-                workers = (parts_within(workers_wanted(), PART_MB) if plan.rendered_units >= PARALLEL_MIN_ITEMS else 1)
-            n = max(1, min(workers, len(todo)))
-            shares = _deal_chunks(todo, n, plan)
-            tasks = [{"root": str(wh.root), "cfg": cfg, "pack_set": summary.pack_set, "plan": plan, "stored": stored,
-                      "chunks": shares[i], "units": str(units), "lineage": lineage, "run_id": run_id,
-                      "memory": _ONE_PART_MEMORY if n == 1 else _PART_MEMORY,
-                      # one part (few to render, or a small set) has the cores to itself
-                      "threads": 2 if n == 1 else 1} for i in range(n)]
-            lengths = dict(plan.known)
-            for written, part, made in (run_parts(_token_part, tasks) if n > 1 else [_token_part(tasks[0])]):
-                files += written
-                lengths.update(made)
-                summary.drops.update(part.drops)
+            # a chunk staged as it is now is taken as it is: its file joins the set
+            taken = _current_staged(stored, plan)
+            replaced = set(taken.values())  # (a stored file of such a chunk is an older one: it goes)
+            plan.write -= replaced
+            written, made = _write_chunks(wh, plan, stored, units, sorted(plan.write), cfg=cfg, summary=summary,
+                                          lineage=lineage, run_id=run_id, workers=workers)
+            files += written.values()
+            summary.written = [str(f.path) for f in written.values()]
+            lengths = {**plan.known, **made}
             kept_tokens = [WrittenFile("pack_tokens", data_root(str(wh.data / r["path"])), r["sha256"], r["rows"], r["bytes"])
                            for r in stored.token_files if _chunk_of(stored, r) in plan.chunks
-                           and _chunk_of(stored, r) not in plan.write]
+                           and _chunk_of(stored, r) not in plan.write | replaced]
+            kept_tokens += [WrittenFile("pack_tokens", data_root(str(wh.data / r["path"])), r["sha256"], r["rows"], r["bytes"])
+                            for r in staged if r["path"] in taken]
             files += kept_tokens
+            summary.written += [str(wh.data / path) for path in taken]  # (checked as staged; checked again)
             # 2. layouts: the windows whose inputs changed packed again from lengths, the others copied
             seen: set[str] = set()
             kept, rewrite = kept_files(wh, plan, stored)
@@ -405,18 +408,142 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
         summary.fragments = plan.units
         summary.windows = {"copied": len(plan.copy), "repacked": len(plan.repack),
                            "new": len(plan.digests) - len(plan.copy) - len(plan.repack)}
-        summary.chunks = {"kept": len(kept_tokens), "written": len(plan.write)}
+        summary.chunks = {"kept": len(kept_tokens) - len(taken), "written": len(plan.write), "staged_taken": len(taken)}
         summary.units_rendered, summary.units_reused = plan.rendered_units, len(plan.known)
         if not any(f.table == "packs" for f in files):
             files.append(session.write("packs", pa.Table.from_pylist([], schema=schema)))
         summary.drops.update({u: k for u, k in known_drops.items() if u in plan.dropped})
-        session.commit(files, removed=[wh.data / r["path"] for r in mine + token_files + outdated], run_id=run_id,
-                       transform_version=version)
+        session.commit(files, removed=[wh.data / r["path"] for r in mine + token_files + staged_files + outdated],
+                       run_id=run_id, transform_version=version)
         write_drops(wh, summary.pack_set, summary.drops)
         _forget_caches(wh, outdated)
         session.upsert_rows("runs", [run_row(run_id, "packs", started, params={"version": version},
                                              counts=_counts(summary), code_version=f"{TRANSFORM}@{PACKS_VERSION}")])
     return summary
+
+
+def _set_files(wh: Warehouse, table: str, prefix: str) -> list[dict[str, Any]]:
+    """The manifest rows of ``table``'s files whose transform version starts with ``prefix`` (a set's)."""
+    return wh.query("SELECT path, sha256, rows, bytes, transform_version, batch_id FROM table_files WHERE "
+                    "table_name = ? AND starts_with(transform_version, ?)", [table, prefix]).to_pylist()
+
+
+def _rules_of(manifest_row: dict[str, Any]) -> str:
+    """The rules a set's file was made by (its transform version without the inputs)."""
+    return str(manifest_row["transform_version"]).split(";inputs=")[0]
+
+
+def _current_staged(stored: StoredSet, plan: Plan) -> dict[str, str]:
+    """Manifest path -> chunk of the staged files that hold a chunk to write as it is now: the same
+    units and token keys (its digest), none of them to render (a unit the staging dropped as too
+    long is known only from the drops file; if that was lost, the chunk is written again)."""
+    rendering = {order.partition("|")[0] for order in plan.render.values()}
+    return {path: chunk for path, (chunk, digest) in sorted(stored.staged_files.items())
+            if chunk in plan.write and plan.chunks.get(chunk) == digest and chunk not in rendering}
+
+
+def _write_chunks(wh: Warehouse, plan: Plan, stored: StoredSet, units: Path, todo: list[str], *, cfg: PackConfig,
+                  summary: PackSummary, lineage: dict[str, str], run_id: str, workers: int | None
+                  ) -> tuple[dict[str, Any], dict[str, tuple[int, tuple[int, ...], list[str]]]]:
+    """The token chunks ``todo`` written (files not yet visible), dealt out to parts (this process
+    and workers; ``workers`` default: ``workers_wanted()``, one part below ``PARALLEL_MIN_ITEMS``
+    units to render); the drops found go to ``summary``. Returns chunk -> its file (none for a
+    chunk whose every unit was dropped) and each rendered unit's lengths."""
+    if workers is None:  # below PARALLEL_MIN_ITEMS renders a worker's start-up costs more than it saves
+        workers = parts_within(workers_wanted(), PART_MB) if plan.rendered_units >= PARALLEL_MIN_ITEMS else 1
+    n = max(1, min(workers, len(todo)))
+    shares = _deal_chunks(todo, n, plan)
+    tasks = [{"root": str(wh.root), "cfg": cfg, "pack_set": summary.pack_set, "plan": plan, "stored": stored,
+              "chunks": shares[i], "units": str(units), "lineage": lineage, "run_id": run_id,
+              "memory": _ONE_PART_MEMORY if n == 1 else _PART_MEMORY,
+              # one part (few to render, or a small set) has the cores to itself
+              "threads": 2 if n == 1 else 1} for i in range(n)]
+    files: dict[str, Any] = {}
+    lengths: dict[str, tuple[int, tuple[int, ...], list[str]]] = {}
+    for written, part, made in (run_parts(_token_part, tasks) if n > 1 else [_token_part(tasks[0])]):
+        files.update(written)
+        lengths.update(made)
+        summary.drops.update(part.drops)
+    return files, lengths
+
+
+def stage_pack_tokens(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), batches: list[str] | None = None,
+                      lock_timeout: float = 60.0, workers: int | None = None) -> PackSummary:
+    """Render and tokenize, ahead of the layouts, the units of ``batches`` (None: every batch) whose
+    token chunks the set does not hold as they are now: a ``pack_tokens`` partition run without
+    ``packs`` (a backfill, a retry, the UI). The chunks are written as ``pack_tokens_staged`` files
+    (one manifest commit per batch, under the batch's id), which the next ``build_packs`` takes as
+    they are when a chunk's units and token keys are still the staged ones (else it copies their
+    rows): ``pack_tokens`` and ``packs`` are not touched, so readers always see one consistent
+    set. A batch's staged files from an earlier run that are no longer current go. Which units and
+    chunks a batch has depends on the curation (representatives, splits, fragments): stage after
+    it. Several staging runs go on at once (the write lock held shared, as the other per-batch
+    stages); the packs build waits for them."""
+    cfg.validate()
+    tok = get_tokenizer(cfg.tokenizer)
+    summary = PackSummary(run_id, pack_set=pack_set_id(cfg, tok), seq_len=cfg.seq_len)
+    started = now_utc()
+    prefix = f"{TRANSFORM}@{PACKS_VERSION};set={summary.pack_set};"
+    rules = f"{prefix}{_config_rules(cfg, tok)}"
+    version = f"{rules};inputs={inputs_fingerprint(wh, PACK_INPUTS)}"
+    with wh.write_session(STAGE, timeout=lock_timeout, shared=True) as session:
+        mark_running(session, run_id, STAGE, started)
+        token_files = [r for r in _set_files(wh, "pack_tokens", prefix) if _rules_of(r) == rules]
+        staged = [r for r in _set_files(wh, STAGED, prefix) if _rules_of(r) == rules]
+        stored = read_stored(wh, summary.pack_set, [], token_files, staged)
+        known_drops = read_drops(wh, summary.pack_set)
+        versions = batch_versions(wh)
+        scope = None if batches is None else sorted(set(batches))
+        units = wh.root / ".tmp" / f"pack-units-{uuid.uuid4().hex}.parquet"
+        try:
+            where, params = ("", []) if scope is None else ("WHERE list_contains(?::VARCHAR[], batch_id)", [scope])
+            _spool(wh.stream(_windowed(cfg, where), [list(versions), list(versions.values()), *params],
+                             batch_rows=5_000, arrow=True), units)
+            plan = plan_windows(_spooled_rows(units, _PLAN_COLUMNS), stored, known_drops)
+            held = {c for c in stored.file_chunks.values() if c in plan.chunks}
+            plan.write |= set(plan.chunks) - held
+            current = _current_staged(stored, plan)
+            todo = sorted(plan.write - set(current.values()))
+            lineage = {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": version}
+            written, made = _write_chunks(wh, plan, stored, units, todo, cfg=cfg, summary=summary, lineage=lineage,
+                                          run_id=run_id, workers=workers)
+        finally:
+            units.unlink(missing_ok=True)
+        # one commit per batch (its files under its id): a chunk is of one batch (its id starts with it)
+        by_batch: dict[str | None, list[WrittenFile]] = {}
+        for chunk in todo:
+            by_batch.setdefault(_batch_of(chunk), [])
+            if chunk in written:
+                by_batch[_batch_of(chunk)].append(dataclasses.replace(written[chunk], table=STAGED))
+        by_batch.update({b: [] for r in staged if r["path"] not in current and (b := r["batch_id"]) not in by_batch
+                         and (scope is None or b in scope)})  # only stale staged files to remove
+        summary.written = [str(f.path) for fs in by_batch.values() for f in fs]
+        keep = set(current)
+        merged: list[bool] = []
+        for batch in sorted(by_batch, key=lambda b: b or ""):
+            def guard(con: Any, batch: str | None = batch) -> list[Any]:
+                if summary.drops and not merged:  # in the catalog's transaction: one writer at a time
+                    write_drops(wh, summary.pack_set, {**read_drops(wh, summary.pack_set), **summary.drops})
+                    merged.append(True)
+                # read in the transaction: a run of the same batch beside this one
+                return [wh.data / p for (p,) in con.execute(
+                    "SELECT path FROM table_files WHERE table_name = ? AND batch_id IS NOT DISTINCT FROM ? AND "
+                    "starts_with(transform_version, ?)", [STAGED, batch, prefix]).fetchall() if p not in keep]
+
+            session.commit(by_batch[batch], batch_id=batch, run_id=run_id, transform_version=version, guard=guard)
+        summary.fragments = plan.units
+        summary.units_rendered, summary.units_reused = len(made), len(plan.known)
+        summary.chunks = {"staged": len(todo), "already_staged": len(current),
+                          "held": len(plan.chunks) - len(plan.write)}
+        session.upsert_rows("runs", [run_row(run_id, STAGE, started, params={"version": version, "batches": scope},
+                                             counts=_counts(summary), code_version=f"{TRANSFORM}@{PACKS_VERSION}")])
+    return summary
+
+
+def _batch_of(chunk_id: str | None) -> str | None:
+    """The batch a token chunk is of (``WINDOWED_SQL``'s chunk id: batch, or ``-`` for none, then the range)."""
+    batch = str(chunk_id or "-").rsplit("/", 1)[0]
+    return None if batch == "-" else batch
 
 
 def _chunk_of(stored: StoredSet, manifest_row: dict[str, Any]) -> str | None:
@@ -472,16 +599,17 @@ def _rewrite_copied(wh: Warehouse, pack_set: str, plan: Plan, schema: pa.Schema,
     return files
 
 
-def _token_part(t: dict[str, Any]) -> tuple[list[Any], PackSummary, dict[str, tuple[int, tuple[int, ...], list[str]]]]:
+def _token_part(t: dict[str, Any]) -> tuple[dict[str, Any], PackSummary, dict[str, tuple[int, tuple[int, ...], list[str]]]]:
     """A share of the chunks written (files not yet visible: the build commits them): each chunk's
     units rendered where their token key is new, their stored rows copied where it is not; in the
-    build's process or a worker. Returns the files, the drops found, and each rendered unit's
-    lengths (tokens, trainable tokens per ``seq_len`` piece, cut steps) for the layouts."""
+    build's process or a worker. Returns the files (chunk -> its file: none when every unit of
+    it was dropped), the drops found, and each rendered unit's lengths (tokens, trainable tokens
+    per ``seq_len`` piece, cut steps) for the layouts."""
     wh, cfg, plan, stored = Warehouse(t["root"]), t["cfg"], t["plan"], t["stored"]
     tok = get_tokenizer(cfg.tokenizer)
     part = PackSummary(t["run_id"], pack_set=t["pack_set"], seq_len=cfg.seq_len)
     schema = arrow_schema(PackTokenRow)
-    files: list[Any] = []
+    files: dict[str, Any] = {}
     made: dict[str, tuple[int, tuple[int, ...], list[str]]] = {}
     chunk, rows, copy = None, [], []
 
@@ -502,7 +630,7 @@ def _token_part(t: dict[str, Any]) -> tuple[list[Any], PackSummary, dict[str, tu
             return
         table = pa.concat_tables(tables)
         table = table.take(pc_sort(table))
-        files.append(write_table_file(wh, "pack_tokens", table))
+        files[chunk] = write_table_file(wh, "pack_tokens", table)
 
     for u, steps in _units_to_render(wh, plan, Path(t["units"]), t["chunks"], memory=t["memory"],
                                      threads=t["threads"]):
@@ -750,4 +878,5 @@ _LAST_COUNTS = """
 
 
 def _counts(s: PackSummary) -> dict[str, Any]:
-    return {**{k: v for k, v in s.__dict__.items() if k not in ("run_id", "drops")}, "efficiency": round(s.efficiency, 4)}
+    return {**{k: v for k, v in s.__dict__.items() if k not in ("run_id", "drops", "written")},
+            "efficiency": round(s.efficiency, 4)}

@@ -714,3 +714,41 @@ def _trusted_rows(files: list[tuple[str, list[FileRow]]], trusted: dict[str, lis
 
 def violations(result: dict[str, Any]) -> int:
     return sum(v for k, v in result.items() if k.endswith("_violations"))
+
+
+#: per token row of the files checked: lengths agree with the lists, the trained count with the mask
+#: and with its pieces, one chunk a file (of the files' batches)
+_TOKEN_ROWS_SQL = """
+    SELECT count(*) AS rows,
+           count(*) FILTER (WHERE len(input_ids) IS DISTINCT FROM n_tokens OR len(loss_mask) IS DISTINCT FROM n_tokens)
+               AS bad_length,
+           count(*) FILTER (WHERE coalesce(list_sum(loss_mask), 0) IS DISTINCT FROM n_trainable
+                            OR coalesce(list_sum(piece_trainable), 0) IS DISTINCT FROM n_trainable) AS bad_trainable,
+           count(*) FILTER (WHERE pack_set IS DISTINCT FROM ?) AS other_set,
+           count(DISTINCT filename || chr(31) || chunk_id) - count(DISTINCT filename) AS files_with_chunks,
+           count(*) FILTER (WHERE ? AND NOT list_contains(?::VARCHAR[], split_part(chunk_id, '/', 1))) AS other_batch
+    FROM read_parquet(?, union_by_name = true, filename = true)"""
+
+
+def check_token_files(wh: Warehouse, pack_set: str, paths: list[str], table: str = "pack_tokens",
+                      batches: list[str] | None = None) -> dict[str, int]:
+    """What a token step wrote, checked (the packs check verifies every row against its layout
+    and rendering; this needs no layout, so it also holds for staged files): each row's lengths
+    agree with its token and mask lists, its trained count with its mask and its pieces, its set is
+    ``pack_set``; a file holds one chunk, of ``batches`` (None: any); and no unit has two rows in
+    ``table``'s files of the set (the whole table: only the unit ids are read)."""
+    out = {"files": len(paths), "rows": 0, "bad_length": 0, "bad_trainable": 0, "other_set": 0, "files_with_chunks": 0,
+           "other_batch": 0}
+    if paths:
+        row = wh.query(_TOKEN_ROWS_SQL, [pack_set, batches is not None, batches or [], paths]).to_pylist()[0]
+        out.update({k: int(v or 0) for k, v in row.items()})
+    held = wh.query("SELECT path FROM table_files WHERE table_name = ? AND contains(transform_version, ?)",
+                    [table, f"set={pack_set};"]).column(0).to_pylist()
+    out["units_twice"] = int(wh.query(
+        "SELECT count(*) - count(DISTINCT unit_id) FROM read_parquet(?, union_by_name = true) WHERE pack_set = ?",
+        [[str(wh.data / p) for p in held], pack_set]).column(0)[0].as_py()) if held else 0
+    return out
+
+
+def token_file_violations(result: dict[str, int]) -> int:
+    return sum(v for k, v in result.items() if k not in ("files", "rows"))

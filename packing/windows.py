@@ -125,17 +125,26 @@ class StoredSet:
     tokens: dict[str, dict[str, Any]] = field(default_factory=dict)  # unit -> its token row's meta and file
     chunks: dict[str, str] = field(default_factory=dict)  # chunk id -> digest
     file_chunks: dict[str, str] = field(default_factory=dict)  # manifest path -> the chunk its file holds
+    #: the set's staged token rows (``pack_tokens_staged``: a ``pack_tokens`` partition run without the
+    #: layouts): unit -> its row's meta and file, and manifest path -> (chunk, digest) of each staged file
+    staged: dict[str, dict[str, Any]] = field(default_factory=dict)
+    staged_files: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 _TOKEN_META = ("SELECT filename, unit_id, token_key, chunk_id, chunk_digest, n_tokens, piece_trainable, removed_step_ids "
                "FROM read_parquet(?, union_by_name = true, filename = true) WHERE pack_set = ?")
 
 
-def read_stored(wh: Warehouse, pack_set: str, files: list[dict[str, Any]], token_files: list[dict[str, Any]]
-                ) -> StoredSet:
-    """The stored set's layouts (``StoredSet``) from its ``files`` and its token rows' meta (no
-    tokens) from ``token_files``."""
+def read_stored(wh: Warehouse, pack_set: str, files: list[dict[str, Any]], token_files: list[dict[str, Any]],
+                staged_files: list[dict[str, Any]] | None = None) -> StoredSet:
+    """The stored set's layouts (``StoredSet``) from its ``files``, its token rows' meta (no
+    tokens) from ``token_files`` and its staged token rows' meta from ``staged_files``."""
     out = StoredSet(files, token_files=token_files)
+    if staged_files:
+        path_of = {str(wh.data / r["path"]): str(r["path"]) for r in staged_files}
+        for r in wh.query(_TOKEN_META, [list(path_of), pack_set]).to_pylist():
+            out.staged[r["unit_id"]] = r
+            out.staged_files[path_of.get(r["filename"], r["filename"])] = (r["chunk_id"], r["chunk_digest"])
     if files:
         data = wh.query("SELECT filename, window_id, window_digest, split, n_tokens, n_trainable, segments FROM "
                         "read_parquet(?, union_by_name = true, filename = true) WHERE pack_set = ?",
@@ -167,7 +176,9 @@ def plan_windows(rows: Iterator[dict[str, Any]], stored: StoredSet, dropped: dic
     """Walk the units once, in chunk order (no steps, no tokens), and decide per window and per
     chunk. ``dropped``: unit -> token key of the units an earlier build of the set dropped as too
     long (``read_drops``): whether a unit fits depends on its rendering alone, so one with the same
-    token key is dropped again without rendering it."""
+    token key is dropped again without rendering it. A unit whose stored row has another token key
+    (or none) and whose staged row (``StoredSet.staged``) has its key takes the staged row as its
+    stored one (``stored.tokens`` is updated): its lengths are known and its row is copied."""
     dropped = dropped or {}
     windows = stored_windows(stored)
     plan = Plan()
@@ -180,6 +191,10 @@ def plan_windows(rows: Iterator[dict[str, Any]], stored: StoredSet, dropped: dic
         in_window.setdefault(u["window_id"], []).append((u["ord_key"], u["unit_id"], key, u["dedup_weight"],
                                                          u["cluster_id"]))
         row = stored.tokens.get(u["unit_id"])
+        if row is None or row["token_key"] != key:
+            staged = stored.staged.get(u["unit_id"])
+            if staged is not None and staged["token_key"] == key:  # rendered ahead: its staged row stands in
+                row = stored.tokens[u["unit_id"]] = staged  # (copied from its file like a stored row)
         if row is not None and row["token_key"] == key:
             plan.known[u["unit_id"]] = (row["n_tokens"], tuple(row["piece_trainable"]), row["removed_step_ids"] or [])
         elif dropped.get(u["unit_id"]) == key:

@@ -8,7 +8,7 @@ from trajwh.fragments.layer import build_fragments
 from trajwh.ingest.normalize import normalize_warehouse
 from trajwh.ingest.raw_store import IngestOptions, ingest_paths
 from trajwh.licenses.eligibility import build_eligibility
-from trajwh.packing.layer import build_packs
+from trajwh.packing.layer import STAGED, build_packs, stage_pack_tokens
 from trajwh.pipelines import settings as settings_mod
 from trajwh.pipelines.render import count_progress
 from trajwh.pipelines.resources import WarehouseResource
@@ -300,24 +300,85 @@ def pack_config(config: PacksConfig, warehouse: WarehouseResource):
                                     dedup=config.dedup or None, packer=config.packer or None)
 
 
-@dg.asset(name="packs", deps=["fragments", "outcomes", "splits", "near_dup_clusters", "redacted_steps", "eligibility"],
-          group_name="packed", description="Token sequences a trainer reads: the trainable fragments (and the "
-          "resolved episodes of the evaluation splits) rendered through the chat template, loss-masked and packed "
-          "per split; one pack set per tokenizer + template + packing configuration.")
-def packs(context: dg.AssetExecutionContext, config: PacksConfig, warehouse: WarehouseResource):
+#: the pack_tokens check (run in the packing step: ``_token_check``)
+TOKEN_ROWS_CHECK = "token_rows_whole"
+_PACK_DEPS = ["fragments", "outcomes", "splits", "near_dup_clusters", "redacted_steps", "eligibility"]
+
+
+def _pack_metadata(warehouse: WarehouseResource, s, cfg) -> dict:
+    return {**table_metadata(warehouse, "packs"), "pack_set": s.pack_set, "tokenizer": cfg.tokenizer, "seq_len": s.seq_len,
+            "policy": cfg.policy, "packer": cfg.packer, "dedup": cfg.dedup, "skipped_unchanged": s.skipped,
+            "units": s.fragments, "efficiency": round(s.efficiency, 4),
+            **{f"sequences:{k}": v for k, v in sorted(s.sequences.items())},
+            **{f"tokens:{k}": v for k, v in sorted(s.tokens.items())},
+            **{f"trainable:{k}": v for k, v in sorted(s.trainable.items())},
+            **{f"dropped:{k}": v for k, v in sorted(s.dropped.items()) if v},
+            **{f"truncated:{k}": v for k, v in sorted(s.truncated.items()) if v},
+            **{f"split_fragments:{k}": v for k, v in sorted(s.split_fragments.items()) if v}}
+
+
+@dg.multi_asset(
+    specs=[
+        dg.AssetSpec("pack_tokens", deps=_PACK_DEPS, group_name="packed", partitions_def=BATCHES,
+                     description="Each packed unit's rendering through the chat template, tokenized once, with its loss "
+                                 "mask: the token store the packs are layouts over, in chunks of one ingest batch. A "
+                                 "partition run alone (backfill, retry) renders its batch's changed chunks ahead "
+                                 "(pack_tokens_staged); the next packs build takes them as they are."),
+        dg.AssetSpec("packs", deps=["pack_tokens", *_PACK_DEPS], group_name="packed",
+                     description="Token sequences a trainer reads: the trainable fragments (and the resolved episodes "
+                                 "of the evaluation splits) rendered through the chat template, loss-masked and packed "
+                                 "per split; one pack set per tokenizer + template + packing configuration."),
+    ],
+    check_specs=[dg.AssetCheckSpec(
+        TOKEN_ROWS_CHECK, asset="pack_tokens", blocking=True,
+        description="The token files the step wrote are whole: each row's lengths agree with its token and mask "
+                    "lists, its trained count with its mask and its pieces; a file holds one chunk of the run's "
+                    "batches; no unit has two rows in the set (staged rows checked the same way). The packs check "
+                    "verifies every row against its layout and rendering.")],
+    can_subset=True,  # pack_tokens alone: a batch's tokens rendered ahead of the layouts
+    backfill_policy=dg.BackfillPolicy.single_run(),
+)
+def packed(context: dg.AssetExecutionContext, config: PacksConfig, warehouse: WarehouseResource):
+    """Tokens and layouts in one step and one commit when ``packs`` is selected (a build); the
+    chosen batches' tokens staged when only ``pack_tokens`` is (``stage_pack_tokens``)."""
     cfg = pack_config(config, warehouse)
+    selected = {k.to_user_string() for k in context.selected_asset_keys}
+    if "packs" not in selected:
+        with count_progress("rendering tokens ahead") as advance:
+            advance.describe("rendering tokens ahead: their batches' token chunks")
+            s = stage_pack_tokens(warehouse.get(), run_id=context.run_id, cfg=cfg, batches=run_batches(context),
+                                  lock_timeout=warehouse.lock_timeout)
+        yield dg.MaterializeResult(asset_key="pack_tokens", metadata={
+            **table_metadata(warehouse, "pack_tokens_staged"), "pack_set": s.pack_set, "units": s.fragments,
+            "units_rendered": s.units_rendered, **{f"chunks:{k}": v for k, v in sorted(s.chunks.items())}})
+        yield from _token_check(context, warehouse, s, STAGED, run_batches(context))
+        return
     s = build_packs(warehouse.get(), run_id=context.run_id, cfg=cfg, full=config.full,
                     lock_timeout=warehouse.lock_timeout, engine=config.engine or warehouse.settings().engine.name)
-    return dg.MaterializeResult(metadata={
-        **table_metadata(warehouse, "packs"), "pack_set": s.pack_set, "tokenizer": cfg.tokenizer, "seq_len": s.seq_len, "policy": cfg.policy,
-        "packer": cfg.packer, "dedup": cfg.dedup, "skipped_unchanged": s.skipped, "units": s.fragments,
-        "efficiency": round(s.efficiency, 4),
-        **{f"sequences:{k}": v for k, v in sorted(s.sequences.items())},
-        **{f"tokens:{k}": v for k, v in sorted(s.tokens.items())},
-        **{f"trainable:{k}": v for k, v in sorted(s.trainable.items())},
-        **{f"dropped:{k}": v for k, v in sorted(s.dropped.items()) if v},
-        **{f"truncated:{k}": v for k, v in sorted(s.truncated.items()) if v},
-        **{f"split_fragments:{k}": v for k, v in sorted(s.split_fragments.items()) if v}})
+    if "pack_tokens" in selected:
+        yield dg.MaterializeResult(asset_key="pack_tokens", metadata={
+            **table_metadata(warehouse, "pack_tokens"), "pack_set": s.pack_set, "units_rendered": s.units_rendered,
+            "units_reused": s.units_reused, **{f"chunks:{k}": v for k, v in sorted(s.chunks.items())}})
+        yield from _token_check(context, warehouse, s, "pack_tokens", None)
+    yield dg.MaterializeResult(asset_key="packs", metadata=_pack_metadata(warehouse, s, cfg))
+
+
+
+def _token_check(context: dg.AssetExecutionContext, warehouse: WarehouseResource, s, table: str,
+                 batches: list[str] | None):
+    """The pack_tokens check, in the step (no step of its own): over the files the step wrote or
+    took; the last result while ``table``'s files are unchanged (a no-op build reads nothing)."""
+    from trajwh.lineage.checks import cached
+    from trajwh.packing.verify import check_token_files, token_file_violations
+
+    if dg.AssetCheckKey(dg.AssetKey("pack_tokens"), TOKEN_ROWS_CHECK) not in context.selected_asset_check_keys:
+        return
+    wh = warehouse.get()
+    r = cached(wh, f"{TOKEN_ROWS_CHECK}:{s.pack_set}:{table}", [table],
+               lambda: check_token_files(wh, s.pack_set, s.written, table, batches))
+    yield dg.AssetCheckResult(asset_key="pack_tokens", check_name=TOKEN_ROWS_CHECK,
+                              passed=token_file_violations({k: v for k, v in r.items() if k != "cached"}) == 0,
+                              metadata={"pack_set": s.pack_set, "table": table, **{k: int(v) for k, v in r.items()}})
 
 
 @dg.asset(name="data_card", deps=["packs", "fragments", "outcomes", "task_stats", "splits", "eligibility",

@@ -47,12 +47,15 @@ def print_pack_sets(wh: Warehouse, pack_set: str | None = None) -> None:
 @main.command()
 @pack_options
 @click.option("--full", is_flag=True, help="Rebuild the pack set even if its inputs did not change.")
+@click.option("--batch", "batch", default=None, metavar="ID",
+              help="Only render and tokenize this ingest batch's units, ahead of the layouts (its pack_tokens "
+                   "partition): staged, and taken by the next `trajwh pack` or `trajwh build`.")
 @warehouse_option
 @handle_errors
 def pack(tokenizer: str | None, seq_len: int | None, policy: str | None, dedup: str | None, packer: str | None,
-         full: bool, warehouse: str | None) -> None:
-    """Render, tokenize and pack the trainable fragments per split (the `packs` asset, through Dagster).
-    Another tokenizer or configuration makes a new pack set beside the others."""
+         full: bool, batch: str | None, warehouse: str | None) -> None:
+    """Render, tokenize and pack the trainable fragments per split (the `pack_tokens` and `packs` assets,
+    through Dagster). Another tokenizer or configuration makes a new pack set beside the others."""
     from trajwh.packing.layer import pack_set_id
     from trajwh.packing.tokenizers import get_tokenizer
     from trajwh.pipelines.definitions import build as run_build
@@ -70,9 +73,16 @@ def pack(tokenizer: str | None, seq_len: int | None, policy: str | None, dedup: 
     t0 = time.monotonic()
     from trajwh.pipelines.definitions import warehouse_instance
 
-    result = run_build(str(wh.root), only=["packs"], full=full, instance=warehouse_instance(wh.root), job="pack",
+    if batch is not None and full:
+        raise click.UsageError("--batch stages one batch's tokens; --full rebuilds the whole set: not both")
+    result = run_build(str(wh.root), only=["pack_tokens"] if batch else ["pack_tokens", "packs"], full=full,
+                       instance=warehouse_instance(wh.root), job="pack", batch=batch,
                        pack={k: v for k, v in overrides.items() if v is not None})
     print_build(result, time.monotonic() - t0)
+    if batch is not None:
+        render.console.print(f"batch {batch}: its token chunks staged for pack set {pack_set_id(cfg, tok)}; "
+                             "the next `trajwh pack` or `trajwh build` takes them")
+        return
     ps = pack_set_id(cfg, tok)
     render.console.print(f"pack set {ps}: tokenizer {tok.id}")
     print_pack_sets(wh, ps)

@@ -21,7 +21,7 @@ from trajwh.pipelines.assets import (
     licensed,
     new_batch,
     normalized,
-    packs,
+    packed,
     range_tags,
     raw_records,
     redacted,
@@ -29,7 +29,12 @@ from trajwh.pipelines.assets import (
 from trajwh.pipelines.checks import ALL_CHECKS
 from trajwh.pipelines.resources import WarehouseResource
 
-ASSETS = [raw_records, normalized, redacted, featurized, curated, licensed, fragment_layer, packs, data_card]
+ASSETS = [raw_records, normalized, redacted, featurized, curated, licensed, fragment_layer, packed, data_card]
+#: the per-batch assets (partitioned by ``batches``), and those of them a ``--batch`` run builds: all but
+#: ``pack_tokens``, which needs the global curation first (``trajwh pack --batch`` stages a batch's tokens)
+PER_BATCH_KEYS = sorted(k.to_user_string() for a in ASSETS for k, spec in a.specs_by_key.items()
+                        if spec.partitions_def is not None)
+BATCH_RUN_KEYS = [k for k in PER_BATCH_KEYS if k != "pack_tokens"]
 #: the derived layers (everything but the ingest itself): what `trajwh build` materializes
 BUILD_SELECTION = dg.AssetSelection.all() - dg.AssetSelection.assets(raw_records)
 
@@ -245,15 +250,16 @@ def build(warehouse: str, *, full: bool = False, include_ingest: bool = False,
 
     selection = dg.AssetSelection.all() if include_ingest else BUILD_SELECTION
     if batch is not None:
-        if only or include_ingest:
-            raise ValueError("build(batch=...) runs the per-batch assets alone: no only / include_ingest")
-        only = sorted(k.to_user_string() for a in ASSETS if a.partitions_def is not None for k in a.keys)
+        if include_ingest or not set(only or []) <= set(PER_BATCH_KEYS):
+            raise ValueError(f"build(batch=...) runs per-batch assets alone ({', '.join(PER_BATCH_KEYS)}): "
+                             "no include_ingest, no other only")
+        only = only or BATCH_RUN_KEYS
     if only:
         selection = dg.AssetSelection.assets(*only)
     ops: dict = {"normalized": {"config": {"full": full}}, "redacted": {"config": {"full": full, "scope": scope}},
                  "curated": {"config": {"full": full, **{k: v for k, v in (curate or {}).items() if v is not None}}},
                  "featurized": {"config": {"full": full, **{k: v for k, v in (curate or {}).items() if v is not None}}},
-                 "licensed": {"config": {"full": full}}, "fragment_layer": {"config": {"full": full}}, "packs": {"config": {"full": full, **(pack or {}),
+                 "licensed": {"config": {"full": full}}, "fragment_layer": {"config": {"full": full}}, "packed": {"config": {"full": full, **(pack or {}),
                                                   **({"engine": curate["engine"]} if (curate or {}).get("engine") else {})}}}
     if only:  # config only for the ops that run
         keep = {n for a in ASSETS for n in [a.op.name] if set(only) & {k.to_user_string() for k in a.keys}}
@@ -280,9 +286,9 @@ def build(warehouse: str, *, full: bool = False, include_ingest: bool = False,
     elif committed:
         partition = {"tags": range_tags(committed[0], committed[-1])}
     else:  # nothing ingested yet: no batch, so no per-batch step; the others run on empty layers
-        per_batch = [k for a in ASSETS if a.partitions_def is not None for k in a.keys]
-        names = {k.to_user_string() for k in per_batch} | {a.op.name for a in ASSETS if a.partitions_def is not None}
-        selection = selection - dg.AssetSelection.assets(*per_batch)
+        # (an op all of whose assets are per-batch gets no config; packed keeps its packs)
+        names = {a.op.name for a in ASSETS if {k.to_user_string() for k in a.keys} <= set(PER_BATCH_KEYS)}
+        selection = selection - dg.AssetSelection.assets(*PER_BATCH_KEYS)
         ops = {k: v for k, v in ops.items() if k not in names}
         defs = dg.Definitions(jobs=[dg.define_asset_job(name=job, selection=selection)], assets=[*ASSETS],
                               asset_checks=[*ALL_CHECKS],

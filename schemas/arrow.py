@@ -95,6 +95,8 @@ PARQUET_TABLES: dict[str, type[BaseModel]] = {
     "fragments": tables.FragmentRow,
     "packs": tables.PackRow,
     "pack_tokens": tables.PackTokenRow,
+    # token chunks rendered ahead of the layouts (a pack_tokens partition run alone): the next packs build takes them
+    "pack_tokens_staged": tables.PackTokenRow,
     "license_facts": tables.LicenseFactRow,
     "eligibility": tables.EligibilityRow,
 }
@@ -102,7 +104,8 @@ PARQUET_TABLES: dict[str, type[BaseModel]] = {
 #: table name -> columns written without a dictionary: a pack's token columns, whose dictionary
 #: (ids of a vocabulary of about 150,000) costs more to build than it saves (packs of the scale
 #: benchmark: 12.5 M tokens written in 0.61 s with dictionaries, 0.33 s without; smaller files)
-PLAIN_COLUMNS: dict[str, frozenset[str]] = {"pack_tokens": frozenset({"input_ids", "loss_mask"})}
+PLAIN_COLUMNS: dict[str, frozenset[str]] = {"pack_tokens": frozenset({"input_ids", "loss_mask"}),
+                                             "pack_tokens_staged": frozenset({"input_ids", "loss_mask"})}
 
 #: table name -> layer folder
 TABLE_LAYERS: dict[str, str] = {
@@ -126,6 +129,7 @@ TABLE_LAYERS: dict[str, str] = {
     "fragments": "fragments",
     "packs": "packed",
     "pack_tokens": "packed",
+    "pack_tokens_staged": "packed",
     "license_facts": "curated",
     "eligibility": "curated",
 }

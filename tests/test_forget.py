@@ -105,6 +105,21 @@ def test_forget_a_source_removes_it_everywhere_and_leaves_the_rest(wh):
     assert prune_ledgers(wh) == 1 and read_ledger(wh, pack_set) == ledger
 
 
+def test_staged_token_rows_of_the_episodes_go(wh):
+    """Tokens rendered ahead (a pack_tokens partition run alone, here of another packer's set: the
+    same units) are rows of the forgotten episode too: they go, the others stay, and the proof holds."""
+    from trajwh.packing.layer import PackConfig, stage_pack_tokens
+
+    assert stage_pack_tokens(wh, run_id="ahead", cfg=PackConfig(packer="first-fit")).chunks["staged"] > 0
+    staged = wh.query("SELECT DISTINCT trajectory_key FROM pack_tokens_staged ORDER BY 1").column(0).to_pylist()
+    key = staged[0]
+    result = forget(wh, f"episode:{key}", "asked to be forgotten")
+    assert result.status == "verified", result.verify
+    assert _count(wh, "SELECT count(*) FROM pack_tokens_staged WHERE trajectory_key = ?", [key]) == 0
+    assert wh.query("SELECT DISTINCT trajectory_key FROM pack_tokens_staged ORDER BY 1").column(0).to_pylist() \
+        == staged[1:]
+
+
 def test_reingest_of_forgotten_records_is_refused_and_counted(wh):
     forget(wh, "source:cases", "withdrawn")
     s = ingest_paths(wh, [CASES / "two_episodes.jsonl"], IngestOptions(source="another-name"))

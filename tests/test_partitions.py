@@ -12,6 +12,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from conftest import trajwh_cmd
 from test_incremental import DERIVED, rows
 from trajwh.ingest.raw_store import IngestOptions, ingest_paths
 from trajwh.lineage.catalog import Warehouse
@@ -190,3 +191,138 @@ def test_the_cli_builds_one_batch(tmp_path: Path, small_corpus: Path):
     assert ok.returncode == 0, ok.stderr
     assert wh.query("SELECT DISTINCT batch_id FROM table_files WHERE table_name = 'episodes'").column(0).to_pylist() \
         == [batches[1]]
+
+
+#: every asset up to the fragments: what the packs' tokens need built first
+_BEFORE_PACKS = [*PER_BATCH_TABLES, "near_dup_clusters", "task_groups", "splits", "leak_flags", "license_facts",
+                 "eligibility", "outcomes", "task_stats", "fragments"]
+
+
+def _files(wh: Warehouse, table: str) -> list[dict]:
+    return wh.query("SELECT path, batch_id FROM table_files WHERE table_name = ? ORDER BY path", [table]).to_pylist()
+
+
+def _meta(result, asset: str) -> dict:
+    return {k: v.value for m in result.get_asset_materialization_events() if m.asset_key.to_user_string() == asset
+            for k, v in m.materialization.metadata.items()}
+
+
+def _token_check(result) -> dg.AssetCheckEvaluation:
+    (check,) = [c for c in result.get_asset_check_evaluations() if c.check_name == "token_rows_whole"]
+    return check
+
+
+def test_pack_tokens_partitions_render_their_batches_ahead_and_the_build_takes_them(tmp_path: Path,
+                                                                                    small_corpus: Path):
+    """Tokenization is a per-batch partition too: a run of one batch's pack_tokens renders that batch's
+    token chunks into pack_tokens_staged (pack_tokens and packs untouched: readers see one consistent
+    set), and the next build takes the staged files as they are (nothing rendered again); the tables
+    equal one whole build's."""
+    whole, parts, batches = _twins(tmp_path, _shards(small_corpus))
+    build(str(whole.root))
+    instance = dg.DagsterInstance.ephemeral()
+    build(str(parts.root), instance=instance, only=_BEFORE_PACKS)
+    for i, batch in enumerate(batches):
+        result = build(str(parts.root), instance=instance, only=["pack_tokens"], batch=batch)
+        assert {(m.asset_key.to_user_string(), m.partition) for m in result.get_asset_materialization_events()} \
+            == {("pack_tokens", batch)}
+        assert _token_check(result).passed
+        staged = _files(parts, "pack_tokens_staged")
+        assert sorted({f["batch_id"] for f in staged}) == sorted(batches[:i + 1])  # its batch's files, under its id
+        assert _files(parts, "pack_tokens") == [] and _files(parts, "packs") == []  # what readers see: untouched
+        chunks = parts.query("SELECT DISTINCT chunk_id FROM pack_tokens_staged WHERE starts_with(chunk_id, ?)",
+                             [batch]).column(0).to_pylist()
+        assert chunks and _meta(result, "pack_tokens")["chunks:staged"] == len(chunks)
+    assert _materialized(instance, "pack_tokens") == set(batches)
+    again = build(str(parts.root), instance=instance, only=["pack_tokens"], batch=batches[0])  # nothing new
+    assert _meta(again, "pack_tokens")["chunks:staged"] == 0 and _meta(again, "pack_tokens")["units_rendered"] == 0
+    staged = {f["path"] for f in _files(parts, "pack_tokens_staged")}
+
+    last = build(str(parts.root), instance=instance)
+    tokens = _meta(last, "pack_tokens")
+    assert tokens["units_rendered"] == 0 and tokens["chunks:staged_taken"] == len(staged)
+    assert {f["path"] for f in _files(parts, "pack_tokens")} == staged  # the staged files, as they are
+    assert _files(parts, "pack_tokens_staged") == []
+    assert _token_check(last).passed
+    _same_tables(parts, whole, DERIVED)
+
+
+def test_staged_tokens_of_changed_units_then_a_build_equal_a_full_build(tmp_path: Path, small_corpus: Path):
+    """Staged over a built set after the splits moved (an earlier cutoff): the changed chunks are
+    staged, the build takes those still current and replaces the stored files of those chunks
+    (never both), and the set equals a full build's with the same cutoff."""
+    whole, parts, batches = _twins(tmp_path, _shards(small_corpus))
+    earlier_cutoff = {"cutoff": "2024-09-01"}
+    build(str(whole.root), full=True, curate=earlier_cutoff)
+    instance = dg.DagsterInstance.ephemeral()
+    build(str(parts.root), instance=instance)
+    before = {f["path"] for f in _files(parts, "pack_tokens")}
+    build(str(parts.root), instance=instance, only=_BEFORE_PACKS, curate=earlier_cutoff)
+    staged = build(str(parts.root), instance=instance, only=["pack_tokens"])  # every batch, as a backfill would
+    assert {m.partition for m in staged.get_asset_materialization_events()} == set(batches)
+    n = _meta(staged, "pack_tokens")["chunks:staged"]
+    assert n > 0 and _meta(staged, "pack_tokens")["units_rendered"] > 0  # chunks whose units moved
+    assert {f["path"] for f in _files(parts, "pack_tokens")} == before  # untouched until the packs build
+    last = build(str(parts.root), instance=instance, curate=earlier_cutoff)
+    assert _meta(last, "pack_tokens")["chunks:staged_taken"] == n
+    assert parts.query("SELECT count(*) - count(DISTINCT unit_id) FROM pack_tokens").column(0)[0].as_py() == 0
+    _same_tables(parts, whole, DERIVED)
+
+
+def test_a_token_file_that_is_not_whole_fails_the_check(tmp_path: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from trajwh.packing.verify import check_token_files, token_file_violations
+
+    wh = Warehouse(tmp_path / "wh")
+    with wh.write_session("test"):
+        pass
+    good = {"pack_set": "ps-1", "unit_id": "u1", "chunk_id": "b1/0000000000", "n_tokens": 3, "n_trainable": 1,
+            "input_ids": [1, 2, 3], "loss_mask": [0, 0, 1], "piece_trainable": [1]}
+    rows = [good, {**good, "unit_id": "u2", "n_tokens": 4},  # a length that is not its list's
+            {**good, "unit_id": "u3", "n_trainable": 2},  # a trained count that is not its mask's
+            {**good, "unit_id": "u4", "chunk_id": "b2/0000000000"}]  # another chunk, of another batch
+    path = tmp_path / "tokens.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    r = check_token_files(wh, "ps-1", [str(path)], batches=["b1"])
+    assert (r["bad_length"], r["bad_trainable"], r["files_with_chunks"], r["other_batch"]) == (1, 1, 1, 1)
+    assert token_file_violations(r) == 4
+    pq.write_table(pa.Table.from_pylist([good]), path)
+    assert token_file_violations(check_token_files(wh, "ps-1", [str(path)], batches=["b1"])) == 0
+    assert check_token_files(wh, "ps-2", [str(path)])["other_set"] == 1
+
+
+def test_the_cli_stages_one_batch_of_tokens(tmp_path: Path, small_corpus: Path):
+    wh, batches = _ingested(tmp_path / "wh", _shards(small_corpus)[:2])
+    build(str(wh.root))
+    cli = [*trajwh_cmd(), "pack", "--warehouse", str(wh.root)]
+    bad = subprocess.run([*cli, "--batch", "nope"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "nope is not a committed batch" in bad.stderr, bad.stderr
+    both = subprocess.run([*cli, "--batch", batches[0], "--full"], capture_output=True, text=True)
+    assert both.returncode == 2 and "not both" in both.stderr
+    ok = subprocess.run([*cli, "--batch", batches[1], "--seq-len", "4096"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "token chunks staged" in ok.stdout
+    # another length is another set: its chunks of that batch are staged, nothing else
+    assert {f["batch_id"] for f in _files(wh, "pack_tokens_staged")} == {batches[1]}
+    assert wh.query("SELECT DISTINCT seq_len FROM pack_tokens_staged").column(0).to_pylist() == [4096]
+
+
+def test_two_token_partition_runs_at_once_then_a_build_equal_one_whole_build(tmp_path: Path, small_corpus: Path):
+    """Two batches' pack_tokens partitions staged by two processes at once (the write lock shared),
+    then a build: it takes both batches' chunks and equals one whole build."""
+    whole, parts, batches = _twins(tmp_path, _shards(small_corpus)[:3])
+    build(str(whole.root))
+    build(str(parts.root), only=_BEFORE_PACKS)
+    cli = [*trajwh_cmd(), "pack", "--warehouse", str(parts.root)]
+    runs = [subprocess.Popen([*cli, "--batch", b], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for b in batches[1:]]
+    for p in runs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    assert sorted({f["batch_id"] for f in _files(parts, "pack_tokens_staged")}) == sorted(batches[1:])
+    last = build(str(parts.root))
+    taken = _meta(last, "pack_tokens")["chunks:staged_taken"]
+    assert taken == parts.query("SELECT count(DISTINCT chunk_id) FROM pack_tokens WHERE NOT starts_with(chunk_id, ?)",
+                                [batches[0]]).column(0)[0].as_py()
+    _same_tables(parts, whole, DERIVED)

@@ -34,7 +34,7 @@ def test_definitions_load():
                                                                                        "redaction_events", "near_dup_clusters",
                                                                                        "task_groups", "splits", "leak_flags",
                                                                                        "outcomes", "task_stats", "fragments",
-                                                                                       "packs", "license_facts", "eligibility",
+                                                                                       "packs", "pack_tokens", "license_facts", "eligibility",
                                                                                        "data_card", "episode_features"}
     assert defs.resolve_job_def("build") is not None
     assert defs.resolve_schedule_def("daily_build").cron_schedule == "0 3 * * *"
@@ -45,8 +45,9 @@ def test_graph_ingests_builds_and_passes_checks(wh, small_corpus):
                    ingest_config={"paths": [str(small_corpus)], "source": "synthetic"})
     assert result.success
     # every check ran (raw_records is selected this time) and passed
-    assert checks_of(result) == {c.name: True for d in ALL_CHECKS for c in d.check_specs}
-    assert len(checks_of(result)) == 20 and checks_of(result)["raw_records_are_whole"]
+    assert checks_of(result) == {c.name: True for d in [*ALL_CHECKS, *ASSETS] for c in d.check_specs}
+    assert len(checks_of(result)) == 21 and checks_of(result)["raw_records_are_whole"]
+    assert checks_of(result)["token_rows_whole"]  # (run in the packing step)
     mats = {m.asset_key.to_user_string(): m.materialization.metadata for m in result.get_asset_materialization_events()}
     for table in ("episodes", "redacted_steps", "splits", "fragments", "eligibility", "packs"):  # the table as it is
         md = mats[table]
@@ -203,7 +204,7 @@ def test_every_asset_has_a_check():
     from trajwh.pipelines.definitions import ASSETS
 
     keys = {k.to_user_string() for a in ASSETS for k in a.keys}
-    checked = {c.asset_key.to_user_string() for d in ALL_CHECKS for c in d.check_specs}
+    checked = {c.asset_key.to_user_string() for d in [*ALL_CHECKS, *ASSETS] for c in d.check_specs}
     assert keys - checked == set()
 
 
@@ -237,12 +238,14 @@ def test_integrity_checks_fail_on_a_broken_layer(wh, cases):
 
 
 def test_every_asset_that_must_stop_a_bad_build_has_a_blocking_check():
-    blocking = {(c.asset_key.to_user_string(), c.name) for d in ALL_CHECKS for c in d.check_specs if c.blocking}
+    blocking = {(c.asset_key.to_user_string(), c.name) for d in [*ALL_CHECKS, *ASSETS] for c in d.check_specs
+                if c.blocking}
     for asset, check in [("episodes", "episodes_have_lineage"), ("steps", "steps_have_lineage"),
                          ("redacted_steps", "redacted_layer_has_no_secrets"),
                          ("redacted_steps", "redacted_steps_have_lineage"), ("splits", "no_group_crosses_splits"),
                          ("fragments", "fragments_only_from_train"), ("outcomes", "one_outcome_per_episode"),
-                         ("eligibility", "every_episode_decided"), ("packs", "packs_round_trip")]:
+                         ("eligibility", "every_episode_decided"), ("packs", "packs_round_trip"),
+                         ("pack_tokens", "token_rows_whole")]:
         assert (asset, check) in blocking
 
 
