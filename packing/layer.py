@@ -334,16 +334,10 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
     assignment (window functions over every unit) runs once, here: its rows are spooled to a file
     under ``.tmp`` that each part reads its chunks' units from. ``engine`` runs the layouts' bin
     assignment (``packing.bins``: the same packs on every engine)."""
-    cfg.validate()
-    tok = get_tokenizer(cfg.tokenizer)
-    summary = PackSummary(run_id, pack_set=pack_set_id(cfg, tok), seq_len=cfg.seq_len)
-    started = now_utc()
-    rules = f"{TRANSFORM}@{PACKS_VERSION};set={summary.pack_set};{_config_rules(cfg, tok)}"
-    version = f"{rules};inputs={inputs_fingerprint(wh, PACK_INPUTS)}"
+    tok, summary, started, prefix, rules, version = _begin(wh, cfg, run_id)
     schema = arrow_schema(PackRow)
     with wh.write_session("packs", timeout=lock_timeout) as session:
         mark_running(session, run_id, "packs", started)
-        prefix = f"{TRANSFORM}@{PACKS_VERSION};set={summary.pack_set};"
         mine, token_files = _set_files(wh, "packs", prefix), _set_files(wh, "pack_tokens", prefix)
         old_versions = {r["transform_version"] for r in mine + token_files}
         outdated = _outdated_sets(wh, cfg, tok)
@@ -422,6 +416,18 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
     return summary
 
 
+def _begin(wh: Warehouse, cfg: PackConfig, run_id: str) -> tuple[Any, PackSummary, Any, str, str, str]:
+    """A pack step's start: the set's tokenizer, its empty summary, the start time, and the set's
+    transform-version prefix, rules (the prefix and the configuration) and version (the rules and
+    the inputs' fingerprint)."""
+    cfg.validate()
+    tok = get_tokenizer(cfg.tokenizer)
+    summary = PackSummary(run_id, pack_set=pack_set_id(cfg, tok), seq_len=cfg.seq_len)
+    prefix = f"{TRANSFORM}@{PACKS_VERSION};set={summary.pack_set};"
+    rules = f"{prefix}{_config_rules(cfg, tok)}"
+    return tok, summary, now_utc(), prefix, rules, f"{rules};inputs={inputs_fingerprint(wh, PACK_INPUTS)}"
+
+
 def _set_files(wh: Warehouse, table: str, prefix: str) -> list[dict[str, Any]]:
     """The manifest rows of ``table``'s files whose transform version starts with ``prefix`` (a set's)."""
     return wh.query("SELECT path, sha256, rows, bytes, transform_version, batch_id FROM table_files WHERE "
@@ -479,13 +485,7 @@ def stage_pack_tokens(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfi
     chunks a batch has depends on the curation (representatives, splits, fragments): stage after
     it. Several staging runs go on at once (the write lock held shared, as the other per-batch
     stages); the packs build waits for them."""
-    cfg.validate()
-    tok = get_tokenizer(cfg.tokenizer)
-    summary = PackSummary(run_id, pack_set=pack_set_id(cfg, tok), seq_len=cfg.seq_len)
-    started = now_utc()
-    prefix = f"{TRANSFORM}@{PACKS_VERSION};set={summary.pack_set};"
-    rules = f"{prefix}{_config_rules(cfg, tok)}"
-    version = f"{rules};inputs={inputs_fingerprint(wh, PACK_INPUTS)}"
+    _, summary, started, prefix, rules, version = _begin(wh, cfg, run_id)
     with wh.write_session(STAGE, timeout=lock_timeout, shared=True) as session:
         mark_running(session, run_id, STAGE, started)
         token_files = [r for r in _set_files(wh, "pack_tokens", prefix) if _rules_of(r) == rules]

@@ -306,6 +306,12 @@ def test_the_cli_stages_one_batch_of_tokens(tmp_path: Path, small_corpus: Path):
     # another length is another set: its chunks of that batch are staged, nothing else
     assert {f["batch_id"] for f in _files(wh, "pack_tokens_staged")} == {batches[1]}
     assert wh.query("SELECT DISTINCT seq_len FROM pack_tokens_staged").column(0).to_pylist() == [4096]
+    # a --full build of that set renders everything itself: the staged files go, none taken
+    from trajwh.packing.layer import PackConfig, build_packs
+
+    s = build_packs(wh, run_id="full", cfg=PackConfig(seq_len=4096), full=True)
+    assert s.chunks["staged_taken"] == 0 and s.units_rendered == s.fragments > 0
+    assert _files(wh, "pack_tokens_staged") == []
 
 
 def test_two_token_partition_runs_at_once_then_a_build_equal_one_whole_build(tmp_path: Path, small_corpus: Path):
