@@ -731,22 +731,26 @@ _TOKEN_ROWS_SQL = """
 
 
 def check_token_files(wh: Warehouse, pack_set: str, paths: list[str], table: str = "pack_tokens",
-                      batches: list[str] | None = None) -> dict[str, int]:
+                      batches: list[str] | None = None, *, whole_table: bool = True) -> dict[str, int]:
     """What a token step wrote, checked (the packs check verifies every row against its layout
     and rendering; this needs no layout, so it also holds for staged files): each row's lengths
     agree with its token and mask lists, its trained count with its mask and its pieces, its set is
     ``pack_set``; a file holds one chunk, of ``batches`` (None: any); and no unit has two rows in
-    ``table``'s files of the set (the whole table: only the unit ids are read)."""
+    ``table``'s files of the set (``whole_table``; else in ``paths``). The packs build passes
+    ``whole_table=False``: its blocking packs check joins every segment to its unit's rows, and a
+    unit with two rows breaks the tiling and trained sums it verifies (reading every file's unit
+    ids here took 0.25 s of an incremental build at 107,000 episodes: 1,032 files)."""
     out = {"files": len(paths), "rows": 0, "bad_length": 0, "bad_trainable": 0, "other_set": 0, "files_with_chunks": 0,
            "other_batch": 0}
     if paths:
         row = wh.query(_TOKEN_ROWS_SQL, [pack_set, batches is not None, batches or [], paths]).to_pylist()[0]
         out.update({k: int(v or 0) for k, v in row.items()})
-    held = wh.query("SELECT path FROM table_files WHERE table_name = ? AND contains(transform_version, ?)",
-                    [table, f"set={pack_set};"]).column(0).to_pylist()
+    held = [str(wh.data / p) for p in wh.query(
+        "SELECT path FROM table_files WHERE table_name = ? AND contains(transform_version, ?)",
+        [table, f"set={pack_set};"]).column(0).to_pylist()] if whole_table else paths
     out["units_twice"] = int(wh.query(
         "SELECT count(*) - count(DISTINCT unit_id) FROM read_parquet(?, union_by_name = true) WHERE pack_set = ?",
-        [[str(wh.data / p) for p in held], pack_set]).column(0)[0].as_py()) if held else 0
+        [held, pack_set]).column(0)[0].as_py()) if held else 0
     return out
 
 

@@ -333,8 +333,8 @@ def _pack_metadata(warehouse: WarehouseResource, s, cfg) -> dict:
         TOKEN_ROWS_CHECK, asset="pack_tokens", blocking=True,
         description="The token files the step wrote are whole: each row's lengths agree with its token and mask "
                     "lists, its trained count with its mask and its pieces; a file holds one chunk of the run's "
-                    "batches; no unit has two rows in the set (staged rows checked the same way). The packs check "
-                    "verifies every row against its layout and rendering.")],
+                    "batches; no unit has two rows in them (in the whole staged set, for staged rows). The packs "
+                    "check verifies every row of the set against its layout and rendering.")],
     can_subset=True,  # pack_tokens alone: a batch's tokens rendered ahead of the layouts
     backfill_policy=dg.BackfillPolicy.single_run(),
 )
@@ -374,8 +374,9 @@ def _token_check(context: dg.AssetExecutionContext, warehouse: WarehouseResource
     if dg.AssetCheckKey(dg.AssetKey("pack_tokens"), TOKEN_ROWS_CHECK) not in context.selected_asset_check_keys:
         return
     wh = warehouse.get()
+    # (the build's set: units twice are the packs check's to find, over the whole set)
     r = cached(wh, f"{TOKEN_ROWS_CHECK}:{s.pack_set}:{table}", [table],
-               lambda: check_token_files(wh, s.pack_set, s.written, table, batches))
+               lambda: check_token_files(wh, s.pack_set, s.written, table, batches, whole_table=table != "pack_tokens"))
     yield dg.AssetCheckResult(asset_key="pack_tokens", check_name=TOKEN_ROWS_CHECK,
                               passed=token_file_violations({k: v for k, v in r.items() if k != "cached"}) == 0,
                               metadata={"pack_set": s.pack_set, "table": table, **{k: int(v) for k, v in r.items()}})

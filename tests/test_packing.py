@@ -462,6 +462,27 @@ def test_verify_packs_catches_broken_structure(built: Warehouse, tmp_path: Path)
     assert {k: v for k, v in two.items() if k != "examples"} == {k: v for k, v in r.items() if k != "examples"}
 
 
+def test_a_unit_with_two_token_rows_fails_the_packs_check(built: Warehouse, tmp_path: Path):
+    """The token step's own check looks for a unit twice only in the files it wrote (reading every
+    file's unit ids costs a whole-set scan): the packs check finds one across files, because a
+    unit's segments join to each of its rows and then no longer tile the sequence."""
+    import shutil
+
+    import pyarrow.parquet as pq
+    from trajwh.packing.verify import verify_packs
+
+    wh = Warehouse(tmp_path / "copy")
+    shutil.copytree(built.root, wh.root)
+    ps = _pack_set(wh)
+    rels = wh.query("SELECT path FROM table_files WHERE table_name = 'pack_tokens' AND contains(transform_version, ?) "
+                    "ORDER BY path", [ps]).column(0).to_pylist()
+    a, b = (wh.root / r for r in rels[:2])
+    t, other = pq.read_table(a), pq.read_table(b)
+    pq.write_table(type(t).from_batches([*t.to_batches(), *other.slice(0, 1).cast(t.schema).to_batches()]), a)
+    r = verify_packs(wh, ps, scan_secrets=False)
+    assert r["length_violations"] >= 1, r
+
+
 def test_verify_packs_in_parts_counts_and_trusts_what_one_part_does(built: Warehouse, tmp_path: Path):
     """Verified in worker processes (a part of the packs each), a pack set gives the counts and the
     ledger that one process gives; the ledger a two-part check wrote spares the next one rendering."""
