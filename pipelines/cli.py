@@ -274,10 +274,21 @@ def _shown(v: Any) -> str:
 
 
 def print_build(result: Any, seconds: float) -> None:
+    """One line per asset (a per-batch asset once, with its batches: Dagster records one
+    materialization per batch of the run, with the same metadata), then the checks."""
     c = render.console
+    batches: dict[str, set[str]] = {}
+    firsts = []
     for mat in result.get_asset_materialization_events():
+        key = mat.asset_key.to_user_string()
+        if key not in batches:
+            firsts.append(mat)
+        batches.setdefault(key, set()).add(mat.partition)
+    for mat in firsts:
         md = mat.materialization.metadata
-        c.print(f"  [green]✓[/] {mat.asset_key.to_user_string()}: " + escape(
+        key = mat.asset_key.to_user_string()
+        n = len(batches[key] - {None})
+        c.print(f"  [green]✓[/] {key}{f' ({n} batches)' if n > 1 else ''}: " + escape(
                 ", ".join(f"{k.replace('dagster/row_count', 'rows')}={_shown(v)}" for k, v in md.items()
                           if k == "dagster/row_count" or not k.startswith("dagster/"))), emoji=False)
     failed = []

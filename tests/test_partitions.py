@@ -294,7 +294,13 @@ def test_a_token_file_that_is_not_whole_fails_the_check(tmp_path: Path):
 
 def test_the_cli_stages_one_batch_of_tokens(tmp_path: Path, small_corpus: Path):
     wh, batches = _ingested(tmp_path / "wh", _shards(small_corpus)[:2])
-    build(str(wh.root))
+    whole = subprocess.run([*trajwh_cmd(), "build", "--warehouse", str(wh.root)], capture_output=True, text=True)
+    assert whole.returncode == 0, whole.stderr
+    # its summary: one line per asset, a per-batch asset with its batches (never a line per batch)
+    lines = [line.strip() for line in whole.stdout.splitlines() if line.strip().startswith("✓ ") and ": rows=" in line]
+    assert len(lines) == len({line.split(":")[0] for line in lines}), whole.stdout
+    assert any(line.startswith("✓ pack_tokens (2 batches):") for line in lines), whole.stdout
+    assert any(line.startswith("✓ packs:") for line in lines), whole.stdout
     cli = [*trajwh_cmd(), "pack", "--warehouse", str(wh.root)]
     bad = subprocess.run([*cli, "--batch", "nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and "nope is not a committed batch" in bad.stderr, bad.stderr
