@@ -40,6 +40,13 @@ BUILD_SELECTION = dg.AssetSelection.all() - dg.AssetSelection.assets(raw_records
 
 build_job = dg.define_asset_job("build", selection=BUILD_SELECTION,
                                 description="Rebuild the derived layers from raw.")
+#: the per-batch assets before curation, of the batches a run names, each step in its own process
+#: (Dagster's multiprocess executor): what a backfill of batches runs from the UI or the daemon, one
+#: run per batch or range beside the others (their writers share the lock)
+per_batch_job = dg.define_asset_job("per_batch", selection=dg.AssetSelection.assets(*BATCH_RUN_KEYS),
+                                    partitions_def=BATCHES, executor_def=dg.multiprocess_executor,
+                                    description="Normalize, redact and featurize the chosen batches, "
+                                                "each step in its own process.")
 ingest_landing_job = dg.define_asset_job("ingest_landing", selection=dg.AssetSelection.all(),
                                          description="Ingest the landing folder, then build.")
 @dg.schedule(job=build_job, cron_schedule="0 3 * * *", name="daily_build",
@@ -124,12 +131,18 @@ def record_failed_runs(context: dg.RunFailureSensorContext, warehouse: Warehouse
 defs = dg.Definitions(
     assets=ASSETS,
     asset_checks=ALL_CHECKS,
-    jobs=[build_job, ingest_landing_job],
+    jobs=[build_job, ingest_landing_job, per_batch_job],
     schedules=[daily_build],
     sensors=[landing_sensor, record_succeeded_runs, record_failed_runs],
     resources={"warehouse": WarehouseResource(path=os.environ.get("TRAJWH_WAREHOUSE", ""),
                                               config=os.environ.get("TRAJWH_CONFIG", ""))},
 )
+
+
+def per_batch_job_def() -> dg.JobDefinition:
+    """``per_batch_job`` resolved, for ``dagster.reconstructable`` (a multiprocess run's step
+    processes load it by this function's module and name; the warehouse is ``TRAJWH_WAREHOUSE``)."""
+    return defs.resolve_job_def("per_batch")
 
 
 DAGSTER_DIR = "_dagster"

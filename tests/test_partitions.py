@@ -5,6 +5,7 @@ then a whole build, give the tables one whole build gives (docs/scale.md, "Per-b
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -338,3 +339,42 @@ def test_two_token_partition_runs_at_once_then_a_build_equal_one_whole_build(tmp
     assert taken == parts.query("SELECT count(DISTINCT chunk_id) FROM pack_tokens WHERE NOT starts_with(chunk_id, ?)",
                                 [batches[0]]).column(0)[0].as_py()
     _same_tables(parts, whole, DERIVED)
+
+
+_PER_BATCH_RUN = """
+import json, sys
+import dagster as dg
+from trajwh.pipelines.definitions import per_batch_job_def, warehouse_instance
+instance = warehouse_instance(sys.argv[1])
+with dg.execute_job(dg.reconstructable(per_batch_job_def), instance, tags={"dagster/partition": sys.argv[2]}) as r:
+    print(json.dumps({"success": r.success,
+                      "pids": sorted({e.pid for e in r.all_events if e.event_type_value == "STEP_START"}),
+                      "assets": sorted({m.asset_key.to_user_string() for m in r.get_asset_materialization_events()})}))
+"""
+
+
+def test_two_partitions_at_once_with_the_multiprocess_executor(tmp_path: Path, small_corpus: Path):
+    """The per_batch job (Dagster's multiprocess executor: each step in its own process) run for two
+    batches at once, as a backfill's launched runs are: both succeed, each step ran in a process of
+    its own, and a build after them equals one whole build."""
+    import json
+
+    from trajwh.pipelines.definitions import warehouse_instance
+
+    whole, parts, batches = _twins(tmp_path, _shards(small_corpus)[:3])
+    build(str(whole.root))
+    instance = warehouse_instance(parts.root)  # persistent: the runs' step processes report to it
+    sync_partitions(parts, instance)
+    env = {**os.environ, "TRAJWH_WAREHOUSE": str(parts.root)}  # (the steps' warehouse resource)
+    runs = [subprocess.Popen([sys.executable, "-c", _PER_BATCH_RUN, str(parts.root), b], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for b in batches[1:]]
+    for p in runs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+        r = json.loads(out.strip().splitlines()[-1])
+        assert r["success"] and p.pid not in r["pids"] and len(r["pids"]) >= 3, r  # a process per step
+        assert r["assets"] == sorted(PER_BATCH_TABLES)
+    assert sorted(parts.query("SELECT DISTINCT batch_id FROM table_files WHERE table_name = 'episode_features'")
+                  .column(0).to_pylist()) == sorted(batches[1:])
+    build(str(parts.root), instance=instance)
+    _same_tables(parts, whole)
