@@ -21,7 +21,7 @@ from trajwh.ingest import raw_store
 from trajwh.ingest.raw_store import IngestOptions, ingest_paths
 from trajwh.lineage.catalog import STORAGE_FILE, Warehouse
 from trajwh.lineage.storage import ObjectPath, location_files, write_parquet
-from trajwh.pipelines.definitions import build
+from trajwh.pipelines.definitions import PER_BATCH_KEYS, build
 from trajwh.redaction.vault import Vault
 from trajwh.schemas.arrow import PARQUET_TABLES
 from trajwh.schemas.errors import ConfigError
@@ -116,7 +116,19 @@ def test_the_build_on_s3_equals_the_build_on_a_local_folder(tmp_path: Path, s3_e
     monkeypatch.setattr(redact_layer, "PARALLEL_MIN_EPISODES", 1)
     monkeypatch.setattr(curate_layer, "PARALLEL_MIN_ITEMS", 1)
     monkeypatch.setattr(normalize_layer, "PARALLEL_MIN_ITEMS", 1)
-    build(str(remote.root))
+    # and the packs' tokens staged per batch first (pack_tokens partitions alone), then taken by the build
+    before_packs = [k for k in PER_BATCH_KEYS if k != "pack_tokens"] + [
+        "near_dup_clusters", "task_groups", "splits", "leak_flags", "license_facts", "eligibility", "outcomes",
+        "task_stats", "fragments"]
+    build(str(remote.root), only=before_packs)
+    build(str(remote.root), only=["pack_tokens"])
+    staged = remote.files("pack_tokens_staged")
+    assert staged and all(isinstance(p, ObjectPath) and p.exists() for p in staged)
+    last = build(str(remote.root))
+    taken = {k: v.value for m in last.get_asset_materialization_events() if m.asset_key.to_user_string() == "pack_tokens"
+             for k, v in m.materialization.metadata.items()}
+    assert taken["chunks:staged_taken"] == len(staged) and taken["units_rendered"] == 0
+    assert remote.files("pack_tokens_staged") == [] and {str(p) for p in staged} <= {str(p) for p in remote.files("pack_tokens")}
     assert remote.remote and not local.remote
     for table in PARQUET_TABLES:
         assert same_rows(local, table) == same_rows(remote, table), f"{table}: the build on S3 differs from the local one"
