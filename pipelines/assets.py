@@ -363,7 +363,6 @@ def packed(context: dg.AssetExecutionContext, config: PacksConfig, warehouse: Wa
     yield dg.MaterializeResult(asset_key="packs", metadata=_pack_metadata(warehouse, s, cfg))
 
 
-
 def _token_check(context: dg.AssetExecutionContext, warehouse: WarehouseResource, s, table: str,
                  batches: list[str] | None):
     """The pack_tokens check, in the step (no step of its own): over the files the step wrote or
