@@ -378,11 +378,9 @@ def build_packs(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfig(), f
             files += written.values()
             summary.written = [str(f.path) for f in written.values()]
             lengths = {**plan.known, **made}
-            kept_tokens = [WrittenFile("pack_tokens", data_root(str(wh.data / r["path"])), r["sha256"], r["rows"], r["bytes"])
-                           for r in stored.token_files if _chunk_of(stored, r) in plan.chunks
+            kept_tokens = [_listed_again(wh, r) for r in stored.token_files if _chunk_of(stored, r) in plan.chunks
                            and _chunk_of(stored, r) not in plan.write | replaced]
-            kept_tokens += [WrittenFile("pack_tokens", data_root(str(wh.data / r["path"])), r["sha256"], r["rows"], r["bytes"])
-                            for r in staged if r["path"] in taken]
+            kept_tokens += [_listed_again(wh, r) for r in staged if r["path"] in taken]
             files += kept_tokens
             summary.written += [str(wh.data / path) for path in taken]  # (checked as staged; checked again)
             # 2. layouts: the windows whose inputs changed packed again from lengths, the others copied
@@ -432,6 +430,13 @@ def _set_files(wh: Warehouse, table: str, prefix: str) -> list[dict[str, Any]]:
     """The manifest rows of ``table``'s files whose transform version starts with ``prefix`` (a set's)."""
     return wh.query("SELECT path, sha256, rows, bytes, transform_version, batch_id FROM table_files WHERE "
                     "table_name = ? AND starts_with(transform_version, ?)", [table, prefix]).to_pylist()
+
+
+def _listed_again(wh: Warehouse, manifest_row: dict[str, Any]) -> WrittenFile:
+    """A stored or staged token file kept as it is, to be listed as a ``pack_tokens`` file of this
+    run (a staged file already lies in ``pack_tokens``' folder: only its manifest row changes)."""
+    r = manifest_row
+    return WrittenFile("pack_tokens", data_root(str(wh.data / r["path"])), r["sha256"], r["rows"], r["bytes"])
 
 
 def _rules_of(manifest_row: dict[str, Any]) -> str:
@@ -514,6 +519,7 @@ def stage_pack_tokens(wh: Warehouse, *, run_id: str, cfg: PackConfig = PackConfi
         for chunk in todo:
             by_batch.setdefault(_batch_of(chunk), [])
             if chunk in written:
+                # (written in pack_tokens' folder, listed as staged: taking it later moves no bytes)
                 by_batch[_batch_of(chunk)].append(dataclasses.replace(written[chunk], table=STAGED))
         by_batch.update({b: [] for r in staged if r["path"] not in current and (b := r["batch_id"]) not in by_batch
                          and (scope is None or b in scope)})  # only stale staged files to remove

@@ -140,23 +140,28 @@ def read_stored(wh: Warehouse, pack_set: str, files: list[dict[str, Any]], token
     """The stored set's layouts (``StoredSet``) from its ``files``, its token rows' meta (no
     tokens) from ``token_files`` and its staged token rows' meta from ``staged_files``."""
     out = StoredSet(files, token_files=token_files)
-    if staged_files:
-        path_of = {str(wh.data / r["path"]): str(r["path"]) for r in staged_files}
-        for r in wh.query(_TOKEN_META, [list(path_of), pack_set]).to_pylist():
-            out.staged[r["unit_id"]] = r
-            out.staged_files[path_of.get(r["filename"], r["filename"])] = (r["chunk_id"], r["chunk_digest"])
+    for path, r in _token_meta(wh, pack_set, staged_files or []):
+        out.staged[r["unit_id"]] = r
+        out.staged_files[path] = (r["chunk_id"], r["chunk_digest"])
     if files:
         data = wh.query("SELECT filename, window_id, window_digest, split, n_tokens, n_trainable, segments FROM "
                         "read_parquet(?, union_by_name = true, filename = true) WHERE pack_set = ?",
                         [[str(wh.data / r["path"]) for r in files], pack_set])
         out.table, out.segments = data.drop_columns(["segments"]), data.column("segments").to_pylist()
-    if token_files:
-        path_of = {str(wh.data / r["path"]): str(r["path"]) for r in token_files}
-        for r in wh.query(_TOKEN_META, [list(path_of), pack_set]).to_pylist():
-            out.tokens[r["unit_id"]] = r
-            out.chunks[r["chunk_id"]] = r["chunk_digest"]
-            out.file_chunks[path_of.get(r["filename"], r["filename"])] = r["chunk_id"]
+    for path, r in _token_meta(wh, pack_set, token_files):
+        out.tokens[r["unit_id"]] = r
+        out.chunks[r["chunk_id"]] = r["chunk_digest"]
+        out.file_chunks[path] = r["chunk_id"]
     return out
+
+
+def _token_meta(wh: Warehouse, pack_set: str, files: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(manifest path, row meta) of the set's token rows in ``files`` (manifest rows): no tokens read."""
+    if not files:
+        return
+    path_of = {str(wh.data / r["path"]): str(r["path"]) for r in files}
+    for r in wh.query(_TOKEN_META, [list(path_of), pack_set]).to_pylist():
+        yield path_of.get(r["filename"], r["filename"]), r
 
 
 def stored_windows(stored: StoredSet) -> dict[str, str]:
