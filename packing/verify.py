@@ -359,7 +359,8 @@ def _verify_set(wh: Warehouse, pack_set: str, *, scan_secrets: bool, progress: C
         trusted, unread = trusted_files(wh, pack_set)
     else:
         trusted, unread = [], [str(p) for p, _ in set_files(wh, pack_set)]
-    small = workers is None and not _parallel_work(wh, pack_set, n_packs, unread, ledger)
+    parallel, entries = (False, None) if workers is not None else _parallel_work(wh, pack_set, n_packs, unread, ledger)
+    small = workers is None and not parallel
     n = workers if workers is not None else (1 if small else parts_within(workers_wanted(), PART_MB))
     n = max(1, min(n, len(trusted) + len(unread)))
 
@@ -377,8 +378,8 @@ def _verify_set(wh: Warehouse, pack_set: str, *, scan_secrets: bool, progress: C
         task = {"root": str(wh.root), "pack_set": pack_set, "scan_secrets": scan_secrets, "examples": examples,
                 "secret_sample": secret_sample, "token_sample": token_sample, "ledger": ledger, "parts": n}
         shares = _deal(trusted, unread, n)
-        if n == 1:
-            parts = [_verify_part({**task, **shares[0]}, progress)]
+        if n == 1:  # in this process: the ledger read to decide is not read again
+            parts = [_verify_part({**task, **shares[0], "entries": entries}, progress)]
         else:
             parts = run_parts(_verify_in_worker, [{**task, **share} for share in shares])
         if pending is not None:
@@ -409,19 +410,20 @@ def _verify_set(wh: Warehouse, pack_set: str, *, scan_secrets: bool, progress: C
     return out
 
 
-def _parallel_work(wh: Warehouse, pack_set: str, n_packs: int, unread: list[str], use_ledger: bool) -> bool:
+def _parallel_work(wh: Warehouse, pack_set: str, n_packs: int, unread: list[str],
+                   use_ledger: bool) -> tuple[bool, dict[str, list[str]] | None]:
     """Whether a check is worth parts: ``PARALLEL_MIN_PACKS`` packs or more and, with the ledger,
-    enough units to render again or token rows to read."""
+    enough units to render again or token rows to read; and the ledger when it was read."""
     if n_packs < PARALLEL_MIN_PACKS:
-        return False
+        return False, None
     if not use_ledger:
-        return True
+        return True, None
     rows = {str(wh.data / r["path"]): r["rows"] for r in wh.query(
         "SELECT path, rows FROM table_files WHERE table_name = 'pack_tokens' AND contains(transform_version, ?)",
         [f"set={pack_set};"]).to_pylist()}
-    total = sum(rows.values())
-    renders = total - len(read_ledger(wh, pack_set))
-    return renders >= PARALLEL_MIN_RENDERS or sum(rows.get(p, 0) for p in unread) >= PARALLEL_MIN_READ
+    entries = read_ledger(wh, pack_set)
+    renders = sum(rows.values()) - len(entries)
+    return renders >= PARALLEL_MIN_RENDERS or sum(rows.get(p, 0) for p in unread) >= PARALLEL_MIN_READ, entries
 
 
 def _deal(trusted: list[tuple[str, list[FileRow]]], unread: list[str], n: int) -> list[dict[str, list[Any]]]:
@@ -455,7 +457,7 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
 
     wh, pack_set = Warehouse(task["root"]), task["pack_set"]
     memory = duckdb_memory(_PART_MEMORY.get(task["parts"], 256))
-    ledger = read_ledger(wh, pack_set) if task["ledger"] else {}
+    ledger = {} if not task["ledger"] else task["entries"] if task.get("entries") is not None else read_ledger(wh, pack_set)
     out: dict[str, Any] = {"tokens": 0, "length_violations": 0, "round_trip_violations": 0, "trained_text_violations": 0,
                            "secret_violations": 0, "secret_scanned": 0, "rendered": 0, "encoded": 0, "examples": []}
 

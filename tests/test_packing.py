@@ -521,14 +521,15 @@ def test_a_check_with_little_to_render_or_read_runs_in_one_part(built: Warehouse
     n_packs = wh.query("SELECT count(*) FROM packs WHERE pack_set = ?", [ps]).column(0)[0].as_py()
     n_rows = wh.query("SELECT count(*) FROM pack_tokens WHERE pack_set = ?", [ps]).column(0)[0].as_py()
     monkeypatch.setattr(verify, "PARALLEL_MIN_READ", n_rows + 1)
-    assert verify._parallel_work(wh, ps, n_packs, files, use_ledger=False)  # everything rendered
+    assert verify._parallel_work(wh, ps, n_packs, files, use_ledger=False)[0]  # everything rendered
     assert len(verify.read_ledger(wh, ps)) >= n_rows - 4  # the build's check covered the set
-    assert not verify._parallel_work(wh, ps, n_packs, files, use_ledger=True)
+    parallel, entries = verify._parallel_work(wh, ps, n_packs, files, use_ledger=True)
+    assert not parallel and entries == verify.read_ledger(wh, ps)  # the ledger read to decide, handed on
     monkeypatch.setattr(verify, "PARALLEL_MIN_READ", n_rows)  # every file unread: enough rows to read
-    assert verify._parallel_work(wh, ps, n_packs, files, use_ledger=True)
-    assert not verify._parallel_work(wh, ps, n_packs, files[:0], use_ledger=True)
+    assert verify._parallel_work(wh, ps, n_packs, files, use_ledger=True)[0]
+    assert not verify._parallel_work(wh, ps, n_packs, files[:0], use_ledger=True)[0]
     verify._ledger_path(wh, ps).unlink()  # nothing verified before: every unit rendered again
-    assert verify._parallel_work(wh, ps, n_packs, [], use_ledger=True)
+    assert verify._parallel_work(wh, ps, n_packs, [], use_ledger=True)[0]
 
 
 def _read_megatron(prefix: Path) -> list[np.ndarray]:
