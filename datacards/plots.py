@@ -25,6 +25,11 @@ def _plt() -> Any:
     return plt
 
 
+def warm_plots() -> None:
+    """Import what the plots need, ahead of them (``build_card`` does it beside its queries)."""
+    _plt()
+
+
 def _svg(fig: Any) -> str:
     buf = io.StringIO()
     fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": None})

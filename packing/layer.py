@@ -619,9 +619,7 @@ def _token_part(t: dict[str, Any]) -> tuple[dict[str, Any], PackSummary, dict[st
     made: dict[str, tuple[int, tuple[int, ...], list[str]]] = {}
     chunk, rows, copy = None, [], []
 
-    def flush() -> None:
-        if chunk is None:
-            return
+    def write(chunk: str, rows: list[dict[str, Any]], copy: list[str]) -> None:
         base = {"pack_set": t["pack_set"], "chunk_id": chunk, "chunk_digest": plan.chunks[chunk], "tokenizer_id": tok.id,
                 "seq_len": cfg.seq_len, **t["lineage"]}
         tables = [token_table([{**r, **base} for r in rows], schema)] if rows else []
@@ -638,36 +636,54 @@ def _token_part(t: dict[str, Any]) -> tuple[dict[str, Any], PackSummary, dict[st
         table = table.take(pc_sort(table))
         files[chunk] = write_table_file(wh, "pack_tokens", table)
 
-    for u, steps in _units_to_render(wh, plan, Path(t["units"]), t["chunks"], memory=t["memory"],
-                                     threads=t["threads"]):
-        if u["chunk_id"] != chunk:
-            flush()
-            chunk, rows, copy = u["chunk_id"], [], []
-        unit = u["unit_id"]
-        if unit in plan.dropped:
-            continue
-        if unit not in plan.rendering:
-            copy.append(unit)
-            continue
-        r = render(steps, u["span"], tok, tools=u.get("tools"))
-        removed: list[str] = []
-        if cfg.policy == "truncate-context" and len(r.ids) > cfg.seq_len:
-            cut = truncate_context(steps, u["span"], cfg.seq_len, tok, r, tools=u.get("tools"))
-            if cut is None:
+    # a chunk is written (its copied rows read, the file encoded and hashed: Arrow's work, mostly
+    # outside the GIL) in a thread while the next chunk's units are rendered; one chunk at a time,
+    # so at most two chunks' rows are held (107,000 + 1 %: 76 chunks, the step 5.4 -> 5.0 s)
+    writer = ThreadPoolExecutor(1)
+    pending: list[Any] = []
+
+    def flush() -> None:
+        if chunk is None:
+            return
+        while pending:
+            pending.pop().result()
+        pending.append(writer.submit(write, chunk, rows, copy))
+
+    try:
+        for u, steps in _units_to_render(wh, plan, Path(t["units"]), t["chunks"], memory=t["memory"],
+                                         threads=t["threads"]):
+            if u["chunk_id"] != chunk:
+                flush()
+                chunk, rows, copy = u["chunk_id"], [], []
+            unit = u["unit_id"]
+            if unit in plan.dropped:
+                continue
+            if unit not in plan.rendering:
+                copy.append(unit)
+                continue
+            r = render(steps, u["span"], tok, tools=u.get("tools"))
+            removed: list[str] = []
+            if cfg.policy == "truncate-context" and len(r.ids) > cfg.seq_len:
+                cut = truncate_context(steps, u["span"], cfg.seq_len, tok, r, tools=u.get("tools"))
+                if cut is None:
+                    part.drops[unit] = u["token_key"]
+                    continue
+                r, removed = cut
+            elif cfg.policy == "drop" and len(r.ids) > cfg.seq_len:
                 part.drops[unit] = u["token_key"]
                 continue
-            r, removed = cut
-        elif cfg.policy == "drop" and len(r.ids) > cfg.seq_len:
-            part.drops[unit] = u["token_key"]
-            continue
-        ids_ = np.asarray(r.ids, dtype=np.int32)
-        mask = np.asarray(r.mask, dtype=np.int8)
-        pieces = tuple(int(mask[a:a + cfg.seq_len].sum()) for a in range(0, max(1, len(ids_)), cfg.seq_len))
-        made[unit] = (len(ids_), pieces, removed)
-        rows.append({"unit_id": unit, "token_key": u["token_key"], "trajectory_key": u["trajectory_key"],
-                     "n_tokens": len(ids_), "n_trainable": int(mask.sum()), "piece_trainable": list(pieces),
-                     "input_ids": ids_, "loss_mask": mask, "removed_step_ids": removed})
-    flush()
+            ids_ = np.asarray(r.ids, dtype=np.int32)
+            mask = np.asarray(r.mask, dtype=np.int8)
+            pieces = tuple(int(mask[a:a + cfg.seq_len].sum()) for a in range(0, max(1, len(ids_)), cfg.seq_len))
+            made[unit] = (len(ids_), pieces, removed)
+            rows.append({"unit_id": unit, "token_key": u["token_key"], "trajectory_key": u["trajectory_key"],
+                         "n_tokens": len(ids_), "n_trainable": int(mask.sum()), "piece_trainable": list(pieces),
+                         "input_ids": ids_, "loss_mask": mask, "removed_step_ids": removed})
+        flush()
+        while pending:
+            pending.pop().result()
+    finally:
+        writer.shutdown(wait=True, cancel_futures=True)
     return files, part, made
 
 

@@ -97,8 +97,16 @@ class Tokenizer:
     @cached_property
     def token_lengths(self) -> np.ndarray:
         """Each token id's length in UTF-8 bytes (0 for an id the vocabulary does not hold)."""
-        out = np.zeros(self.encoding.max_token_value + 1, dtype=np.int64)
-        for i in range(len(out)):
+        enc = self.encoding
+        out = np.zeros(enc.max_token_value + 1, dtype=np.int64)
+        ranks, specials = getattr(enc, "_mergeable_ranks", None), getattr(enc, "_special_tokens", None)
+        if isinstance(ranks, dict) and isinstance(specials, dict):
+            # from the vocabulary itself (151,000 ids: a decode call per id took 0.5 s of every build's check)
+            for table in (ranks, {text.encode(): i for text, i in specials.items()}):
+                out[np.fromiter(table.values(), dtype=np.int64, count=len(table))] = np.fromiter(
+                    map(len, table), dtype=np.int64, count=len(table))
+            return out
+        for i in range(len(out)):  # an encoding that does not show its vocabulary: asked id by id
             try:
                 out[i] = len(self.token_bytes(i))
             except KeyError:

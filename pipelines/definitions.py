@@ -172,12 +172,15 @@ def warehouse_instance(warehouse: str | os.PathLike) -> dg.DagsterInstance:
     # its sqlite tables ("table secondary_indexes already exists"): one at a time, storages touched
     import fcntl
 
+    from trajwh.pipelines.dagster_storage import pooled
+
     fd = os.open(home / ".init.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         if current is None or (current.startswith(_OURS) and current != _DAGSTER_YAML):  # ours, and older: updated
             config.write_text(_DAGSTER_YAML)
-        instance = dg.DagsterInstance.from_config(str(home))
+        # its event log's sqlite connections kept open while the process runs (pipelines/dagster_storage.py)
+        instance = pooled(dg.DagsterInstance.from_config(str(home)))
         instance.get_runs(limit=1)  # run storage
         instance.get_dynamic_partitions("batches")  # event log storage (its index)
         instance.all_instigator_state()  # schedule storage

@@ -383,3 +383,38 @@ def test_full_rebuild_regenerates_every_batch(wh, cases):
     md = result.get_asset_materialization_events()[0].materialization.metadata
     assert md["batches_built"].value == 2
     assert wh.query("SELECT count(*) FROM episodes").column(0)[0].as_py() == 4
+
+
+def test_the_warehouse_instance_keeps_its_event_log_open_and_other_readers_see_it(wh, cases):
+    """`trajwh build` records its run with the event log's sqlite connections kept open (one per
+    file and process: pipelines/dagster_storage.py); what it stores is Dagster's own, so another
+    process's stock storage (`trajwh ui`) reads it while they are open."""
+    import os
+
+    from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
+    from trajwh.pipelines.dagster_storage import PooledSqliteEventLogStorage, pooled
+    from trajwh.pipelines.definitions import DAGSTER_DIR
+
+    ingest_paths(wh, [cases / "two_episodes.jsonl"], IngestOptions(source="cases"))
+    instance = warehouse_instance(wh.root)
+    storage = instance._event_storage
+    assert type(storage) is PooledSqliteEventLogStorage
+    result = build(str(wh.root), instance=instance)
+    assert result.success
+    pid, engines = storage.__dict__["_trajwh_engines"]
+    assert pid == os.getpid() and {"index", result.run_id} <= set(engines)  # the index and the run's file
+    # Dagster's stock storage, as another process opens it, sees the run, its materializations and checks
+    stock = dg.DagsterInstance.from_config(str(wh.root / DAGSTER_DIR))
+    assert type(stock._event_storage) is SqliteEventLogStorage
+    assert stock.get_run_by_id(result.run_id).is_success
+    assert stock.get_latest_materialization_event(dg.AssetKey("splits")).run_id == result.run_id
+    assert len(stock.all_logs(result.run_id)) == len(instance.all_logs(result.run_id)) > 50
+    # a storage a fork inherited opens its own connections, never the parent's
+    storage.__dict__["_trajwh_engines"] = (-1, engines)
+    instance.get_latest_materialization_event(dg.AssetKey("splits"))
+    assert storage.__dict__["_trajwh_engines"][0] == os.getpid()
+    assert all(e is not engines.get(shard) for shard, e in storage.__dict__["_trajwh_engines"][1].items())
+    instance.dispose()  # closes them
+    assert "_trajwh_engines" not in storage.__dict__
+    # an instance whose event log is not Dagster's sqlite one is left as it is
+    assert type(pooled(dg.DagsterInstance.ephemeral())._event_storage) is not PooledSqliteEventLogStorage
