@@ -13,7 +13,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from conftest import trajwh_cmd
+from conftest import SHARED_CORPUS, trajwh_cmd
 from test_incremental import DERIVED, rows
 from trajwh.ingest.raw_store import IngestOptions, ingest_paths
 from trajwh.lineage.catalog import Warehouse
@@ -267,6 +267,35 @@ def test_staged_tokens_of_changed_units_then_a_build_equal_a_full_build(tmp_path
     last = build(str(parts.root), instance=instance, curate=earlier_cutoff)
     assert _meta(last, "pack_tokens")["chunks:staged_taken"] == n
     assert parts.query("SELECT count(*) - count(DISTINCT unit_id) FROM pack_tokens").column(0)[0].as_py() == 0
+    _same_tables(parts, whole, DERIVED)
+
+
+_REAL = ("mini-swe-agent-2x", "mini-swe-agent-traj-json", "openhands-v1", "swe-agent-traj")
+
+
+@pytest.mark.skipif(not SHARED_CORPUS.is_dir(), reason=f"real corpus not found at {SHARED_CORPUS}")
+def test_real_harness_batches_staged_then_a_build_equal_a_whole_build(tmp_path: Path, small_corpus: Path):
+    """Staging on real files: a synthetic batch and one batch per real harness folder; each real
+    batch's pack_tokens partition run alone stages its chunks (their real renderings: tool calls,
+    observations, system prompts), and the build takes those files as they are: every table
+    equals one whole build's."""
+    real = [SHARED_CORPUS / d for d in _REAL if (SHARED_CORPUS / d).is_dir()]
+    assert real, f"none of {_REAL} in {SHARED_CORPUS}"
+    whole, parts, batches = _twins(tmp_path, [_shards(small_corpus)[0], *real])
+    build(str(whole.root))
+    instance = dg.DagsterInstance.ephemeral()
+    build(str(parts.root), instance=instance, only=_BEFORE_PACKS)
+    for batch in batches[1:]:
+        result = build(str(parts.root), instance=instance, only=["pack_tokens"], batch=batch)
+        assert _token_check(result).passed
+    staged = _files(parts, "pack_tokens_staged")
+    assert {f["batch_id"] for f in staged} >= {b for b in batches[1:] if whole.query(
+        "SELECT count(*) FROM pack_tokens t JOIN redacted_episodes e USING (trajectory_key) WHERE e._batch_id = ?",
+        [b]).column(0)[0].as_py()}  # every real batch that gives units staged them
+    assert {f["batch_id"] for f in staged} & set(batches[1:]), "no real batch gave a unit to stage"
+    last = build(str(parts.root), instance=instance)
+    assert _meta(last, "pack_tokens")["chunks:staged_taken"] == len(staged) and _token_check(last).passed
+    assert {f["path"] for f in staged} <= {f["path"] for f in _files(parts, "pack_tokens")}  # taken as they are
     _same_tables(parts, whole, DERIVED)
 
 
