@@ -108,7 +108,8 @@ def _shares(wh: Warehouse, req: dict[str, Any]) -> tuple[list[dict[str, Any]], l
 
 def audit(wh: Warehouse) -> dict[str, Any]:
     q = lambda sql: _one(wh, sql)  # noqa: E731
-    # the violations' joins beside the counts below: DuckDB runs each outside the GIL (0.57 -> 0.4 s at 108,070)
+    # the violations' joins beside the counts below: DuckDB runs each outside the GIL (with the counts
+    # folded into fewer scans: 0.57 -> 0.44 s at 108,070)
     pool = ThreadPoolExecutor(1)
     pending = pool.submit(violations, wh)
     pool.shutdown(wait=False)
