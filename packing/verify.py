@@ -457,7 +457,7 @@ def _verify_part(task: dict[str, Any], progress: Callable[[int], None] | None) -
 
     wh, pack_set = Warehouse(task["root"]), task["pack_set"]
     memory = duckdb_memory(_PART_MEMORY.get(task["parts"], 256))
-    ledger = {} if not task["ledger"] else task["entries"] if task.get("entries") is not None else read_ledger(wh, pack_set)
+    ledger = (task.get("entries") or read_ledger(wh, pack_set)) if task["ledger"] else {}  # (entries: read to decide)
     out: dict[str, Any] = {"tokens": 0, "length_violations": 0, "round_trip_violations": 0, "trained_text_violations": 0,
                            "secret_violations": 0, "secret_scanned": 0, "rendered": 0, "encoded": 0, "examples": []}
 

