@@ -670,12 +670,13 @@ def _scan(wh: Warehouse, matcher: _Matcher, since: str | None = None) -> tuple[d
     con = wh.connect(read_only=True)
     try:
         for table in ("table_files", "meta", "batches", "ingested_files", "runs"):
-            for row in con.execute(f"SELECT * FROM {table}").fetchall():
-                for v in row:
-                    if isinstance(v, str | bytes):
-                        hits = matcher.find_text(v if isinstance(v, str) else v.decode("utf-8", "replace"))
-                        if hits:
-                            found.setdefault(f"catalog:{table}", set()).update(hits)
+            # one search per table: its values joined by line breaks, which no probe (nor any
+            # window a fingerprint is taken of) holds, so no match spans two values
+            text = "\n".join(v if isinstance(v, str) else v.decode("utf-8", "replace")
+                              for row in con.execute(f"SELECT * FROM {table}").fetchall()
+                              for v in row if isinstance(v, str | bytes))
+            if hits := matcher.find_text(text):
+                found.setdefault(f"catalog:{table}", set()).update(hits)
     finally:
         con.close()
     return found, unchanged

@@ -144,6 +144,16 @@ def test_the_proof_finds_a_planted_copy(wh):
     (wh.root / "_cache" / "stale.json").write_text("\n".join(_strings(rec["payload"]) + redacted))
     found = verify_forget(wh, request)
     assert not found["ok"] and list(found["files_with_probes"]) == ["_cache/stale.json"]
+    # the catalog's own tables are read through DuckDB too: a copy in a run's error is named there
+    (wh.root / "_cache" / "stale.json").unlink()
+    from trajwh.lineage.catalog import now_utc
+    from trajwh.lineage.rebuild import run_row
+
+    with wh.write_session("test") as session:
+        row = run_row("run-planted", "test", now_utc(), params={}, counts={}, code_version="")
+        session.upsert_rows("runs", [{**row, "status": "failed", "error": "\n".join(redacted)[:2000]}])
+    found = verify_forget(wh, request)
+    assert not found["ok"] and "catalog:runs" in found["files_with_probes"]
 
 
 def test_the_proof_reads_older_files_by_digest_and_searches_one_that_changed(wh, tmp_path):
