@@ -190,14 +190,15 @@ def forgotten_digests(wh: Warehouse) -> set[str]:
 # --- stage 2: rewrite ------------------------------------------------------------------------
 
 
-def _key_sets(wh: Warehouse, req: dict[str, Any]) -> dict[str, pa.Array]:
+def _key_sets(wh: Warehouse, req: dict[str, Any], skip: frozenset[str] = frozenset()) -> dict[str, pa.Array]:
+    """The ids a request removes, by kind; ``skip``: data files not to read (``_rows_sql``)."""
     keys = req["trajectory_keys"]
-    steps = wh.query("SELECT step_id FROM steps WHERE trajectory_key IN (SELECT unnest(?::VARCHAR[])) UNION "
-                     "SELECT step_id FROM redacted_steps WHERE trajectory_key IN (SELECT unnest(?::VARCHAR[]))",
-                     [keys, keys]).column(0).to_pylist() if keys else []
-    digests = wh.query("SELECT tool_schema_digest FROM redacted_episodes WHERE tool_schema_digest IS NOT NULL "
-                       "GROUP BY 1 HAVING bool_and(list_contains(?, trajectory_key))", [keys]).column(0).to_pylist() \
-        if keys else []
+    steps = wh.query(f"SELECT step_id FROM {_rows_sql(wh, 'steps', skip)} WHERE trajectory_key IN "
+                     f"(SELECT unnest(?::VARCHAR[])) UNION SELECT step_id FROM {_rows_sql(wh, 'redacted_steps', skip)} "
+                     "WHERE trajectory_key IN (SELECT unnest(?::VARCHAR[]))", [keys, keys]).column(0).to_pylist() if keys else []
+    digests = wh.query(f"SELECT tool_schema_digest FROM {_rows_sql(wh, 'redacted_episodes', skip)} WHERE "
+                       "tool_schema_digest IS NOT NULL GROUP BY 1 HAVING bool_and(list_contains(?, trajectory_key))",
+                       [keys]).column(0).to_pylist() if keys else []
     quarantined = wh.query("SELECT quarantine_id FROM quarantine WHERE record_id IN (SELECT unnest(?::VARCHAR[]))",
                            [req["record_ids"]]).column(0).to_pylist() if req["record_ids"] else []
     extra_q = orjson.loads(req["counts"]).get("_quarantine_ids", [])
@@ -205,6 +206,17 @@ def _key_sets(wh: Warehouse, req: dict[str, Any]) -> dict[str, pa.Array]:
     return {"records": pa.array(req["record_ids"], pa.string()), "keys": pa.array(keys, pa.string()),
             "any": pa.array(every, pa.string()), "digests": pa.array(digests, pa.string()),
             "quarantine": pa.array(sorted(set(quarantined) | set(extra_q)), pa.string())}
+
+
+def _rows_sql(wh: Warehouse, table: str, skip: frozenset[str]) -> str:
+    """A FROM source for ``table``'s rows outside the data files ``skip`` names (paths as
+    ``_table_paths`` gives them): the table's view when none is skipped."""
+    if not skip:
+        return table
+    paths = [p for p in _table_paths(wh, table) if p not in skip]
+    if not paths:
+        return f"(SELECT * FROM {table} WHERE false)"
+    return "read_parquet([" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "], union_by_name = true)"
 
 
 def _drop_mask(table: str, t: pa.Table, s: dict[str, pa.Array]) -> pa.Array | None:
@@ -227,12 +239,12 @@ def _drop_mask(table: str, t: pa.Table, s: dict[str, pa.Array]) -> pa.Array | No
     return None  # task_stats: aggregates, recomputed by the rebuild
 
 
-def _files_with_rows(wh: Warehouse, table: str, s: dict[str, pa.Array]) -> list[str]:
-    """The manifest paths of ``table`` that hold an affected row (only their key columns are read)."""
+def _files_with_rows(wh: Warehouse, table: str, s: dict[str, pa.Array], skip: frozenset[str] = frozenset()) -> list[str]:
+    """The manifest paths of ``table`` that hold an affected row (only their key columns are read),
+    among those not in ``skip``."""
     if table not in _KEYED:
         return []
-    paths = [str(wh.data_path(p)) for p in
-             wh.query("SELECT path FROM table_files WHERE table_name = ?", [table]).column(0).to_pylist()]
+    paths = [p for p in _table_paths(wh, table) if p not in skip]
     if not paths:
         return []
     column, ids_ = {"raw_records": ("record_id", "records"), "quarantine": ("quarantine_id", "quarantine"),
@@ -356,16 +368,20 @@ def _compact(wh: Warehouse) -> None:
 # --- stage 5: proof --------------------------------------------------------------------------
 
 
-def _leftover_rows(wh: Warehouse, req: dict[str, Any]) -> dict[str, int]:
-    """Rows that still carry a forgotten id, per table (must all be 0)."""
-    s = _key_sets(wh, req)
+def _leftover_rows(wh: Warehouse, req: dict[str, Any], unchanged: frozenset[str] = frozenset()) -> dict[str, int]:
+    """Rows that still carry a forgotten id, per table (must all be 0). ``unchanged``: data files
+    the proof found byte for byte as the manifest recorded them before the forgotten data was
+    ingested (``_scan``). They cannot hold a row made from it, nor a lineage edge to one of its
+    steps or episodes (an edge is written with what it points at), so they are not read."""
+    s = _key_sets(wh, req, unchanged)
     left = {}
     for table in PARQUET_TABLES:
-        n = sum(int(pc.sum(m).as_py() or 0) for path in _files_with_rows(wh, table, s)
+        n = sum(int(pc.sum(m).as_py() or 0) for path in _files_with_rows(wh, table, s, unchanged)
                 if (m := _drop_mask(table, pq.read_table(path, schema=arrow_schema(PARQUET_TABLES[table])), s)) is not None)
         if n:
             left[table] = n
-    dangling = wh.query("""SELECT count(*) FROM lineage_edges WHERE
+    edges = _rows_sql(wh, "lineage_edges", unchanged)
+    dangling = wh.query(f"""SELECT count(*) FROM {edges} WHERE
         (child_table = 'steps' AND child_id NOT IN (SELECT step_id FROM steps)) OR
         (child_table = 'redacted_steps' AND child_id NOT IN (SELECT step_id FROM redacted_steps)) OR
         (child_table = 'episodes' AND child_id NOT IN (SELECT trajectory_key FROM episodes))""").column(0)[0].as_py()
@@ -618,15 +634,15 @@ _PART_MB = 400
 _PARALLEL_SCAN_BYTES = 64 * 2**20
 
 
-def _scan_files(task: tuple[list[str], _Matcher, dict[str, str]]) -> tuple[dict[str, set[str]], int]:
-    """(probe hits by file, files read by digest alone) of a part's files. A file in ``recorded``
+def _scan_files(task: tuple[list[str], _Matcher, dict[str, str]]) -> tuple[dict[str, set[str]], list[str]]:
+    """(probe hits by file, the files read by digest alone) of a part's files. A file in ``recorded``
     (path -> the sha256 the manifest recorded before the forgotten data was ingested) whose bytes
     still have that digest is not searched; any other file, one whose bytes changed included, is."""
     paths, matcher, recorded = task
-    found, unchanged = {}, 0
+    found, unchanged = {}, []
     for path in paths:
         if path in recorded and content_sha256(data_root(path)) == recorded[path]:
-            unchanged += 1
+            unchanged.append(path)
         elif hits := _scan_file(path, matcher):
             found[path] = hits
     return found, unchanged
@@ -637,13 +653,13 @@ def _scan_files(task: tuple[list[str], _Matcher, dict[str, str]]) -> tuple[dict[
 _DIGEST_WEIGHT = 0.05
 
 
-def _scan(wh: Warehouse, matcher: _Matcher, since: str | None = None) -> tuple[dict[str, set[str]], int]:
+def _scan(wh: Warehouse, matcher: _Matcher, since: str | None = None) -> tuple[dict[str, set[str]], frozenset[str]]:
     """Fingerprints of the probes found, by file, over every file under the warehouse: Parquet
     decoded, anything else (the catalog and its WAL, vault salt, caches, logs) as bytes; the
     catalog's own tables are read through DuckDB too (its strings may be compressed on disk).
     ``since`` (``_ingested_since``): the data files the manifest listed before then are read for
     their digest, and searched only if it is not the one recorded. The files are shared out by
-    size over the cores (``lineage.parallel``). Returns (hits by file, files read by digest)."""
+    size over the cores (``lineage.parallel``). Returns (hits by file, the files read by digest)."""
     from trajwh.lineage.exports import paths as export_paths
     from trajwh.lineage.parallel import run_parts
 
@@ -660,10 +676,10 @@ def _scan(wh: Warehouse, matcher: _Matcher, since: str | None = None) -> tuple[d
             recorded[str(wh.data_path(r["path"]))] = r["sha256"]
     weights = {p: n * _DIGEST_WEIGHT if p in recorded else n for p, n in sizes.items()}
     found: dict[str, set[str]] = {}
-    unchanged = 0
-    for part, n in run_parts(_scan_files, [(part, matcher, {p: recorded[p] for p in part if p in recorded})
+    unchanged: set[str] = set()
+    for part, same in run_parts(_scan_files, [(part, matcher, {p: recorded[p] for p in part if p in recorded})
                                            for part in _by_size(weights)]):
-        unchanged += n
+        unchanged.update(same)
         for path, hits in part.items():
             inside = not is_uri(path) and os.path.abspath(path).startswith(os.path.abspath(wh.root) + os.sep)
             found[os.path.relpath(path, wh.root) if inside else path] = hits
@@ -679,7 +695,7 @@ def _scan(wh: Warehouse, matcher: _Matcher, since: str | None = None) -> tuple[d
                 found.setdefault(f"catalog:{table}", set()).update(hits)
     finally:
         con.close()
-    return found, unchanged
+    return found, frozenset(unchanged)
 
 
 def _shared(wh: Warehouse, matcher: _Matcher, *, exclude: list[str] | None = None) -> set[str]:
@@ -738,14 +754,14 @@ def verify_request(wh: Warehouse, req: dict[str, Any], probes: list[str] | None 
     salt = _salt(wh)
     fingerprints = set(req["probe_fingerprints"])
     matcher = _Matcher(probes, fingerprints, salt)
-    left = _leftover_rows(wh, req)
     found, unchanged = _scan(wh, matcher, orjson.loads(req["counts"] or "{}").get("_since"))
+    left = _leftover_rows(wh, req, unchanged)
     hit = set().union(*found.values()) if found else set()
     shared = _shared(wh, matcher.only(hit)) if hit else set()
     leaks = {f: sorted(h - shared) for f, h in found.items() if h - shared}
     return {"ok": not left and not leaks, "rows_left": left, "files_with_probes": leaks,
             "probes": len(fingerprints), "probes_found": len(hit), "probes_shared": len(shared & fingerprints),
-            "files_unchanged": unchanged}
+            "files_unchanged": len(unchanged)}
 
 
 # --- the request -----------------------------------------------------------------------------

@@ -178,9 +178,13 @@ def test_the_proof_reads_older_files_by_digest_and_searches_one_that_changed(wh,
     text = "\n".join(s for p in payloads for s in _strings(p))
     t = t.set_column(t.schema.get_field_index("text"), "text",
                      pa.array([text] + t.column("text").to_pylist()[1:], pa.string()))
+    gone = wh.query("SELECT trajectory_keys[1] FROM deletions").column(0)[0].as_py()
+    t = t.set_column(t.schema.get_field_index("trajectory_key"), "trajectory_key",
+                     pa.array([gone] + t.column("trajectory_key").to_pylist()[1:], pa.string()))
     pq.write_table(t, target)  # the same path, other bytes than the manifest recorded
     found = verify_forget(wh, request)
     assert not found["ok"] and list(found["files_with_probes"]) == [built[0]]
+    assert found["rows_left"] == {"steps": 1}  # its rows are read for forgotten ids too
     assert found["files_unchanged"] == result.verify["files_unchanged"] - 1
 
 
