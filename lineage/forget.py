@@ -129,11 +129,13 @@ def _salt(wh: Warehouse) -> bytes:
 # --- plan ------------------------------------------------------------------------------------
 
 
-def _plan_probes(wh: Warehouse, plan: Impact) -> tuple[list[str], list[str]]:
-    """(payload sha256 per record, probe strings) of the records and episodes to forget. Candidate
-    windows that a surviving raw record also holds (a shared system prompt, another attempt's file)
-    prove nothing and are dropped here: up to 4 distinctive probes per record, 2 per episode's
-    redacted text."""
+#: candidate probe windows by what they were drawn from (a record id or a trajectory key): (the
+#: windows, how many distinctive ones to keep)
+Candidates = dict[str, tuple[list[str], int]]
+
+
+def _plan_candidates(wh: Warehouse, plan: Impact) -> tuple[list[str], Candidates]:
+    """(payload sha256 per record, candidate probe windows) of the records and episodes to forget."""
     digests, candidates = [], {}
     if plan.records:
         for rb in wh.stream("SELECT record_id, payload FROM raw_records WHERE record_id IN (SELECT unnest(?::VARCHAR[]))",
@@ -147,12 +149,25 @@ def _plan_probes(wh: Warehouse, plan: Impact) -> tuple[list[str], list[str]]:
                             "GROUP BY 1", [plan.episodes], batch_rows=200, arrow=True):
             for key, text in zip(rb.column(0).to_pylist(), rb.column(1).to_pylist(), strict=True):
                 candidates[key] = (probe_windows(text or "", key, _CANDIDATES_PER_EPISODE), 2)
-    every = sorted({w for ws, _ in candidates.values() for w in ws})
+    return sorted(set(digests)), candidates
+
+
+def _windows(candidates: Candidates) -> list[str]:
+    return sorted({w for ws, _ in candidates.values() for w in ws})
+
+
+def _choose_probes(wh: Warehouse, candidates: Candidates, exclude: list[str]) -> list[str]:
+    """The probes: candidate windows that no raw record outside ``exclude`` holds (a shared system
+    prompt, another attempt's file prove nothing), up to 4 per record and 2 per episode's redacted
+    text. Every surviving payload is searched, in this process and thread (it runs beside the
+    rebuild, which has a process of its own)."""
+    every = _windows(candidates)
+    if not every:
+        return []
     matcher = _Matcher(every, set(), b"plan")
-    shared_keys = _shared(wh, matcher, exclude=plan.records) if every else set()
+    shared_keys = _shared_part((_table_paths(wh, "raw_records"), matcher, exclude))
     shared = {w for w in every if matcher.key(w) in shared_keys}
-    probes = [w for ws, n in candidates.values() for w in [w for w in ws if w not in shared][:n]]
-    return sorted(set(digests)), sorted(set(probes))
+    return sorted({w for ws, n in candidates.values() for w in [w for w in ws if w not in shared][:n]})
 
 
 def _ingested_since(wh: Warehouse, records: list[str], episodes: list[str], quarantined: list[str]) -> str | None:
@@ -783,7 +798,7 @@ def forget(wh: Warehouse, selector: str | None, reason: str, *, dry_run: bool = 
     plan = impact(wh, sel)
     if plan.empty:
         raise ConfigError(f"{sel} matches nothing in {wh.root}", valid="a selector `trajwh impact` finds rows for")
-    digests, probes = _plan_probes(wh, plan)
+    digests, candidates = _plan_candidates(wh, plan)
     salt = _salt(wh)
     counts = {k: v["rows"] for k, v in plan.layers.items()}
     counts["_quarantine_ids"] = plan.layers.get("quarantine", {}).get("ids", [])
@@ -792,7 +807,8 @@ def forget(wh: Warehouse, selector: str | None, reason: str, *, dry_run: bool = 
     req = {"request_id": "del-" + ids.digest([str(sel), reason, now.isoformat()])[:16], "requested_at": now,
            "selector": str(sel), "reason": reason.strip(), "status": "planned", "record_ids": plan.records,
            "trajectory_keys": plan.episodes, "record_digests": digests,
-           "probe_fingerprints": sorted({fingerprint(p, salt) for p in probes}),
+           # every candidate's, until the rebuild stage has chosen the probes among them
+           "probe_fingerprints": sorted({fingerprint(p, salt) for p in _windows(candidates)}),
            "counts": orjson.dumps(counts).decode(), "moved": None, "verify_result": None}
     splits_before = {r["trajectory_key"]: r["split"] for r in wh.query("SELECT trajectory_key, split FROM splits").to_pylist()}
     req["moved"] = orjson.dumps({"splits_before": splits_before}).decode()
@@ -800,14 +816,19 @@ def forget(wh: Warehouse, selector: str | None, reason: str, *, dry_run: bool = 
         session.upsert_rows("deletions", [_request_row(req)])
     progress(f"forget {req['request_id']}: planned ({len(plan.records)} raw records, {len(plan.episodes)} episodes)")
     _maybe_crash("planned")
-    return resume(wh, _request_row(req), probes=probes, progress=progress)
+    return resume(wh, _request_row(req), candidates=candidates, progress=progress)
 
 
-def resume(wh: Warehouse, req: dict[str, Any], *, probes: list[str] | None = None,
+def resume(wh: Warehouse, req: dict[str, Any], *, candidates: Candidates | None = None,
            progress: Callable[[str], None] = lambda m: None) -> ForgetResult:
-    """Carry a request on from the stage it reached (each stage is idempotent)."""
+    """Carry a request on from the stage it reached (each stage is idempotent). ``candidates``:
+    the plan's candidate probe windows, which only the process that planned holds (never stored:
+    they are the forgotten text). With them the probes are chosen beside the rebuild and the
+    proof seeks them as strings; without them (a request resumed after a crash) the proof seeks
+    the fingerprints stored: every candidate's when the crash came before the probes were chosen."""
     status = req["status"]
-    resumed = probes is None
+    resumed = candidates is None
+    probes: list[str] | None = None
     moved_doc = orjson.loads(req["moved"] or "{}")
     if status == "planned":
         _remove_sources(wh, req, progress)
@@ -815,10 +836,16 @@ def resume(wh: Warehouse, req: dict[str, Any], *, probes: list[str] | None = Non
         _maybe_crash("sources_removed")
         status = req["status"]
     if status == "sources_removed":
-        progress("forget: rebuilding the derived layers ...")
-        moved = _rebuild(wh, moved_doc.get("splits_before", {}), set(req["trajectory_keys"]))
+        from concurrent.futures import ThreadPoolExecutor
+
+        progress("forget: rebuilding the derived layers (the probes chosen beside it) ...")
+        with ThreadPoolExecutor(1) as pool:  # the search of surviving payloads, while this process waits
+            chosen = pool.submit(_choose_probes, wh, candidates, req["record_ids"]) if candidates else None
+            moved = _rebuild(wh, moved_doc.get("splits_before", {}), set(req["trajectory_keys"]))
+            probes = chosen.result() if chosen is not None else None
         kept = {k: v for k, v in orjson.loads(req["moved"] or "{}").items() if k != "splits_before"}
-        req = _save(wh, req, status="rebuilt", moved=orjson.dumps({**kept, "moved": moved}).decode())
+        chosen_fps = {"probe_fingerprints": sorted({fingerprint(p, _salt(wh)) for p in probes})} if probes is not None else {}
+        req = _save(wh, req, status="rebuilt", moved=orjson.dumps({**kept, "moved": moved}).decode(), **chosen_fps)
         _maybe_crash("rebuilt")
         status = req["status"]
     if status == "rebuilt":
