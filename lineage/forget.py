@@ -105,15 +105,30 @@ def _strings(payload: bytes) -> list[str]:
 
 
 def probe_windows(text: str, seed: str, n: int = _PROBES_PER_TEXT) -> list[str]:
-    """Up to ``n`` distinctive-looking windows of ``text`` (32 characters that survive JSON escaping
-    unchanged, starting at a word), spread over the text, chosen by ``seed`` (deterministic)."""
-    found = [w for w in dict.fromkeys(m.group(1) for m in _SAFE.finditer(text))
-             if len(w.translate(_NOT_ALNUM)) >= 20 and len(set(w)) >= 10]
-    if len(found) <= n:
-        return found
-    start = int(hashlib.sha256(seed.encode()).hexdigest()[:8], 16) % len(found)
-    step = max(1, len(found) // n)
-    return [found[(start + k * step) % len(found)] for k in range(n)]
+    """Up to ``n`` distinct distinctive-looking windows of ``text`` (32 characters that survive JSON
+    escaping unchanged, starting at a word, at least 20 letters or digits and 10 distinct
+    characters), spread over its distinct windows (text a record repeats counts once, so its own
+    text is favoured over boilerplate it repeats): from each of ``n`` evenly spaced places in the
+    list of distinct windows, the first distinctive one; the first place chosen by ``seed``
+    (deterministic). Only the windows walked are tested, not every one."""
+    distinct = list(dict.fromkeys(_SAFE.findall(text)))
+    size = len(distinct)
+    if not size:
+        return []
+    first = int(hashlib.sha256(seed.encode()).hexdigest()[:8], 16) % size
+    out: dict[str, None] = {}
+    for k in range(n):
+        at = first + k * max(1, size // n)
+        for j in range(min(size, _WINDOWS_PER_PLACE)):
+            w = distinct[(at + j) % size]
+            if len(w.translate(_NOT_ALNUM)) >= 20 and len(set(w)) >= 10:
+                out.setdefault(w)
+                break
+    return list(out)
+
+
+#: distinct windows walked from one place before giving up on it (text with no distinctive window for long)
+_WINDOWS_PER_PLACE = 2_000
 
 
 def fingerprint(probe: str, salt: bytes) -> str:
@@ -850,7 +865,8 @@ def resume(wh: Warehouse, req: dict[str, Any], *, candidates: Candidates | None 
             moved = _rebuild(wh, moved_doc.get("splits_before", {}), set(req["trajectory_keys"]))
             probes = chosen.result() if chosen is not None else None
         kept = {k: v for k, v in orjson.loads(req["moved"] or "{}").items() if k != "splits_before"}
-        chosen_fps = {"probe_fingerprints": sorted({fingerprint(p, _salt(wh)) for p in probes})} if probes is not None else {}
+        salt = _salt(wh)
+        chosen_fps = {"probe_fingerprints": sorted({fingerprint(p, salt) for p in probes})} if probes is not None else {}
         req = _save(wh, req, status="rebuilt", moved=orjson.dumps({**kept, "moved": moved}).decode(), **chosen_fps)
         _maybe_crash("rebuilt")
         status = req["status"]

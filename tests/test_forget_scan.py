@@ -69,3 +69,28 @@ def test_files_are_scanned_decoded_nested_and_compressed(tmp_path, plain):
     assert F._scan_file(str(tmp_path / "t.parquet"), matcher) == {F.fingerprint(A, salt)}
     assert F._scan_file(str(tmp_path / "e.jsonl.gz"), matcher) == {F.fingerprint(C, salt)}
     assert F._scan_file(str(tmp_path / "clean.parquet"), matcher) == set()
+
+
+def test_probe_windows_are_distinctive_spread_and_deterministic():
+    import random
+
+    rng = random.Random(5)
+    words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo"]
+    text = " ".join(f"{rng.choice(words)}{rng.randrange(1000)}" for _ in range(2_000))
+    ws = F.probe_windows(text, "record-1", 8)
+    assert len(ws) == len(set(ws)) == 8 and ws == F.probe_windows(text, "record-1", 8)
+    assert ws != F.probe_windows(text, "record-2", 8)
+    for w in ws:
+        at = text.index(w)
+        assert len(w) == F._PROBE_LEN and (at == 0 or not text[at - 1].isalnum())
+        assert len(w.translate(F._NOT_ALNUM)) >= 20 and len(set(w)) >= 10
+    eighths = {text.index(w) * 8 // len(text) for w in ws}
+    assert len(eighths) >= 6  # spread over the text, not bunched at the seed's place
+    assert F.probe_windows("aaaa " * 50_000, "x", 16) == [] and F.probe_windows("", "x") == []
+    tail = "aaaa! " * 400 + "the one distinctive window, 12345 here"  # no window spans "!"
+    assert set(F.probe_windows(tail, "x", 4)) == {"the one distinctive window, 1234", "one distinctive window, 12345 he"}
+    # text the record repeats counts once: its one distinctive sentence is as likely as the boilerplate
+    boiler = "You are a helpful assistant that edits files. " * 2_000
+    own = "The traceback names parse_header in module mail/utils.py line 88"
+    picks = {w for seed in range(20) for w in F.probe_windows(boiler + own + " " + boiler, str(seed), 2)}
+    assert any(w in own for w in picks)
