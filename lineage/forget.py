@@ -5,15 +5,17 @@ A request runs in recorded stages, each idempotent, so a crash part-way is finis
 
 1. ``planned``: the impact of the selector (``lineage.impact``) is written as a request row in the
    catalog's ``deletions`` table: the record ids and trajectory keys (ids only), the sha256 of each
-   raw payload (re-ingest is refused by it), salted fingerprints of probe strings drawn from the
-   payloads and their redacted text (for a later ``verify-forget``), and the counts per layer.
+   raw payload (re-ingest is refused by it), salted fingerprints of candidate probe strings drawn
+   from the payloads and their redacted text, and the counts per layer.
 2. ``sources_removed``: every Parquet file holding an affected row is rewritten without it (a new
    content-named file that keeps the old one's manifest attributes), all swapped in one catalog
    transaction, the old files deleted; vault entries scoped to the episodes removed; packs holding
    a segment of them dropped.
 3. ``rebuilt``: the derived layers are built again (curation re-elects representatives and
    re-assigns groups and splits, task statistics and fragments of the touched tasks are redone,
-   packs re-packed); episodes whose split changed are recorded.
+   packs re-packed); episodes whose split changed are recorded. Meanwhile the probes are chosen
+   among the candidates (those no surviving payload holds); the request keeps their fingerprints
+   (for a later ``verify-forget``).
 4. ``exports_refreshed``: every export the tool recorded that holds a forgotten episode (or may:
    a data card or query result written elsewhere) is written again, same parameters and path,
    from the rebuilt layers; one no longer where it was written is listed as missing, one that
