@@ -223,13 +223,15 @@ def forgotten_digests(wh: Warehouse) -> set[str]:
 
 
 def _key_sets(wh: Warehouse, req: dict[str, Any], skip: frozenset[str] = frozenset()) -> dict[str, pa.Array]:
-    """The ids a request removes, by kind; ``skip``: data files not to read (``_rows_sql``)."""
+    """The ids a request removes, by kind; ``skip``: data files that cannot hold a row of the
+    forgotten data (``_older_files``), not read for its steps. The tool schemas only the forgotten
+    episodes used are decided over every episode: an older one may use the same."""
     keys = req["trajectory_keys"]
     steps = wh.query(f"SELECT step_id FROM {_rows_sql(wh, 'steps', skip)} WHERE trajectory_key IN "
                      f"(SELECT unnest(?::VARCHAR[])) UNION SELECT step_id FROM {_rows_sql(wh, 'redacted_steps', skip)} "
                      "WHERE trajectory_key IN (SELECT unnest(?::VARCHAR[]))", [keys, keys]).column(0).to_pylist() if keys else []
-    digests = wh.query(f"SELECT tool_schema_digest FROM {_rows_sql(wh, 'redacted_episodes', skip)} WHERE "
-                       "tool_schema_digest IS NOT NULL GROUP BY 1 HAVING bool_and(list_contains(?, trajectory_key))",
+    digests = wh.query("SELECT tool_schema_digest FROM redacted_episodes WHERE tool_schema_digest IS NOT NULL "
+                       "GROUP BY 1 HAVING bool_and(trajectory_key IN (SELECT unnest(?::VARCHAR[])))",
                        [keys]).column(0).to_pylist() if keys else []
     quarantined = wh.query("SELECT quarantine_id FROM quarantine WHERE record_id IN (SELECT unnest(?::VARCHAR[]))",
                            [req["record_ids"]]).column(0).to_pylist() if req["record_ids"] else []
@@ -301,14 +303,39 @@ def _files_with_rows(wh: Warehouse, table: str, s: dict[str, pa.Array], skip: fr
     return sorted(str(wh.data_path(r[0])) for r in rows)
 
 
+def _older_files(wh: Warehouse, since: str | None) -> dict[str, str]:
+    """The data files (paths as ``_table_paths`` gives them) the manifest listed before ``since``
+    (``_ingested_since``: when the first ingest of the forgotten data began), with the sha256 it
+    recorded: written before that data existed, so they hold nothing made from it while their
+    bytes are still those."""
+    if not since:
+        return {}
+    return {str(wh.data_path(r["path"])): r["sha256"] for r in wh.manifest_query(
+        "SELECT path, sha256 FROM table_files WHERE added_at < ?::TIMESTAMPTZ", [since]).to_pylist()}
+
+
+def _unchanged(recorded: dict[str, str]) -> frozenset[str]:
+    """The files of ``recorded`` whose bytes still have the sha256 recorded (read on two threads:
+    hashing releases the interpreter's lock)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    paths = sorted(recorded)
+    with ThreadPoolExecutor(2) as pool:
+        digests = list(pool.map(lambda p: content_sha256(data_root(p)), paths))
+    return frozenset(p for p, d in zip(paths, digests, strict=True) if d == recorded[p])
+
+
 def _remove_sources(wh: Warehouse, req: dict[str, Any], progress: Callable[[str], None]) -> dict[str, int]:
-    s = _key_sets(wh, req)
+    # files from before the forgotten data, byte for byte, are not read for its rows (the proof
+    # reads them the same way); one whose bytes changed is read like any other
+    older = _unchanged(_older_files(wh, orjson.loads(req["counts"] or "{}").get("_since")))
+    s = _key_sets(wh, req, older)
     removed: dict[str, int] = {}
     _forget_vault(wh, s["keys"], removed)
     with wh.write_session("forget") as session:
         pairs = []
         for table in PARQUET_TABLES:
-            for path in _files_with_rows(wh, table, s):
+            for path in _files_with_rows(wh, table, s, older):
                 t = pq.read_table(path, schema=arrow_schema(PARQUET_TABLES[table]))
                 mask = _drop_mask(table, t, s)
                 if mask is None:
@@ -707,11 +734,7 @@ def _scan(wh: Warehouse, matcher: _Matcher, since: str | None = None) -> tuple[d
         sizes.update(location_files(top))
     if wh.remote:  # the data files in the object store: every object under its prefix
         sizes.update(location_files(str(wh.data)))
-    recorded: dict[str, str] = {}
-    if since:
-        for r in wh.manifest_query("SELECT path, sha256 FROM table_files WHERE added_at < ?::TIMESTAMPTZ",
-                                   [since]).to_pylist():
-            recorded[str(wh.data_path(r["path"]))] = r["sha256"]
+    recorded = _older_files(wh, since)
     weights = {p: n * _DIGEST_WEIGHT if p in recorded else n for p, n in sizes.items()}
     found: dict[str, set[str]] = {}
     unchanged: set[str] = set()

@@ -188,6 +188,55 @@ def test_the_proof_reads_older_files_by_digest_and_searches_one_that_changed(wh,
     assert found["files_unchanged"] == result.verify["files_unchanged"] - 1
 
 
+def test_older_files_are_read_for_forgotten_rows_only_when_their_bytes_changed(wh, tmp_path):
+    """The rewrite skips the files listed before the forgotten batch's ingest while their bytes are
+    the recorded ones; an older file changed since (here given a row of a forgotten episode) is
+    read and rewritten. Tool definitions that older episodes share with the forgotten ones stay."""
+    import pyarrow.parquet as pq
+    from trajwh.pipelines.definitions import build
+    from trajwh.synth.generator import SynthConfig, generate_corpus
+
+    older = wh.query("SELECT path FROM table_files WHERE table_name = 'steps' ORDER BY path").column(0).to_pylist()
+    generate_corpus(SynthConfig(episodes=6, seed=99), tmp_path / "late")
+    ingest_paths(wh, [tmp_path / "late"], IngestOptions(source="late"))
+    assert build(str(wh.root)).success
+    late = impact(wh, "source:late").episodes
+    target = wh.data_path(older[0])
+    t = pq.read_table(target)
+    t = t.set_column(t.schema.get_field_index("trajectory_key"), "trajectory_key",
+                     pa.array([late[0]] + t.column("trajectory_key").to_pylist()[1:], pa.string()))
+    pq.write_table(t, target)  # not the bytes the manifest recorded
+    result = forget(wh, "source:late", "license revoked")
+    assert result.status == "verified", result.verify
+    assert _count(wh, "SELECT count(*) FROM steps WHERE list_contains(?, trajectory_key)", [late]) == 0
+    now = set(wh.query("SELECT path FROM table_files WHERE table_name = 'steps'").column(0).to_pylist())
+    assert older[0] not in now and set(older[1:]) <= now  # rewritten; the others untouched
+
+
+def test_tool_definitions_an_older_episode_shares_stay(tmp_path):
+    """The forgotten episode's tool definitions are those of an episode ingested before it (files
+    the rewrite does not read): they stay, and so does that episode."""
+    import orjson
+    from trajwh.pipelines.definitions import build
+
+    first = orjson.loads((CASES / "openhands_v1" / "output.jsonl").read_text().splitlines()[0])
+    again = {**first, "instance_id": str(first.get("instance_id")) + "-again"}
+    (tmp_path / "a.jsonl").write_bytes(orjson.dumps(first) + b"\n")
+    (tmp_path / "b.jsonl").write_bytes(orjson.dumps(again) + b"\n")
+    wh = Warehouse(tmp_path / "wh")
+    ingest_paths(wh, [tmp_path / "a.jsonl"], IngestOptions(source="a"))
+    assert build(str(wh.root)).success
+    ingest_paths(wh, [tmp_path / "b.jsonl"], IngestOptions(source="b"))
+    assert build(str(wh.root)).success
+    digests = wh.query("SELECT source, tool_schema_digest FROM redacted_episodes ORDER BY 1").to_pylist()
+    assert len(digests) == 2 and digests[0]["tool_schema_digest"] == digests[1]["tool_schema_digest"] is not None
+    assert forget(wh, "source:b", "withdrawn").status == "verified"
+    for table in ("tool_schemas", "redacted_tool_schemas"):
+        assert wh.query(f"SELECT tool_schema_digest FROM {table}").column(0).to_pylist() == \
+            [digests[0]["tool_schema_digest"]], table
+    assert wh.query("SELECT source FROM redacted_episodes").column(0).to_pylist() == ["a"]
+
+
 def test_a_representative_that_goes_is_replaced(wh):
     rows = wh.query("""SELECT cluster_id, trajectory_key FROM near_dup_clusters
                        WHERE is_representative AND cluster_size > 1 ORDER BY cluster_id LIMIT 1""").to_pylist()
