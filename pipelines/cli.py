@@ -226,13 +226,15 @@ def build(full: bool, scope: str, config_path: str | None, cutoff: str | None, f
     if not (full or select or batch or force) and _report_up_to_date(wh, scope, curate, config_path, t0):
         return
     from trajwh.pipelines.definitions import build as run_build
-    from trajwh.pipelines.definitions import resolve_selection, warehouse_instance
+    from trajwh.pipelines.definitions import resolve_selection, unbuilt_upstream, warehouse_instance
 
     only = None
     if select:
         only, added = resolve_selection(select)
         render.console.print(f"selected: {', '.join(only)}" + (f" ({', '.join(added)} built with them: one step)"
                                                                if added else ""))
+        for warning in unbuilt_upstream(wh, only):
+            render.console.print(f"[yellow]warning:[/yellow] {warning}")
     instance = None if ephemeral else warehouse_instance(wh.root)
     result = run_build(str(wh.root), full=full, scope=scope, config=config_path, instance=instance, only=only,
                        curate=curate, batch=batch)

@@ -10,6 +10,7 @@ import os
 import uuid
 import warnings
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 from trajwh.pipelines.assets import (
@@ -238,6 +239,35 @@ def sync_partitions(wh, instance: dg.DagsterInstance) -> list[str]:
     if committed[len(kept):]:
         instance.add_dynamic_partitions(BATCHES.name, committed[len(kept):])
     return committed
+
+
+#: the per-batch layers before curation, in order, by the step that builds them and a table it writes
+_BATCH_LAYERS = (("normalized", "episodes"), ("redacted", "redacted_episodes"), ("featurized", "episode_features"))
+
+
+def unbuilt_upstream(wh: Any, only: list[str]) -> list[str]:
+    """What a selection (``resolve_selection``) leaves out that the layers it builds need: for the
+    first per-batch layer it does not build but reads through what it does build, the ingested
+    batches that layer lacks (each message names them and how to build them). Those batches would
+    be silently missing from the selected layers."""
+    graph = defs.get_repository_def().asset_graph
+    committed = [r["batch_id"] for r in wh.query(
+        "SELECT batch_id FROM batches WHERE status = 'committed' AND n_new > 0 ORDER BY committed_at").to_pylist()]
+    for step, table in _BATCH_LAYERS:
+        if table in only or not committed:
+            continue
+        downstream = {k.to_user_string() for k in dg.AssetSelection.assets(table).downstream().resolve(graph)}
+        if not downstream & set(only):
+            continue
+        have = set(wh.manifest_query("SELECT DISTINCT batch_id FROM table_files WHERE table_name = ?",
+                                     [table]).column(0).to_pylist())
+        missing = [b for b in committed if b not in have]
+        if missing:
+            return [f"{len(missing)} ingested batch(es) have no {step} layer yet ({', '.join(missing[:3])}"
+                    f"{', ...' if len(missing) > 3 else ''}): the selection does not build it, so what it builds "
+                    "leaves them out; select everything upstream too ('*' before an asset name, e.g. "
+                    "'*fragments') or run `trajwh build`"]
+    return []
 
 
 def build(warehouse: str, *, full: bool = False, include_ingest: bool = False,

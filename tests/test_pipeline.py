@@ -269,6 +269,30 @@ def test_an_asset_selection_builds_whole_steps_or_says_what_is_valid(wh, cases):
         "leak_flags", "near_dup_clusters", "splits", "task_groups"}
 
 
+def test_a_selection_that_leaves_out_an_unbuilt_batch_layer_says_so(wh, cases):
+    """After an ingest, '+fragments' (direct parents only) would build the later layers without
+    the new batch, whose normalized layer does not exist yet: the build says so before it runs."""
+    from trajwh.pipelines.definitions import resolve_selection, unbuilt_upstream
+
+    ingest_paths(wh, [cases / "two_episodes.jsonl"], IngestOptions(source="cases"))
+    assert build(str(wh.root)).success
+    assert unbuilt_upstream(wh, resolve_selection("+fragments")[0]) == []
+    ingest_paths(wh, [cases / "curation"], IngestOptions(source="more"))
+    new = wh.query("SELECT batch_id FROM batches ORDER BY committed_at DESC LIMIT 1").column(0)[0].as_py()
+    [msg] = unbuilt_upstream(wh, resolve_selection("+fragments")[0])
+    assert msg.startswith("1 ingested batch(es) have no normalized layer yet") and new in msg
+    assert unbuilt_upstream(wh, resolve_selection("*fragments")[0]) == []  # everything upstream: nothing left out
+    assert unbuilt_upstream(wh, resolve_selection("episodes")[0]) == []
+    import subprocess
+
+    from conftest import trajwh_cmd
+
+    out = subprocess.run([*trajwh_cmd(), "build", "-w", str(wh.root), "--select", "+fragments"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "have no normalized layer yet" in " ".join(out.stdout.split())
+
+
 def test_runs_table_records_the_job_beside_its_stages(wh, cases, monkeypatch):
     """One row for the job that ran (its name, selection, what it materialized, checks), one per
     stage under the same run id; a job that fails is recorded as failed, with the error."""
