@@ -76,6 +76,10 @@ class S3Server:
         server = cls(folder, log=folder / "weed.log")
         cmd = [binary, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-s3.config={config}",
                "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+               # volumes of a fixed size and count: by default both follow the disk's free space, and
+               # on a nearly full disk the buckets made late in a session found no free volume
+               # ("InternalError ... please try again" on upload); the tests' objects are tiny
+               "-master.volumeSizeLimitMB=64", "-volume.max=400",
                *(f"-{flag}={port}" for flag, port in ports.items())]
         with open(server.log, "wb") as out:
             server.process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=folder,
