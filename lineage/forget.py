@@ -42,7 +42,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from trajwh.lineage.catalog import Warehouse, now_utc
+from trajwh.lineage.catalog import Warehouse, _parquet_source, now_utc
 from trajwh.lineage.impact import Impact, Selector, impact
 from trajwh.lineage.storage import content_sha256, data_root, is_uri, location_files
 from trajwh.schemas import ids
@@ -250,7 +250,7 @@ def _rows_sql(wh: Warehouse, table: str, skip: frozenset[str]) -> str:
     paths = [p for p in _table_paths(wh, table) if p not in skip]
     if not paths:
         return f"(SELECT * FROM {table} WHERE false)"
-    return "read_parquet([" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "], union_by_name = true)"
+    return _parquet_source(paths)
 
 
 def _drop_mask(table: str, t: pa.Table, s: dict[str, pa.Array]) -> pa.Array | None:
