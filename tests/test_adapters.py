@@ -454,3 +454,80 @@ def test_real_truncated_observations_and_what_the_model_saw(corpus_wh):
     assert by["openhands-output"]["n"] > 0  # <response clipped>: cut, original length not told
     assert not rows(corpus_wh, """SELECT 1 FROM steps WHERE author <> 'environment'
                                   AND json_extract(metadata, '$.observation_truncated') = 'true'""")
+
+
+def test_chat_message_rows_of_public_sft_datasets(wh, cases):
+    """Rows of a message list (OpenAI tool calls, a text-acting SWE-agent export, ShareGPT, the
+    list kept as JSON text): one episode per row, attempts of one instance kept apart, calls
+    linked to their results, the first user turn the harness's prompt; a row with no message list
+    is quarantined at ingest, a role nobody knows at normalize, each with its reason."""
+    folder = cases / "chat_messages"
+    for f in sorted(folder.iterdir()):
+        assert detect(str(f), read_head(f)).name == "chat-messages", f.name
+    ingest_paths(wh, [folder], IngestOptions(source="cases"))
+    normalize_warehouse(wh, run_id="t")
+    q = rows(wh, "SELECT file_path, line_no, stage, reason_code, reason FROM quarantine ORDER BY stage")
+    assert [(Path(r["file_path"]).name, r["stage"], r["reason_code"]) for r in q] == [
+        ("bad_rows.jsonl", "ingest", "not_a_record"), ("bad_rows.jsonl", "normalize", "invalid_record")]
+    assert "no message list" in q[0]["reason"] and q[0]["line_no"] == 2
+    assert "'narrator'" in q[1]["reason"] and "assistant" in q[1]["reason"]
+    eps = {r["source_episode_id"] or r["instance_id"]: r for r in rows(
+        wh, "SELECT source_episode_id, instance_id, format, n_steps, resolved, exit_status, policy_name, repository, "
+            "tool_schema_digest, task_text, metadata, _record_index, trajectory_key FROM episodes")}
+    assert {r["format"] for r in eps.values()} == {"chat-messages"} and len(eps) == 7
+
+    def steps(key):
+        return rows(wh, "SELECT s.author, s.role, s.action_kind, s.tool_calls, s.tool_call_id, s.exit_code, s.text, "
+                        "s.observation, s.metadata FROM steps s WHERE trajectory_key = ? ORDER BY step_index",
+                    [eps[key]["trajectory_key"]])
+
+    # OpenAI tool calls: two attempts of one instance, two episodes
+    t0, t1 = eps["pallets__click-2271.qwen3.t0"], eps["pallets__click-2271.qwen3.t1"]
+    assert t0["trajectory_key"] != t1["trajectory_key"] and (t0["resolved"], t1["resolved"]) == (True, False)
+    assert t0["repository"] == "github.com/pallets/click" and t0["task_text"].startswith("<uploaded_files>")
+    meta = orjson.loads(t0["metadata"])
+    assert meta["submission"].startswith("diff --git") and meta["row_license"] == "BSD-3-Clause"
+    s0 = steps("pallets__click-2271.qwen3.t0")
+    assert [s["author"] for s in s0] == ["harness", "harness", "model", "environment", "model", "environment",
+                                         "harness", "model", "environment", "model"]
+    assert [s["action_kind"] for s in s0 if s["author"] == "model"] == ["search", "read", "test", "submit"]
+    assert s0[3]["tool_call_id"] == s0[2]["tool_calls"][0]["id"] == "toolu_01" and s0[3]["exit_code"] == 0
+    assert orjson.loads(s0[4]["tool_calls"][0]["arguments"])["view_range"] == [214, 260]
+    assert [s["exit_code"] for s in steps("pallets__click-2271.qwen3.t1")][8] == 1
+    # a model acting in text: its commands' output comes back as user turns
+    sa = eps["marshmallow-code__marshmallow-1343"]
+    assert (sa["resolved"], sa["exit_status"], sa["policy_name"]) == (False, "submitted", "swe-agent-llama-70b")
+    assert sa["repository"] == "github.com/marshmallow-code/marshmallow"
+    s1 = steps("marshmallow-code__marshmallow-1343")
+    assert [s["author"] for s in s1] == ["harness", "harness", "model", "environment", "model", "environment", "model"]
+    assert [s["action_kind"] for s in s1 if s["author"] == "model"] == ["search", "read", "submit"]
+    assert s1[3]["observation"].startswith("Found 1 matches") and s1[3]["text"] is None
+    assert [orjson.loads(s["metadata"])["trained_in_source"] for s in s1] == [False, False, True, False, True, False, True]
+    # ShareGPT: two rows of one JSON array, a call as its own turn, the tools stored once
+    sg, hello = eps["sg-0001"], eps["sg-0002"]
+    assert (sg["_record_index"], hello["_record_index"]) == (0, 1) and sg["tool_schema_digest"]
+    s2 = steps("sg-0001")
+    assert [s["author"] for s in s2] == ["harness", "harness", "model", "environment", "model"]
+    assert s2[2]["tool_calls"][0]["name"] == "get_weather"
+    assert orjson.loads(s2[2]["tool_calls"][0]["arguments"]) == {"city": "Lisbon"}
+    assert s2[3]["observation"] == '{"forecast": "sunny", "high_c": 24}'
+    # the list kept as JSON text, content as parts, reasoning kept
+    sm = eps["tokenlib.a1b2c3d4.ft_claude.1"]
+    assert (sm["resolved"], sm["policy_name"]) == (True, "claude-3-7-sonnet-20250219")
+    tools = rows(wh, "SELECT tool_names, origin FROM tool_schemas WHERE tool_schema_digest = ?", [sm["tool_schema_digest"]])
+    assert tools == [{"tool_names": ["bash", "submit"], "origin": "chat-messages:tools"}]
+    s3 = steps("tokenlib.a1b2c3d4.ft_claude.1")
+    assert s3[2]["text"] == "Reproducing first." and "skips initialisation" in orjson.loads(s3[2]["metadata"])["reasoning"]
+    assert s3[3]["observation"].startswith("Traceback") and s3[3]["tool_call_id"] == "call_a1"
+
+
+def test_json_lines_that_quote_a_harness_are_not_its_document(tmp_path):
+    """A row of JSON lines whose text names mini-swe-agent is a chat row, not a .traj.json."""
+    row = {"id": "r1", "messages": [{"role": "system", "content": "You are mini-swe-agent."},
+                                    {"role": "user", "content": "Fix it."}]}
+    f = tmp_path / "rows.jsonl"
+    f.write_bytes(orjson.dumps(row) + b"\n" + orjson.dumps({**row, "id": "r2"}) + b"\n")
+    assert detect(str(f), read_head(f)).name == "chat-messages"
+    doc = tmp_path / "run.json"
+    doc.write_bytes(orjson.dumps({"messages": row["messages"], "info": {"mini_version": "1.15.0"}}, option=orjson.OPT_INDENT_2))
+    assert detect(str(doc), read_head(doc)).name == "mini-swe-agent"

@@ -220,6 +220,13 @@ def github_repo(url: str | None) -> str | None:
     return f"github.com/{m.group(1)}/{m.group(2).removesuffix('.git')}"
 
 
+def looks_like_jsonl(head: bytes) -> bool:
+    """Does the file start with one whole JSON object on its line and another object on the next
+    (JSON lines, not one document)?"""
+    lines = head.lstrip().split(b"\n", 2)
+    return len(lines) > 1 and lines[0].rstrip().endswith(b"}") and lines[1].lstrip()[:1] == b"{"
+
+
 def decode_jsonl_document(data: bytes) -> dict[str, Any]:
     """A whole JSONL session file as one record: its entries and the lines that did not parse
     (kept by number; the bytes stay in ``raw``). Raises if nothing parses."""

@@ -21,6 +21,7 @@ from trajwh.ingest.adapters.common import (
     episode,
     exit_code_in,
     link_observations,
+    looks_like_jsonl,
     number_steps,
     step,
     text_of,
@@ -70,8 +71,9 @@ class MiniSweAgentAdapter(Adapter):
     consumes_facts = True
 
     def sniff(self, path: str, head: bytes) -> bool:
-        return head.lstrip()[:1] == b"{" and (path.endswith(".traj.json") or b'"mini_version"' in head or b"mini-swe-agent" in head
-                                             or b"minisweagent" in head)
+        # one document: rows of JSON lines that quote its name are another format's (chat-messages)
+        return head.lstrip()[:1] == b"{" and not looks_like_jsonl(head) and (
+            path.endswith(".traj.json") or b'"mini_version"' in head or b"mini-swe-agent" in head or b"minisweagent" in head)
 
     def check_record(self, obj: Any) -> str | None:
         if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from trajwh.ingest.adapters import (
     aider,
     atif,
+    chat_messages,
     claude_code,
     codex,
     mini_swe_agent,
@@ -33,6 +34,9 @@ BUILTIN: tuple[Adapter, ...] = (
     claude_code.ClaudeCodeAdapter(),
     codex.CodexAdapter(),
     aider.AiderAdapter(),
+    # generic message rows after every harness's own format, before the companions (a row may
+    # carry an instance id and a patch, as SWE-bench predictions do)
+    chat_messages.ChatMessagesAdapter(),
     atif.AtifMetricsAdapter(),
     swebench.SwebenchReportAdapter(),
     swebench.SwebenchSummaryAdapter(),

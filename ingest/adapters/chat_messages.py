@@ -1,0 +1,251 @@
+"""Chat-message trajectories: one episode per row of a message list, the shape most public agent
+SFT datasets are published in (Hugging Face rows exported as JSON lines, or a JSON array of them).
+
+A row holds its messages under ``messages``, ``conversations``, ``conversation``, ``trajectory``,
+``traj``, ``chat`` or ``dialog`` (a list, or that list as JSON text). Two message spellings:
+
+- **OpenAI** (SWE-smith, SWE-Gym, nebius SWE-rebench-OpenHands, SWE-Zero, tau-bench style):
+  ``role`` and ``content`` (text or a list of parts), ``tool_calls`` (``{"id", "function":
+  {"name", "arguments"}}``, arguments as JSON text) or a legacy ``function_call``; ``role: tool``
+  (or ``function``) results with ``tool_call_id``; ``reasoning_content`` kept in step metadata.
+- **ShareGPT** (``from`` / ``value``: ``system``, ``human``, ``gpt``, ``function_call``,
+  ``observation``) and nebius SWE-agent rows (``role: ai``, ``text``, ``mask``).
+
+Authorship: system and developer messages are ``harness``; the first user message is the task
+prompt the harness wrote (``harness``). Later user messages are tool output (``environment``)
+when the model acts in text (no structured calls anywhere: SWE-agent style, where each command's
+output comes back as a user turn), else messages the harness sends back (``harness``). Assistant
+messages are ``model``; a fenced shell block in a text-acting model's message is its command.
+A per-message training flag (``mask``, ``weight``, ``train``) is kept in the step's metadata as
+``trained_in_source``: the warehouse's own loss mask is decided by authorship, not by it.
+
+Episode fields come from the row: ``instance_id`` / ``task_id``, ``resolved`` (or a boolean
+``target`` / ``success``, or a 0/1 ``reward``), the model (``model``, ``model_name``, ...),
+``exit_status``, ``repo``, the submitted patch (metadata ``submission``), the tools the model
+was shown (``tools``, ``available_tools``, ``functions``). An episode id is taken only from a
+per-trajectory id (``trajectory_id``, ``traj_id``, ``id``, ...), never from the instance id:
+datasets hold many attempts per instance.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from trajwh.ingest.actions import command_in_text
+from trajwh.ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
+from trajwh.ingest.adapters.common import (
+    decode_json_string,
+    episode,
+    exit_code_in,
+    json_text,
+    link_observations,
+    number_steps,
+    step,
+    text_of,
+    tool_call,
+    tool_schema_info,
+    ts,
+)
+from trajwh.schemas.errors import InputFormatError
+
+#: where a row keeps its message list, in the order they are looked for
+MESSAGE_KEYS = ("messages", "conversations", "conversation", "trajectory", "traj", "chat", "dialog")
+_SYSTEM = {"system", "developer"}
+_USER = {"user", "human"}
+_MODEL = {"assistant", "ai", "gpt", "model", "bot", "chatbot"}
+_TOOL = {"tool", "function", "ipython", "observation", "tool_response", "tool_result", "environment"}
+ROLES = _SYSTEM | _USER | _MODEL | _TOOL | {"function_call"}
+#: a per-trajectory id (never the instance id: many attempts share one)
+_ID_KEYS = ("trajectory_id", "traj_id", "conversation_id", "session_id", "uuid", "id")
+_MODEL_KEYS = ("model", "model_name", "model_name_or_path", "policy", "policy_name")
+_PATCH_KEYS = ("model_patch", "generated_patch", "patch", "submission")
+_TOOLS_KEYS = ("tools", "available_tools", "functions")
+_TRAIN_KEYS = ("mask", "weight", "train", "loss")
+#: a message list in the first bytes: its key, then a list or a JSON string holding one
+_SNIFF_LIST = re.compile(rb'"(?:' + b"|".join(k.encode() for k in MESSAGE_KEYS) + rb')"\s*:\s*(?:\[|"\s*\[)')
+_SNIFF_ROLE = re.compile(rb'\\?"(?:role|from)\\?"\s*:')
+
+
+def _messages(row: dict[str, Any]) -> tuple[str, list[Any]] | None:
+    """(key, message list) of a row, the list decoded when the row keeps it as JSON text."""
+    for key in MESSAGE_KEYS:
+        value = decode_json_string(row.get(key))
+        if isinstance(value, list) and value and all(isinstance(m, dict) for m in value):
+            if any(isinstance(m.get("role"), str) or isinstance(m.get("from"), str) for m in value):
+                return key, value
+    return None
+
+
+def _role(m: dict[str, Any]) -> str | None:
+    role = m.get("role") if isinstance(m.get("role"), str) else m.get("from")
+    return role.strip().lower() if isinstance(role, str) else None
+
+
+def _content(m: dict[str, Any]) -> str | None:
+    for key in ("content", "value", "text"):
+        if key in m and m[key] is not None:
+            return text_of(m[key])
+    return None
+
+
+def _calls(m: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for c in m.get("tool_calls") or []:
+        if isinstance(c, dict):
+            fn = c.get("function") if isinstance(c.get("function"), dict) else c
+            out.append(tool_call(str(fn.get("name") or "unknown"), fn.get("arguments", fn.get("parameters")), c.get("id")))
+    legacy = m.get("function_call")
+    if isinstance(legacy, dict):
+        out.append(tool_call(str(legacy.get("name") or "unknown"), legacy.get("arguments"), legacy.get("id")))
+    return out
+
+
+def _sharegpt_call(text: str | None) -> list[dict[str, Any]]:
+    """A ShareGPT ``function_call`` turn: its value is the call as JSON (name and arguments)."""
+    value = decode_json_string(text)
+    calls = value if isinstance(value, list) else [value]
+    return [tool_call(str(c.get("name") or "unknown"), c.get("arguments", c.get("parameters")), c.get("id"))
+            for c in calls if isinstance(c, dict)]
+
+
+#: how OpenHands and SWE-agent style tools report a command's exit code in its output
+_EXIT_NOTE = re.compile(r"\[(?:The command completed|Command finished) with exit code (-?\d+)\.?\]")
+
+
+def _exit_code(text: str | None) -> int | None:
+    code = exit_code_in(text)
+    if code is None and text and (m := _EXIT_NOTE.search(text)):
+        code = int(m.group(1))
+    return code
+
+
+def _first(row: dict[str, Any], keys: tuple[str, ...]) -> Any:
+    for key in keys:
+        value = row.get(key)
+        if value is not None and value != "":
+            return value
+    return None
+
+
+def _resolved(row: dict[str, Any]) -> bool | None:
+    for key in ("resolved", "target", "success"):
+        if isinstance(row.get(key), bool):
+            return row[key]
+    reward = row.get("reward")
+    if isinstance(reward, int | float) and not isinstance(reward, bool) and reward in (0, 1):
+        return bool(reward)
+    return None
+
+
+def _text_field(row: dict[str, Any], *keys: str) -> str | None:
+    value = _first(row, keys)
+    return value if isinstance(value, str) else None
+
+
+def _meta(m: dict[str, Any]) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    for key in _TRAIN_KEYS:
+        if isinstance(m.get(key), bool | int | float):
+            meta["trained_in_source"] = bool(m[key])
+            break
+    reasoning = m.get("reasoning_content") or m.get("reasoning") or m.get("thinking")
+    if isinstance(reasoning, str) and reasoning:
+        meta["reasoning"] = reasoning
+    if isinstance(m.get("name"), str) and m["name"]:
+        meta["name"] = m["name"]
+    return meta
+
+
+class ChatMessagesAdapter(Adapter):
+    name = "chat-messages"
+    version = "1.0.0"
+    framing = "jsonl"  # a row per line; a pretty-printed row or an array of rows is one document
+    description = "chat-message rows: OpenAI messages or ShareGPT conversations (agent SFT datasets)"
+
+    def sniff(self, path: str, head: bytes) -> bool:
+        return head.lstrip()[:1] in (b"{", b"[") and bool(_SNIFF_LIST.search(head)) and bool(_SNIFF_ROLE.search(head))
+
+    def check_record(self, obj: Any) -> str | None:
+        rows = obj if isinstance(obj, list) else [obj]
+        if not rows:
+            return "an empty array"
+        for i, row in enumerate(rows):
+            where = f"row {i}: " if isinstance(obj, list) else ""
+            if not isinstance(row, dict):
+                return f"{where}expected an object, found {type(row).__name__}"
+            if _messages(row) is None:
+                return (f"{where}no message list (one of {', '.join(MESSAGE_KEYS)}: objects with 'role' or 'from')")
+        return None
+
+    def parse(self, obj: Any, ctx: RecordContext) -> list[ParsedEpisode]:
+        rows = obj if isinstance(obj, list) else [obj]
+        return [self._episode(row, ctx, i if isinstance(obj, list) else None) for i, row in enumerate(rows)]
+
+    def _episode(self, row: dict[str, Any], ctx: RecordContext, index: int | None) -> ParsedEpisode:
+        found = _messages(row)
+        where = ctx.where() + (f" row {index}" if index is not None else "")
+        if found is None:
+            raise InputFormatError("no message list", where=where, valid=f"one of {', '.join(MESSAGE_KEYS)}")
+        key, messages = found
+        roles = [_role(m) for m in messages]
+        for n, role in enumerate(roles):
+            if role not in ROLES:
+                raise InputFormatError(f"{key}[{n}] has the role {role!r}", where=where,
+                                       valid=", ".join(sorted(ROLES)))
+        # a model that acts in text gets its commands' output back as user turns
+        text_acting = not any(r in _TOOL or r == "function_call" for r in roles) and not any(
+            m.get("tool_calls") or m.get("function_call") for m in messages)
+        steps: list[dict[str, Any]] = []
+        task_prompt: str | None = None
+        for m, role in zip(messages, roles, strict=True):
+            text, when = _content(m), ts(m.get("timestamp") or m.get("created_at"))
+            if role in _SYSTEM:
+                steps.append(step("system", "harness", text=text, started_at=when, metadata=_meta(m)))
+            elif role in _USER:
+                if task_prompt is None:
+                    task_prompt = text or ""
+                    steps.append(step("user", "harness", text=text, started_at=when, metadata=_meta(m)))
+                elif text_acting:
+                    steps.append(step("user", "environment", observation=text, exit_code=_exit_code(text),
+                                      started_at=when, metadata=_meta(m)))
+                else:
+                    steps.append(step("user", "harness", text=text, started_at=when, metadata=_meta(m)))
+            elif role in _MODEL:
+                calls = _calls(m)
+                steps.append(step("assistant", "model", text=text, tool_calls=calls,
+                                  action_command=None if calls or not text_acting else command_in_text(text),
+                                  started_at=when, metadata=_meta(m)))
+            elif role == "function_call":  # ShareGPT: the model's call as its own turn
+                steps.append(step("assistant", "model", tool_calls=_sharegpt_call(text), started_at=when,
+                                  metadata=_meta(m)))
+            else:
+                steps.append(step("tool", "environment", observation=text, tool_call_id=m.get("tool_call_id"),
+                                  exit_code=_exit_code(text), started_at=when, metadata=_meta(m)))
+        counts = link_observations(steps)
+        number_steps(steps)
+        times = [s["started_at"] for s in steps if s.get("started_at")]
+        iid = _first(row, ("instance_id", "task_id", "problem_id"))
+        episode_id = _first(row, _ID_KEYS)
+        tools = _first(row, _TOOLS_KEYS)
+        patch = _first(row, _PATCH_KEYS)
+        reward = row.get("reward")
+        ep = episode(
+            source_episode_id=str(episode_id) if episode_id is not None else None,
+            task_id=str(iid) if iid is not None else None, instance_id=str(iid) if iid is not None else None,
+            task_text=task_prompt or None, repository=_text_field(row, "repo", "repository"),
+            policy_name=_text_field(row, *_MODEL_KEYS), harness_name=_text_field(row, "scaffold", "harness", "agent"),
+            resolved=_resolved(row), exit_status=_text_field(row, "exit_status"),
+            reward=float(reward) if isinstance(reward, int | float) and not isinstance(reward, bool) else None,
+            started_at=ts(row.get("created_at") or row.get("timestamp")) or (min(times) if times else None),
+            ended_at=max(times) if times else None,
+            metadata={"messages_key": key, "text_acting": text_acting,
+                      "submission": patch if isinstance(patch, str) else json_text(patch),
+                      "row_license": _text_field(row, "license"), "dataset": _first(row, ("dataset", "source", "subset")),
+                      "row_index": index, **counts},
+        )
+        return ParsedEpisode(ep, steps, tool_schema_info(tools, f"chat-messages:{_first_key(row, _TOOLS_KEYS)}"))
+
+
+def _first_key(row: dict[str, Any], keys: tuple[str, ...]) -> str | None:
+    return next((k for k in keys if row.get(k) not in (None, "")), None)
