@@ -471,10 +471,10 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
         ("bad_rows.jsonl", "ingest", "not_a_record"), ("bad_rows.jsonl", "normalize", "invalid_record")]
     assert "no message list" in q[0]["reason"] and q[0]["line_no"] == 2
     assert "'narrator'" in q[1]["reason"] and "assistant" in q[1]["reason"]
-    eps = {r["source_episode_id"] or r["instance_id"]: r for r in rows(
+    eps = {r["source_episode_id"] or r["instance_id"] or "trace": r for r in rows(
         wh, "SELECT source_episode_id, instance_id, format, n_steps, resolved, exit_status, policy_name, repository, "
             "tool_schema_digest, task_text, metadata, _record_index, trajectory_key FROM episodes")}
-    assert {r["format"] for r in eps.values()} == {"chat-messages"} and len(eps) == 7
+    assert {r["format"] for r in eps.values()} == {"chat-messages"} and len(eps) == 8
 
     def steps(key):
         return rows(wh, "SELECT s.author, s.role, s.action_kind, s.tool_calls, s.tool_call_id, s.exit_code, s.text, "
@@ -519,6 +519,11 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
     s3 = steps("tokenlib.a1b2c3d4.ft_claude.1")
     assert s3[2]["text"] == "Reproducing first." and "skips initialisation" in orjson.loads(s3[2]["metadata"])["reasoning"]
     assert s3[3]["observation"].startswith("Traceback") and s3[3]["tool_call_id"] == "call_a1"
+    # a file that is one conversation (an array of messages), arguments as an object
+    s4 = steps("trace")
+    assert [s["author"] for s in s4] == ["harness", "model", "environment", "model"]
+    assert orjson.loads(s4[1]["tool_calls"][0]["arguments"]) == {"command": "pytest -x services/payments"}
+    assert s4[1]["action_kind"] == "test" and s4[2]["tool_call_id"] == "1"
 
 
 def test_json_lines_that_quote_a_harness_are_not_its_document(tmp_path):

@@ -2,7 +2,8 @@
 SFT datasets are published in (Hugging Face rows exported as JSON lines, or a JSON array of them).
 
 A row holds its messages under ``messages``, ``conversations``, ``conversation``, ``trajectory``,
-``traj``, ``chat`` or ``dialog`` (a list, or that list as JSON text). Two message spellings:
+``traj``, ``chat`` or ``dialog`` (a list, or that list as JSON text); a file that is one JSON
+array of messages (a trace dump) is one conversation. Two message spellings:
 
 - **OpenAI** (SWE-smith, SWE-Gym, nebius SWE-rebench-OpenHands, SWE-Zero, tau-bench style):
   ``role`` and ``content`` (text or a list of parts), ``tool_calls`` (``{"id", "function":
@@ -164,14 +165,26 @@ class ChatMessagesAdapter(Adapter):
     description = "chat-message rows: OpenAI messages or ShareGPT conversations (agent SFT datasets)"
 
     def sniff(self, path: str, head: bytes) -> bool:
-        return head.lstrip()[:1] in (b"{", b"[") and bool(_SNIFF_LIST.search(head)) and bool(_SNIFF_ROLE.search(head))
+        first = head.lstrip()[:1]
+        if first not in (b"{", b"[") or not _SNIFF_ROLE.search(head):
+            return False
+        # rows holding a message list, or one conversation: an array of messages
+        return bool(_SNIFF_LIST.search(head)) or (first == b"[" and (b'"content"' in head or b'"value"' in head))
+
+    @staticmethod
+    def _rows(obj: Any) -> list[Any]:
+        """The rows of a record: one row, an array of rows, or one conversation (an array of messages)."""
+        if isinstance(obj, list) and obj and all(isinstance(m, dict) for m in obj) and _messages({"messages": obj}) \
+                and not any(_messages(m) for m in obj):
+            return [{"messages": obj}]
+        return obj if isinstance(obj, list) else [obj]
 
     def check_record(self, obj: Any) -> str | None:
-        rows = obj if isinstance(obj, list) else [obj]
+        rows = self._rows(obj)
         if not rows:
             return "an empty array"
         for i, row in enumerate(rows):
-            where = f"row {i}: " if isinstance(obj, list) else ""
+            where = f"row {i}: " if rows is obj else ""
             if not isinstance(row, dict):
                 return f"{where}expected an object, found {type(row).__name__}"
             if _messages(row) is None:
@@ -179,8 +192,9 @@ class ChatMessagesAdapter(Adapter):
         return None
 
     def parse(self, obj: Any, ctx: RecordContext) -> list[ParsedEpisode]:
-        rows = obj if isinstance(obj, list) else [obj]
-        return [self._episode(row, ctx, i if isinstance(obj, list) else None) for i, row in enumerate(rows)]
+        rows = self._rows(obj)
+        many = isinstance(obj, list) and rows is obj
+        return [self._episode(row, ctx, i if many else None) for i, row in enumerate(rows)]
 
     def _episode(self, row: dict[str, Any], ctx: RecordContext, index: int | None) -> ParsedEpisode:
         found = _messages(row)
