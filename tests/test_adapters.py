@@ -474,7 +474,7 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
     eps = {r["source_episode_id"] or r["instance_id"] or "trace": r for r in rows(
         wh, "SELECT source_episode_id, instance_id, format, n_steps, resolved, exit_status, policy_name, repository, "
             "tool_schema_digest, task_text, metadata, _record_index, trajectory_key FROM episodes")}
-    assert {r["format"] for r in eps.values()} == {"chat-messages"} and len(eps) == 8
+    assert {r["format"] for r in eps.values()} == {"chat-messages"} and len(eps) == 9
 
     def steps(key):
         return rows(wh, "SELECT s.author, s.role, s.action_kind, s.tool_calls, s.tool_call_id, s.exit_code, s.text, "
@@ -524,6 +524,17 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
     assert [s["author"] for s in s4] == ["harness", "model", "environment", "model"]
     assert orjson.loads(s4[1]["tool_calls"][0]["arguments"]) == {"command": "pytest -x services/payments"}
     assert s4[1]["action_kind"] == "test" and s4[2]["tool_call_id"] == "1"
+    # Anthropic content blocks: calls, results inside user messages (one an error), thinking; the system beside
+    s5 = steps("msg-run-17")
+    assert [(s["author"], s["role"]) for s in s5] == [
+        ("harness", "system"), ("harness", "user"), ("model", "assistant"), ("environment", "tool"),
+        ("model", "assistant"), ("environment", "tool"), ("harness", "user"), ("model", "assistant"),
+        ("environment", "tool"), ("model", "assistant")]
+    assert [s["action_kind"] for s in s5 if s["author"] == "model"] == ["run", "edit", "test", None]
+    assert [s["tool_call_id"] for s in s5 if s["role"] == "tool"] == ["toolu_01A", "toolu_01B", "toolu_01C"]
+    assert s5[3]["observation"].startswith("src/app.py:3:1: F401") and orjson.loads(s5[8]["metadata"]) == {"is_error": True}
+    assert orjson.loads(s5[2]["metadata"])["reasoning"].startswith("Start from") and s5[2]["text"] == "Running the linter."
+    assert s5[6]["text"] == "Also run the tests before you finish."
 
 
 def test_json_lines_that_quote_a_harness_are_not_its_document(tmp_path):

@@ -9,6 +9,8 @@ array of messages (a trace dump) is one conversation. Two message spellings:
   ``role`` and ``content`` (text or a list of parts), ``tool_calls`` (``{"id", "function":
   {"name", "arguments"}}``, arguments as JSON text) or a legacy ``function_call``; ``role: tool``
   (or ``function``) results with ``tool_call_id``; ``reasoning_content`` kept in step metadata.
+- **Anthropic** content blocks (``text``, ``tool_use``, ``tool_result`` inside a user message,
+  ``thinking``), the system prompt beside the messages (``system``).
 - **ShareGPT** (``from`` / ``value``: ``system``, ``human``, ``gpt``, ``function_call``,
   ``observation``) and nebius SWE-agent rows (``role: ai``, ``text``, ``mask``).
 
@@ -31,6 +33,7 @@ datasets hold many attempts per instance.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from trajwh.ingest.actions import command_in_text
@@ -121,6 +124,44 @@ def _exit_code(text: str | None) -> int | None:
     return code
 
 
+@dataclass
+class _Parts:
+    """What one message holds: its text, the calls it makes, the results it carries (call id,
+    output, error flag) and its reasoning."""
+
+    text: str | None
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    results: list[tuple[str | None, str | None, bool]] = field(default_factory=list)
+    reasoning: str | None = None
+
+
+def _parts(m: dict[str, Any], role: str | None) -> _Parts:
+    """A message's parts. Content blocks in Anthropic's spelling are read by type: ``text``,
+    ``tool_use`` (a call), ``tool_result`` (a result, in a user message), ``thinking``; a ShareGPT
+    ``function_call`` turn is a call written as JSON."""
+    if role == "function_call":
+        return _Parts(None, _sharegpt_call(_content(m)))
+    content = next((m[k] for k in ("content", "value", "text") if k in m and m[k] is not None), None)
+    if not isinstance(content, list):
+        return _Parts(text_of(content), _calls(m))
+    texts: list[str] = []
+    out = _Parts(None, _calls(m))
+    thinking: list[str] = []
+    for b in content:
+        kind = b.get("type") if isinstance(b, dict) else None
+        if kind == "tool_use":
+            out.calls.append(tool_call(str(b.get("name") or "unknown"), b.get("input"), b.get("id")))
+        elif kind == "tool_result":
+            out.results.append((b.get("tool_use_id"), text_of(b.get("content")), bool(b.get("is_error"))))
+        elif kind in ("thinking", "reasoning"):
+            thinking.append(str(b.get("thinking") or b.get("text") or ""))
+        elif (t := text_of([b])) is not None:
+            texts.append(t)
+    out.text = "\n".join(texts) if texts else None
+    out.reasoning = "\n".join(t for t in thinking if t) or None
+    return out
+
+
 def _first(row: dict[str, Any], keys: tuple[str, ...]) -> Any:
     for key in keys:
         value = row.get(key)
@@ -202,40 +243,46 @@ class ChatMessagesAdapter(Adapter):
         if found is None:
             raise InputFormatError("no message list", where=where, valid=f"one of {', '.join(MESSAGE_KEYS)}")
         key, messages = found
+        system = row.get("system") if isinstance(row.get("system"), str) else None
+        if system and not any(_role(m) in _SYSTEM for m in messages):  # Anthropic's API keeps it beside the messages
+            messages = [{"role": "system", "content": system}, *messages]
         roles = [_role(m) for m in messages]
         for n, role in enumerate(roles):
             if role not in ROLES:
                 raise InputFormatError(f"{key}[{n}] has the role {role!r}", where=where,
                                        valid=", ".join(sorted(ROLES)))
+        parsed = [_parts(m, role) for m, role in zip(messages, roles, strict=True)]
         # a model that acts in text gets its commands' output back as user turns
-        text_acting = not any(r in _TOOL or r == "function_call" for r in roles) and not any(
-            m.get("tool_calls") or m.get("function_call") for m in messages)
+        text_acting = not any(r in _TOOL for r in roles) and not any(p.calls or p.results for p in parsed)
         steps: list[dict[str, Any]] = []
         task_prompt: str | None = None
-        for m, role in zip(messages, roles, strict=True):
-            text, when = _content(m), ts(m.get("timestamp") or m.get("created_at"))
+        for m, role, p in zip(messages, roles, parsed, strict=True):
+            text, when = p.text, ts(m.get("timestamp") or m.get("created_at"))
+            meta = {**_meta(m), **({"reasoning": p.reasoning} if p.reasoning else {})}
+            for call_id, output, error in p.results:  # Anthropic tool_result blocks in a user message
+                steps.append(step("tool", "environment", observation=output, tool_call_id=call_id,
+                                  exit_code=_exit_code(output), started_at=when,
+                                  metadata={"is_error": True} if error else None))
             if role in _SYSTEM:
-                steps.append(step("system", "harness", text=text, started_at=when, metadata=_meta(m)))
+                steps.append(step("system", "harness", text=text, started_at=when, metadata=meta))
             elif role in _USER:
+                if p.results and text is None:
+                    continue
                 if task_prompt is None:
                     task_prompt = text or ""
-                    steps.append(step("user", "harness", text=text, started_at=when, metadata=_meta(m)))
+                    steps.append(step("user", "harness", text=text, started_at=when, metadata=meta))
                 elif text_acting:
                     steps.append(step("user", "environment", observation=text, exit_code=_exit_code(text),
-                                      started_at=when, metadata=_meta(m)))
+                                      started_at=when, metadata=meta))
                 else:
-                    steps.append(step("user", "harness", text=text, started_at=when, metadata=_meta(m)))
-            elif role in _MODEL:
-                calls = _calls(m)
-                steps.append(step("assistant", "model", text=text, tool_calls=calls,
-                                  action_command=None if calls or not text_acting else command_in_text(text),
-                                  started_at=when, metadata=_meta(m)))
-            elif role == "function_call":  # ShareGPT: the model's call as its own turn
-                steps.append(step("assistant", "model", tool_calls=_sharegpt_call(text), started_at=when,
-                                  metadata=_meta(m)))
+                    steps.append(step("user", "harness", text=text, started_at=when, metadata=meta))
+            elif role in _MODEL or role == "function_call":
+                steps.append(step("assistant", "model", text=text, tool_calls=p.calls,
+                                  action_command=None if p.calls or not text_acting else command_in_text(text),
+                                  started_at=when, metadata=meta))
             else:
                 steps.append(step("tool", "environment", observation=text, tool_call_id=m.get("tool_call_id"),
-                                  exit_code=_exit_code(text), started_at=when, metadata=_meta(m)))
+                                  exit_code=_exit_code(text), started_at=when, metadata=meta))
         counts = link_observations(steps)
         number_steps(steps)
         times = [s["started_at"] for s in steps if s.get("started_at")]
