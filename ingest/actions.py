@@ -205,7 +205,7 @@ def _command_of(args: dict[str, Any]) -> str | None:
 
 
 def _path_of(args: dict[str, Any]) -> str | None:
-    for key in ("path", "file_path", "filename", "file", "notebook_path", "file_name"):
+    for key in ("path", "file_path", "filename", "file", "notebook_path", "file_name", "absolute_path"):
         if isinstance(args.get(key), str):
             return args[key]
     return None
@@ -223,7 +223,7 @@ def classify_tool(name: str, arguments: Any = None) -> tuple[str, str | None]:
     n = name.strip()
     low = n.lower()
     if low in ("bash", "shell", "run", "execute_bash", "exec_command", "cmdrunaction", "terminal", "local_shell",
-               "run_command", "execute_command", "container.exec", "cmd"):
+               "run_command", "execute_command", "container.exec", "cmd", "run_shell_command"):
         return classify_command(_command_of(args))
     if low == "str_replace_editor" or low == "text_editor":
         sub = args.get("command")
@@ -236,14 +236,18 @@ def classify_tool(name: str, arguments: Any = None) -> tuple[str, str | None]:
         return "run", str(args.get("session_id") or args.get("chars") or "")[:200] or None
     if low in ("finish", "submit", "agentfinishaction", "task_complete"):
         return "submit", None
-    if low in ("think", "todowrite", "update_plan", "task", "message", "recall", "agent_think"):
+    if low in ("think", "todowrite", "update_plan", "task", "message", "recall", "agent_think", "write_todos",
+               "save_memory"):
         return "other", None
-    if low in ("webfetch", "websearch", "browse", "browser", "browse_interactive", "web_search", "navigate"):
-        return "browse", args.get("url") or args.get("query")
+    if low in ("webfetch", "websearch", "browse", "browser", "browse_interactive", "web_search", "navigate",
+               "web_fetch", "google_web_search"):
+        return "browse", args.get("url") or args.get("query") or args.get("prompt")
     if low in ("read", "notebookread", "read_file", "view", "view_file", "open", "open_file", "cat"):
         return "read", _path_of(args)
+    if low == "read_many_files" and isinstance(args.get("paths"), list):
+        return "read", ", ".join(str(p) for p in args["paths"]) or None
     if low in ("grep", "glob", "ls", "search", "find", "find_file", "search_dir", "search_file", "list_dir",
-               "file_search", "codebase_search"):
+               "file_search", "codebase_search", "search_file_content", "list_directory"):
         target = args.get("pattern") or args.get("query") or args.get("search_term") or args.get("file_name")
         return "search", str(target) if target is not None else _path_of(args)
     if low in ("edit", "multiedit", "write", "notebookedit", "edit_file", "write_file", "create", "create_file",

@@ -195,6 +195,12 @@ def test_shell_commands_get_canonical_kinds(cmd, kind):
     ("shell", {"command": ["bash", "-lc", "cat a.py"]}, "read", "a.py"),
     ("apply_patch", {"input": "*** Update File: src/m.c\n"}, "edit", "src/m.c"),
     ("finish", {}, "submit", None), ("WebFetch", {"url": "https://x.org"}, "browse", "https://x.org"),
+    # Gemini CLI's tools
+    ("run_shell_command", {"command": "pytest -q"}, "test", "pytest -q"),
+    ("read_file", {"absolute_path": "/r/a.py"}, "read", "/r/a.py"),
+    ("search_file_content", {"pattern": "TODO"}, "search", "TODO"),
+    ("read_many_files", {"paths": ["a.py", "b.py"]}, "read", "a.py, b.py"),
+    ("google_web_search", {"query": "ruff F401"}, "browse", "ruff F401"),
 ])
 def test_harness_tools_get_canonical_kinds(name, args, kind, obj):
     assert classify_tool(name, args) == (kind, obj)
@@ -547,3 +553,44 @@ def test_json_lines_that_quote_a_harness_are_not_its_document(tmp_path):
     doc = tmp_path / "run.json"
     doc.write_bytes(orjson.dumps({"messages": row["messages"], "info": {"mini_version": "1.15.0"}}, option=orjson.OPT_INDENT_2))
     assert detect(str(doc), read_head(doc)).name == "mini-swe-agent"
+
+
+def test_gemini_cli_recordings_in_both_layouts(wh, cases):
+    """A Gemini CLI chat recording as one JSON file and as JSON lines with ``$set`` snapshots (each
+    message once, however many snapshots repeat it): calls on the model's step, each result an
+    environment step linked by id (an error flagged), thoughts as reasoning, notices as harness."""
+    folder = cases / "gemini"
+    for f in sorted(folder.iterdir()):
+        assert detect(str(f), read_head(f)).name == "gemini-cli", f.name
+    ingest_paths(wh, [folder], IngestOptions(source="cases"))
+    normalize_warehouse(wh, run_id="t")
+    assert rows(wh, "SELECT * FROM quarantine") == []
+    eps = {r["source_episode_id"][:8]: r for r in rows(
+        wh, "SELECT source_episode_id, trajectory_key, n_steps, policy_name, tokens_in, tokens_out, harness_name, "
+            "task_text, ended_at, metadata FROM episodes")}
+    one, lines = eps["5c1f0e2a"], eps["be07c9d1"]
+    assert (one["n_steps"], one["policy_name"], one["tokens_in"], one["tokens_out"]) == (8, "gemini-2.5-pro", 28220, 123)
+    assert one["harness_name"] == "gemini-cli" and one["task_text"].startswith("Why does `npm test` fail")
+    meta = orjson.loads(one["metadata"])
+    assert meta["models"] == ["gemini-2.5-flash", "gemini-2.5-pro"] and meta["cached_tokens"] == 18200
+
+    def steps(ep):
+        return rows(wh, "SELECT author, role, action_kind, action_object, tool_call_id, text, observation, metadata "
+                        "FROM steps WHERE trajectory_key = ? ORDER BY step_index", [ep["trajectory_key"]])
+
+    s = steps(one)
+    assert [x["author"] for x in s] == ["human", "model", "environment", "model", "environment", "environment",
+                                        "harness", "model"]
+    assert [(x["action_kind"], x["action_object"]) for x in s if x["author"] == "model"] == [
+        ("test", "cd packages/api && npm test"), ("read", "/home/dev/shop/packages/api/src/routes/users.ts"), (None, None)]
+    assert s[2]["tool_call_id"] == "run_shell_command-1762247526400-1a2b3c" and "1 failed" in s[2]["observation"]
+    assert orjson.loads(s[5]["metadata"]) == {"status": "error", "is_error": True}
+    assert s[5]["observation"] == "File path is ignored by configured ignore patterns."
+    assert orjson.loads(s[1]["metadata"])["reasoning"].startswith("Reproducing: Run the failing suite")
+    assert orjson.loads(s[6]["metadata"]) == {"notice": "info"}
+    # JSON lines: two snapshots repeat the first messages; each message is read once
+    t = steps(lines)
+    assert [x["author"] for x in t] == ["human", "model", "environment", "model"]
+    assert (t[1]["action_kind"], t[1]["action_object"]) == ("search", "import cfg")
+    assert lines["ended_at"].isoformat().startswith("2026-09-10T11:25:30")
+    assert orjson.loads(lines["metadata"])["layout"] == "jsonl"

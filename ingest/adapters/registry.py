@@ -12,6 +12,7 @@ from trajwh.ingest.adapters import (
     chat_messages,
     claude_code,
     codex,
+    gemini_cli,
     mini_swe_agent,
     native,
     openhands,
@@ -31,6 +32,7 @@ BUILTIN: tuple[Adapter, ...] = (
     openhands.OpenHandsOutputAdapter(),
     openhands.OpenHandsFileStoreAdapter(),  # before the event stream: its cache pages are arrays too
     openhands.OpenHandsEventStreamAdapter(),
+    gemini_cli.GeminiCliAdapter(),  # before Claude Code: both write "sessionId" and "type": "user"
     claude_code.ClaudeCodeAdapter(),
     codex.CodexAdapter(),
     aider.AiderAdapter(),
