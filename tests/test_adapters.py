@@ -480,7 +480,7 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
     eps = {r["source_episode_id"] or r["instance_id"] or "trace": r for r in rows(
         wh, "SELECT source_episode_id, instance_id, format, n_steps, resolved, exit_status, policy_name, repository, "
             "tool_schema_digest, task_text, metadata, _record_index, trajectory_key FROM episodes")}
-    assert {r["format"] for r in eps.values()} == {"chat-messages"} and len(eps) == 9
+    assert {r["format"] for r in eps.values()} == {"chat-messages"} and len(eps) == 10
 
     def steps(key):
         return rows(wh, "SELECT s.author, s.role, s.action_kind, s.tool_calls, s.tool_call_id, s.exit_code, s.text, "
@@ -541,6 +541,15 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
     assert s5[3]["observation"].startswith("src/app.py:3:1: F401") and orjson.loads(s5[8]["metadata"]) == {"is_error": True}
     assert orjson.loads(s5[2]["metadata"])["reasoning"].startswith("Start from") and s5[2]["text"] == "Running the linter."
     assert s5[6]["text"] == "Also run the tests before you finish."
+    # SWE-agent's history as a row (SWE-smith): demonstrations are the harness's, whatever their role;
+    # command output it sends as a user turn is the environment's; results name their call in a list
+    s6 = steps("marshmallow.9716fc62.lm_rewrite__a1b2.swesmith.0")
+    assert [(s["author"], s["role"]) for s in s6] == [
+        ("harness", "system"), ("harness", "user"), ("harness", "assistant"), ("harness", "user"), ("model", "assistant"),
+        ("environment", "tool"), ("environment", "user"), ("model", "assistant"), ("environment", "tool")]
+    assert orjson.loads(s6[2]["metadata"]) == {"demonstration": True}
+    assert [s["tool_call_id"] for s in s6 if s["role"] == "tool"] == ["call_Q1", "call_Q2"]
+    assert [s["action_kind"] for s in s6 if s["author"] == "model"] == ["search", "submit"]
 
 
 def test_json_lines_that_quote_a_harness_are_not_its_document(tmp_path):

@@ -14,8 +14,11 @@ array of messages (a trace dump) is one conversation. Two message spellings:
 - **ShareGPT** (``from`` / ``value``: ``system``, ``human``, ``gpt``, ``function_call``,
   ``observation``) and nebius SWE-agent rows (``role: ai``, ``text``, ``mask``).
 
-Authorship: system and developer messages are ``harness``; the first user message is the task
-prompt the harness wrote (``harness``). Later user messages are tool output (``environment``)
+Authorship: system and developer messages are ``harness``, and so is a demonstration (SWE-agent's
+``is_demo`` or ``message_type: demonstration``) whatever its role; the first user message is the
+task prompt the harness wrote (``harness``). A user message SWE-agent marks ``message_type:
+observation`` is tool output (``environment``); its tool results name their call in
+``tool_call_ids``. Later user messages are tool output (``environment``)
 when the model acts in text (no structured calls anywhere: SWE-agent style, where each command's
 output comes back as a user turn), else messages the harness sends back (``harness``). Assistant
 messages are ``model``; a fenced shell block in a text-acting model's message is its command.
@@ -60,6 +63,8 @@ _USER = {"user", "human"}
 _MODEL = {"assistant", "ai", "gpt", "model", "bot", "chatbot"}
 _TOOL = {"tool", "function", "ipython", "observation", "tool_response", "tool_result", "environment"}
 ROLES = _SYSTEM | _USER | _MODEL | _TOOL | {"function_call"}
+_CANONICAL_ROLE = {**{r: "system" for r in _SYSTEM}, **{r: "user" for r in _USER}, **{r: "assistant" for r in _MODEL},
+                   **{r: "tool" for r in _TOOL}, "function_call": "assistant"}
 #: a per-trajectory id (never the instance id: many attempts share one)
 _ID_KEYS = ("trajectory_id", "traj_id", "conversation_id", "session_id", "uuid", "id")
 _MODEL_KEYS = ("model", "model_name", "model_name_or_path", "policy", "policy_name")
@@ -263,7 +268,11 @@ class ChatMessagesAdapter(Adapter):
                 steps.append(step("tool", "environment", observation=output, tool_call_id=call_id,
                                   exit_code=_exit_code(output), started_at=when,
                                   metadata={"is_error": True} if error else None))
-            if role in _SYSTEM:
+            kind = m.get("message_type")
+            if m.get("is_demo") or kind == "demonstration":  # a harness-written example, whatever its role
+                steps.append(step(_CANONICAL_ROLE.get(role or "", "user"), "harness", text=text, started_at=when,
+                                  metadata={**meta, "demonstration": True}))
+            elif role in _SYSTEM:
                 steps.append(step("system", "harness", text=text, started_at=when, metadata=meta))
             elif role in _USER:
                 if p.results and text is None:
@@ -271,7 +280,7 @@ class ChatMessagesAdapter(Adapter):
                 if task_prompt is None:
                     task_prompt = text or ""
                     steps.append(step("user", "harness", text=text, started_at=when, metadata=meta))
-                elif text_acting:
+                elif text_acting or kind == "observation":  # SWE-agent marks command output it sends as a user turn
                     steps.append(step("user", "environment", observation=text, exit_code=_exit_code(text),
                                       started_at=when, metadata=meta))
                 else:
@@ -281,7 +290,9 @@ class ChatMessagesAdapter(Adapter):
                                   action_command=None if p.calls or not text_acting else command_in_text(text),
                                   started_at=when, metadata=meta))
             else:
-                steps.append(step("tool", "environment", observation=text, tool_call_id=m.get("tool_call_id"),
+                ids_ = m.get("tool_call_ids")  # SWE-agent writes a list (one id)
+                call_id = m.get("tool_call_id") or (ids_[0] if isinstance(ids_, list) and ids_ else None)
+                steps.append(step("tool", "environment", observation=text, tool_call_id=call_id,
                                   exit_code=_exit_code(text), started_at=when, metadata=meta))
         counts = link_observations(steps)
         number_steps(steps)
