@@ -477,13 +477,13 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
         ("bad_rows.jsonl", "ingest", "not_a_record"), ("bad_rows.jsonl", "normalize", "invalid_record")]
     assert "no message list" in q[0]["reason"] and q[0]["line_no"] == 2
     assert "'narrator'" in q[1]["reason"] and "assistant" in q[1]["reason"]
-    eps = {r["source_episode_id"] or r["instance_id"] or "trace": r for r in rows(
+    eps = {r["source_episode_id"] or r["instance_id"] or r["task_text"][:5]: r for r in rows(
         wh, "SELECT source_episode_id, instance_id, format, n_steps, resolved, exit_status, policy_name, repository, "
             "tool_schema_digest, task_text, metadata, _record_index, trajectory_key FROM episodes")}
-    assert {r["format"] for r in eps.values()} == {"chat-messages"} and len(eps) == 10
+    assert {r["format"] for r in eps.values()} == {"chat-messages"} and len(eps) == 11
 
     def steps(key):
-        return rows(wh, "SELECT s.author, s.role, s.action_kind, s.tool_calls, s.tool_call_id, s.exit_code, s.text, "
+        return rows(wh, "SELECT s.author, s.role, s.action_kind, s.action_object, s.tool_calls, s.tool_call_id, s.exit_code, s.text, "
                         "s.observation, s.metadata FROM steps s WHERE trajectory_key = ? ORDER BY step_index",
                     [eps[key]["trajectory_key"]])
 
@@ -526,7 +526,7 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
     assert s3[2]["text"] == "Reproducing first." and "skips initialisation" in orjson.loads(s3[2]["metadata"])["reasoning"]
     assert s3[3]["observation"].startswith("Traceback") and s3[3]["tool_call_id"] == "call_a1"
     # a file that is one conversation (an array of messages), arguments as an object
-    s4 = steps("trace")
+    s4 = steps("Find ")
     assert [s["author"] for s in s4] == ["harness", "model", "environment", "model"]
     assert orjson.loads(s4[1]["tool_calls"][0]["arguments"]) == {"command": "pytest -x services/payments"}
     assert s4[1]["action_kind"] == "test" and s4[2]["tool_call_id"] == "1"
@@ -550,6 +550,17 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
     assert orjson.loads(s6[2]["metadata"]) == {"demonstration": True}
     assert [s["tool_call_id"] for s in s6 if s["role"] == "tool"] == ["call_Q1", "call_Q2"]
     assert [s["action_kind"] for s in s6 if s["author"] == "model"] == ["search", "submit"]
+    # OpenAI Responses API items (an Agents SDK input list): calls and their outputs by call id
+    s7 = steps("Tag t")
+    assert [(s["author"], s["role"]) for s in s7] == [
+        ("harness", "system"), ("harness", "user"), ("model", "assistant"), ("environment", "tool"),
+        ("model", "assistant"), ("environment", "tool"), ("model", "assistant")]
+    assert [(s["action_kind"], s["action_object"]) for s in s7 if s["author"] == "model"] == [
+        ("read", "git status --porcelain"), ("edit", "CHANGELOG.md"), (None, None)]
+    assert s7[3]["exit_code"] == 0 and s7[3]["observation"] == ""
+    assert orjson.loads(s7[2]["metadata"]) == {"reasoning": "Check the working tree is clean first."}
+    assert [s["tool_call_id"] for s in s7 if s["role"] == "tool"] == ["call_git_1", "call_patch_1"]
+    assert s7[5]["observation"].startswith("Success. Updated")
 
 
 def test_json_lines_that_quote_a_harness_are_not_its_document(tmp_path):

@@ -11,6 +11,8 @@ array of messages (a trace dump) is one conversation. Two message spellings:
   (or ``function``) results with ``tool_call_id``; ``reasoning_content`` kept in step metadata.
 - **Anthropic** content blocks (``text``, ``tool_use``, ``tool_result`` inside a user message,
   ``thinking``), the system prompt beside the messages (``system``).
+- **OpenAI Responses API items** (Agents SDK input lists): ``message``, ``function_call`` /
+  ``custom_tool_call`` and their ``*_output`` items by ``call_id``, ``reasoning`` summaries.
 - **ShareGPT** (``from`` / ``value``: ``system``, ``human``, ``gpt``, ``function_call``,
   ``observation``) and nebius SWE-agent rows (``role: ai``, ``text``, ``mask``).
 
@@ -76,11 +78,49 @@ _SNIFF_LIST = re.compile(rb'"(?:' + b"|".join(k.encode() for k in MESSAGE_KEYS) 
 _SNIFF_ROLE = re.compile(rb'\\?"(?:role|from)\\?"\s*:')
 
 
+#: OpenAI Responses API items (Agents SDK input lists): what each becomes as a chat message
+_ITEM_TYPES = {"message", "function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output",
+               "reasoning"}
+
+
+def _from_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Responses API items as chat messages: a ``message`` keeps its role, a (custom) function call
+    is an assistant message with that call, its output a tool message naming the call id, and a
+    ``reasoning`` item's summary goes with the next assistant message."""
+    out: list[dict[str, Any]] = []
+    reasoning: list[str] = []
+    for it in items:
+        kind = it.get("type")
+        if kind == "reasoning":
+            reasoning += [t for t in (text_of(it.get("summary")), text_of(it.get("content"))) if t]
+            continue
+        if kind in ("function_call", "custom_tool_call"):
+            m = {"role": "assistant", "tool_calls": [{"id": it.get("call_id") or it.get("id"), "function": {
+                "name": it.get("name"), "arguments": it.get("arguments", it.get("input"))}}]}
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            output, code = decode_json_string(it.get("output")), None
+            if isinstance(output, dict) and "output" in output:  # Codex's JSON form: the output and its exit code
+                code = (output.get("metadata") or {}).get("exit_code") if isinstance(output.get("metadata"), dict) else None
+                output = output["output"]
+            m = {"role": "tool", "tool_call_id": it.get("call_id"), "content": output if isinstance(output, str | list)
+                 else json_text(output), **({"exit_code": code} if isinstance(code, int) else {})}
+        else:
+            m = {k: v for k, v in it.items() if k != "type"}
+        if reasoning and _role(m) in _MODEL:
+            m["reasoning_content"] = "\n".join(reasoning)
+            reasoning = []
+        out.append(m)
+    return out
+
+
 def _messages(row: dict[str, Any]) -> tuple[str, list[Any]] | None:
-    """(key, message list) of a row, the list decoded when the row keeps it as JSON text."""
+    """(key, message list) of a row, the list decoded when the row keeps it as JSON text (and
+    Responses API items made messages)."""
     for key in MESSAGE_KEYS:
         value = decode_json_string(row.get(key))
         if isinstance(value, list) and value and all(isinstance(m, dict) for m in value):
+            if any(m.get("type") in _ITEM_TYPES - {"message"} for m in value):
+                value = _from_items(value)
             if any(isinstance(m.get("role"), str) or isinstance(m.get("from"), str) for m in value):
                 return key, value
     return None
@@ -292,8 +332,9 @@ class ChatMessagesAdapter(Adapter):
             else:
                 ids_ = m.get("tool_call_ids")  # SWE-agent writes a list (one id)
                 call_id = m.get("tool_call_id") or (ids_[0] if isinstance(ids_, list) and ids_ else None)
+                code = m.get("exit_code") if isinstance(m.get("exit_code"), int) else _exit_code(text)
                 steps.append(step("tool", "environment", observation=text, tool_call_id=call_id,
-                                  exit_code=_exit_code(text), started_at=when, metadata=meta))
+                                  exit_code=code, started_at=when, metadata=meta))
         counts = link_observations(steps)
         number_steps(steps)
         times = [s["started_at"] for s in steps if s.get("started_at")]
