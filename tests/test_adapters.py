@@ -475,12 +475,12 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
     q = rows(wh, "SELECT file_path, line_no, stage, reason_code, reason FROM quarantine ORDER BY stage")
     assert [(Path(r["file_path"]).name, r["stage"], r["reason_code"]) for r in q] == [
         ("bad_rows.jsonl", "ingest", "not_a_record"), ("bad_rows.jsonl", "normalize", "invalid_record")]
-    assert "no message list" in q[0]["reason"] and q[0]["line_no"] == 2
+    assert "no message list" in q[0]["reason"] and "prompt and completion" in q[0]["reason"] and q[0]["line_no"] == 2
     assert "'narrator'" in q[1]["reason"] and "assistant" in q[1]["reason"]
     eps = {r["source_episode_id"] or r["instance_id"] or r["task_text"][:5]: r for r in rows(
         wh, "SELECT source_episode_id, instance_id, format, n_steps, resolved, exit_status, policy_name, repository, "
             "tool_schema_digest, task_text, metadata, _record_index, trajectory_key FROM episodes")}
-    assert {r["format"] for r in eps.values()} == {"chat-messages"} and len(eps) == 11
+    assert {r["format"] for r in eps.values()} == {"chat-messages"} and len(eps) == 12
 
     def steps(key):
         return rows(wh, "SELECT s.author, s.role, s.action_kind, s.action_object, s.tool_calls, s.tool_call_id, s.exit_code, s.text, "
@@ -561,6 +561,9 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
     assert orjson.loads(s7[2]["metadata"]) == {"reasoning": "Check the working tree is clean first."}
     assert [s["tool_call_id"] for s in s7 if s["role"] == "tool"] == ["call_git_1", "call_patch_1"]
     assert s7[5]["observation"].startswith("Success. Updated")
+    # TRL's prompt-completion rows: the prompt's messages, then the completion's
+    s8 = steps("pc-1")
+    assert [(s["author"], s["action_kind"]) for s in s8] == [("harness", None), ("harness", None), ("model", "search")]
 
 
 def test_json_lines_that_quote_a_harness_are_not_its_document(tmp_path):

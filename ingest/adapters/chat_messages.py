@@ -2,8 +2,8 @@
 SFT datasets are published in (Hugging Face rows exported as JSON lines, or a JSON array of them).
 
 A row holds its messages under ``messages``, ``conversations``, ``conversation``, ``trajectory``,
-``traj``, ``chat`` or ``dialog`` (a list, or that list as JSON text); a file that is one JSON
-array of messages (a trace dump) is one conversation. Two message spellings:
+``traj``, ``chat`` or ``dialog`` (a list, or that list as JSON text), or as TRL's ``prompt`` and
+``completion`` lists; a file that is one JSON array of messages (a trace dump) is one conversation. Two message spellings:
 
 - **OpenAI** (SWE-smith, SWE-Gym, nebius SWE-rebench-OpenHands, SWE-Zero, tau-bench style):
   ``role`` and ``content`` (text or a list of parts), ``tool_calls`` (``{"id", "function":
@@ -74,7 +74,7 @@ _PATCH_KEYS = ("model_patch", "generated_patch", "patch", "submission")
 _TOOLS_KEYS = ("tools", "available_tools", "functions")
 _TRAIN_KEYS = ("mask", "weight", "train", "loss")
 #: a message list in the first bytes: its key, then a list or a JSON string holding one
-_SNIFF_LIST = re.compile(rb'"(?:' + b"|".join(k.encode() for k in MESSAGE_KEYS) + rb')"\s*:\s*(?:\[|"\s*\[)')
+_SNIFF_LIST = re.compile(rb'"(?:' + b"|".join(k.encode() for k in (*MESSAGE_KEYS, "prompt")) + rb')"\s*:\s*(?:\[|"\s*\[)')
 _SNIFF_ROLE = re.compile(rb'\\?"(?:role|from)\\?"\s*:')
 
 
@@ -116,8 +116,11 @@ def _from_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _messages(row: dict[str, Any]) -> tuple[str, list[Any]] | None:
     """(key, message list) of a row, the list decoded when the row keeps it as JSON text (and
     Responses API items made messages)."""
-    for key in MESSAGE_KEYS:
+    for key in (*MESSAGE_KEYS, "prompt"):
         value = decode_json_string(row.get(key))
+        if key == "prompt":  # TRL's conversational prompt-completion rows: the prompt, then the completion
+            completion = decode_json_string(row.get("completion"))
+            value = [*value, *completion] if isinstance(value, list) and isinstance(completion, list) else None
         if isinstance(value, list) and value and all(isinstance(m, dict) for m in value):
             if any(m.get("type") in _ITEM_TYPES - {"message"} for m in value):
                 value = _from_items(value)
@@ -274,7 +277,8 @@ class ChatMessagesAdapter(Adapter):
             if not isinstance(row, dict):
                 return f"{where}expected an object, found {type(row).__name__}"
             if _messages(row) is None:
-                return (f"{where}no message list (one of {', '.join(MESSAGE_KEYS)}: objects with 'role' or 'from')")
+                return (f"{where}no message list (one of {', '.join(MESSAGE_KEYS)}, or prompt and completion: "
+                        "objects with 'role' or 'from')")
         return None
 
     def parse(self, obj: Any, ctx: RecordContext) -> list[ParsedEpisode]:
