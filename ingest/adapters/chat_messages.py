@@ -32,7 +32,8 @@ Episode fields come from the row: ``instance_id`` / ``task_id``, ``resolved`` (o
 ``exit_status``, ``repo``, the submitted patch (metadata ``submission``), the tools the model
 was shown (``tools``, ``available_tools``, ``functions``). An episode id is taken only from a
 per-trajectory id (``trajectory_id``, ``traj_id``, ``id``, ...), never from the instance id:
-datasets hold many attempts per instance.
+datasets hold many attempts per instance. A trial number (tau-bench's ``trial``) is kept in the
+metadata, not made the attempt key: result files of different runs number their trials alike.
 """
 
 from __future__ import annotations
@@ -359,7 +360,7 @@ class ChatMessagesAdapter(Adapter):
             metadata={"messages_key": key, "text_acting": text_acting,
                       "submission": patch if isinstance(patch, str) else json_text(patch),
                       "row_license": _text_field(row, "license"), "dataset": _first(row, ("dataset", "source", "subset")),
-                      "row_index": index, **counts},
+                      "row_index": index, "trial": _first(row, ("trial", "attempt", "run_index")), **counts},
         )
         return ParsedEpisode(ep, steps, tool_schema_info(tools, f"chat-messages:{_first_key(row, _TOOLS_KEYS)}"))
 
