@@ -151,19 +151,21 @@ def _salt(wh: Warehouse) -> bytes:
 Candidates = dict[str, tuple[list[str], int]]
 
 
-def _plan_candidates(wh: Warehouse, plan: Impact) -> tuple[list[str], Candidates]:
-    """(payload sha256 per record, candidate probe windows) of the records and episodes to forget."""
+def _plan_candidates(wh: Warehouse, plan: Impact, skip: frozenset[str] = frozenset()) -> tuple[list[str], Candidates]:
+    """(payload sha256 per record, candidate probe windows) of the records and episodes to forget.
+    ``skip``: data files that cannot hold them (``_older_files``, bytes unchanged), not read."""
     digests, candidates = [], {}
     if plan.records:
-        for rb in wh.stream("SELECT record_id, payload FROM raw_records WHERE record_id IN (SELECT unnest(?::VARCHAR[]))",
-                            [plan.records], batch_rows=500, arrow=True):
+        for rb in wh.stream(f"SELECT record_id, payload FROM {_rows_sql(wh, 'raw_records', skip)} "
+                            "WHERE record_id IN (SELECT unnest(?::VARCHAR[]))", [plan.records], batch_rows=500, arrow=True):
             for rid, payload in zip(rb.column(0).to_pylist(), rb.column(1).to_pylist(), strict=True):
                 digests.append(hashlib.sha256(payload).hexdigest())
                 candidates[rid] = (probe_windows("\n".join(_strings(payload)), rid, _CANDIDATES_PER_RECORD), _PROBES_PER_TEXT)
     if plan.episodes:
         for rb in wh.stream("SELECT trajectory_key, string_agg(coalesce(text, '') || chr(10) || coalesce(observation, ''), "
-                            "chr(10) ORDER BY step_index) FROM redacted_steps WHERE trajectory_key IN (SELECT unnest(?::VARCHAR[])) "
-                            "GROUP BY 1", [plan.episodes], batch_rows=200, arrow=True):
+                            f"chr(10) ORDER BY step_index) FROM {_rows_sql(wh, 'redacted_steps', skip)} "
+                            "WHERE trajectory_key IN (SELECT unnest(?::VARCHAR[])) GROUP BY 1", [plan.episodes],
+                            batch_rows=200, arrow=True):
             for key, text in zip(rb.column(0).to_pylist(), rb.column(1).to_pylist(), strict=True):
                 candidates[key] = (probe_windows(text or "", key, _CANDIDATES_PER_EPISODE), 2)
     return sorted(set(digests)), candidates
@@ -325,10 +327,14 @@ def _unchanged(recorded: dict[str, str]) -> frozenset[str]:
     return frozenset(p for p, d in zip(paths, digests, strict=True) if d == recorded[p])
 
 
-def _remove_sources(wh: Warehouse, req: dict[str, Any], progress: Callable[[str], None]) -> dict[str, int]:
+def _remove_sources(wh: Warehouse, req: dict[str, Any], progress: Callable[[str], None],
+                    older: frozenset[str] | None = None) -> dict[str, int]:
     # files from before the forgotten data, byte for byte, are not read for its rows (the proof
-    # reads them the same way); one whose bytes changed is read like any other
-    older = _unchanged(_older_files(wh, orjson.loads(req["counts"] or "{}").get("_since")))
+    # reads them the same way); one whose bytes changed is read like any other. ``older``: that
+    # set as the plan found it (data files are content-named and never change in place, so a
+    # path found clean stays clean); found again when not given (a resumed request)
+    if older is None:
+        older = _unchanged(_older_files(wh, orjson.loads(req["counts"] or "{}").get("_since")))
     s = _key_sets(wh, req, older)
     removed: dict[str, int] = {}
     _forget_vault(wh, s["keys"], removed)
@@ -844,11 +850,13 @@ def forget(wh: Warehouse, selector: str | None, reason: str, *, dry_run: bool = 
     plan = impact(wh, sel)
     if plan.empty:
         raise ConfigError(f"{sel} matches nothing in {wh.root}", valid="a selector `trajwh impact` finds rows for")
-    digests, candidates = _plan_candidates(wh, plan)
-    salt = _salt(wh)
     counts = {k: v["rows"] for k, v in plan.layers.items()}
     counts["_quarantine_ids"] = plan.layers.get("quarantine", {}).get("ids", [])
     counts["_since"] = _ingested_since(wh, plan.records, plan.episodes, counts["_quarantine_ids"])
+    # the files from before the forgotten data (bytes unchanged) are read neither here nor by the rewrite
+    older = _unchanged(_older_files(wh, counts["_since"]))
+    digests, candidates = _plan_candidates(wh, plan, older)
+    salt = _salt(wh)
     now = now_utc()
     req = {"request_id": "del-" + ids.digest([str(sel), reason, now.isoformat()])[:16], "requested_at": now,
            "selector": str(sel), "reason": reason.strip(), "status": "planned", "record_ids": plan.records,
@@ -862,11 +870,11 @@ def forget(wh: Warehouse, selector: str | None, reason: str, *, dry_run: bool = 
         session.upsert_rows("deletions", [_request_row(req)])
     progress(f"forget {req['request_id']}: planned ({len(plan.records)} raw records, {len(plan.episodes)} episodes)")
     _maybe_crash("planned")
-    return resume(wh, _request_row(req), candidates=candidates, progress=progress)
+    return resume(wh, _request_row(req), candidates=candidates, older=older, progress=progress)
 
 
 def resume(wh: Warehouse, req: dict[str, Any], *, candidates: Candidates | None = None,
-           progress: Callable[[str], None] = lambda m: None) -> ForgetResult:
+           older: frozenset[str] | None = None, progress: Callable[[str], None] = lambda m: None) -> ForgetResult:
     """Carry a request on from the stage it reached (each stage is idempotent). ``candidates``:
     the plan's candidate probe windows, which only the process that planned holds (never stored:
     they are the forgotten text). With them the probes are chosen beside the rebuild and the
@@ -877,7 +885,7 @@ def resume(wh: Warehouse, req: dict[str, Any], *, candidates: Candidates | None 
     probes: list[str] | None = None
     moved_doc = orjson.loads(req["moved"] or "{}")
     if status == "planned":
-        _remove_sources(wh, req, progress)
+        _remove_sources(wh, req, progress, older)
         req = _request_row(req, status="sources_removed")
         _maybe_crash("sources_removed")
         status = req["status"]
