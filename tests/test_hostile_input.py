@@ -297,3 +297,42 @@ def test_data_is_never_markup_nor_terminal_control(tmp_path):
     console.print(render.arrow_table(table))
     out = console.export_text()
     assert "[/INST] [bold]x\\x1b[31mred\\u202e" in out and "\x1b" not in out
+
+
+def test_damaged_message_rows_and_gemini_sessions_never_raise_out_of_a_build(tmp_path, cases, monkeypatch):
+    """The generic message-row and Gemini CLI formats take the same damage as the corpus above, and
+    shapes no dataset should have (ids as numbers, calls that are not lists, tokens as text): each
+    record lands or is quarantined with its reason; nothing raises."""
+    monkeypatch.delenv("TRAJWH_VAULT_KEY", raising=False)
+    monkeypatch.delenv("TRAJWH_VAULT_KEY_FILE", raising=False)
+    rng = random.Random(17)
+    d = tmp_path / "damaged"
+    d.mkdir()
+    for p in sorted([*(cases / "chat_messages").iterdir(), *(cases / "gemini").iterdir()]):
+        for i, blob in enumerate(_mutations(p.read_bytes(), rng)):
+            (d / f"{i}-{p.name}").write_bytes(blob)
+    odd = [{"id": 7, "messages": [{"role": "user", "content": {"text": "hi"}},
+                                  {"role": "assistant", "content": None, "tool_calls": 5},
+                                  {"role": "assistant", "tool_calls": [{"id": 3, "function": "bash"}]},
+                                  {"role": "tool", "tool_call_id": 3, "content": [1, {"type": "image_url"}]},
+                                  {"role": "assistant", "content": [{"type": "tool_use", "id": 9, "input": "x"}]}],
+            "reward": "1", "resolved": "yes", "tools": "not json"}]
+    (d / "odd_rows.jsonl").write_bytes(b"\n".join(orjson.dumps(r) for r in odd) + b"\n")
+    (d / "session-odd.json").write_bytes(orjson.dumps({"sessionId": 1, "projectHash": "x", "messages": [
+        {"type": "gemini", "content": ["a", {"text": "b"}], "toolCalls": {"id": 1}, "tokens": {"input": "5"}},
+        {"type": "gemini", "toolCalls": [{"id": 2, "name": None, "args": "ls", "result": "plain text"}]},
+        {"type": "something-new", "content": 3}, "not a message"]}))
+    wh = Warehouse(tmp_path / "wh")
+    s = ingest_paths(wh, [d], IngestOptions(source="damaged"))
+    normalize_warehouse(wh, run_id="n")
+    redact_warehouse(wh, run_id="r")
+    wh.query("SELECT * FROM redacted_episodes").to_pylist()
+    steps = wh.query("SELECT * FROM redacted_steps").to_pylist()
+    # every record is an episode or is quarantined, with a reason
+    recorded = wh.query("SELECT count(*) FROM raw_records").column(0)[0].as_py()
+    landed = wh.query("SELECT count(DISTINCT _record_id) FROM episodes").column(0)[0].as_py()
+    later = wh.query("SELECT count(*) FROM quarantine WHERE stage = 'normalize'").column(0)[0].as_py()
+    assert recorded == s.n_new and landed + later >= recorded and landed > 0
+    assert all(r["reason"] for r in wh.query("SELECT reason FROM quarantine").to_pylist())
+    ids = {c["id"] for x in steps for c in x["tool_calls"] or []}
+    assert {"3", "9", "2"} <= ids  # numbered calls kept as text

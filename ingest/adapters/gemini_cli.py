@@ -86,9 +86,13 @@ def _result_text(result: Any) -> str | None:
     return "\n".join(out) if out else None
 
 
+def _id(value: Any) -> str | None:
+    return None if value is None or value == "" else str(value)
+
+
 def _thoughts(value: Any) -> str | None:
     lines = []
-    for t in value or []:
+    for t in value if isinstance(value, list) else []:
         if isinstance(t, dict):
             lines.append(": ".join(x for x in (t.get("subject"), t.get("description")) if isinstance(x, str) and x))
     return "\n".join(x for x in lines if x) or None
@@ -127,26 +131,29 @@ class GeminiCliAdapter(Adapter):
             if kind == "user":
                 steps.append(step("user", "human", text=text, started_at=when))
             elif kind == "gemini":
-                usage = m.get("tokens") if isinstance(m.get("tokens"), dict) else {}
+                raw_usage = m.get("tokens") if isinstance(m.get("tokens"), dict) else {}
+                usage = {k: v for k, v in raw_usage.items() if isinstance(v, int) and not isinstance(v, bool)}
                 tokens_in += usage.get("input") or 0
                 tokens_out += usage.get("output") or 0
                 cached += usage.get("cached") or 0
                 if isinstance(m.get("model"), str):
                     models.append(m["model"])
-                calls = [c for c in m.get("toolCalls") or [] if isinstance(c, dict)]
+                model = m.get("model") if isinstance(m.get("model"), str) else None
+                raw_calls = m.get("toolCalls")
+                calls = [c for c in raw_calls if isinstance(c, dict)] if isinstance(raw_calls, list) else []
                 steps.append(step("assistant", "model", text=text, started_at=when,
-                                  tool_calls=[tool_call(str(c.get("name") or "unknown"), c.get("args"), c.get("id"))
+                                  tool_calls=[tool_call(str(c.get("name") or "unknown"), c.get("args"), _id(c.get("id")))
                                               for c in calls],
                                   tokens_in=usage.get("input"), tokens_out=usage.get("output"),
                                   metadata={k: v for k, v in (("reasoning", _thoughts(m.get("thoughts"))),
-                                                              ("model", m.get("model")),
+                                                              ("model", model),
                                                               ("thought_tokens", usage.get("thoughts"))) if v}))
                 for c in calls:
                     status = c.get("status")
                     output = _result_text(c.get("result"))
                     if output is None and isinstance(c.get("resultDisplay"), str):
                         output = c["resultDisplay"]
-                    steps.append(step("tool", "environment", observation=output, tool_call_id=c.get("id"),
+                    steps.append(step("tool", "environment", observation=output, tool_call_id=_id(c.get("id")),
                                       started_at=ts(c.get("timestamp")) or when,
                                       metadata={"status": status, "is_error": True} if status not in (None, "success")
                                       else {"status": status} if status else None))
@@ -161,7 +168,7 @@ class GeminiCliAdapter(Adapter):
         times = [s["started_at"] for s in steps if s.get("started_at")]
         first_user = next((s["text"] for s in steps if s["author"] == "human" and s.get("text")), None)
         ep = episode(
-            source_episode_id=obj.get("sessionId"), task_text=first_user, harness_name="gemini-cli",
+            source_episode_id=_id(obj.get("sessionId")), task_text=first_user, harness_name="gemini-cli",
             policy_name=models[0] if models else None,
             started_at=ts(obj.get("startTime")) or (min(times) if times else None),
             ended_at=max([t for t in (ts(obj.get("lastUpdated")), *times) if t], default=None),
