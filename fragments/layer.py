@@ -14,6 +14,7 @@ nor do episodes that the license policy or an opt-out does not allow for trainin
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -114,7 +115,7 @@ def fragment_row(f: Fragment, steps: list[dict], step_id: dict[int, str], sel: S
 
 
 #: an episode's task as task_stats groups by it (``e``: the episodes table's alias and dot, or "")
-_TASK = "coalesce(nullif({e}task_id, ''), nullif({e}instance_id, ''), 'episode:' || {e}trajectory_key)"
+TASK_OF = "coalesce(nullif({e}task_id, ''), nullif({e}instance_id, ''), 'episode:' || {e}trajectory_key)"
 #: the eligibility step's training decision; an episode it has not decided counts as blocked, and
 #: every episode as allowed while no eligibility was ever built (a library call without that step)
 _LICENSE = """CASE WHEN g.train IS NOT NULL THEN g.train WHEN EXISTS (SELECT 1 FROM eligibility) THEN 'undecided'
@@ -139,7 +140,7 @@ _STEPS_SQL = """
 _INPUTS_SQL = """
     SELECT e.trajectory_key, e._batch_id AS batch_id, c.weight, s.split,
            coalesce(l.kinds, []) AS leak_kinds, """ + _LICENSE + """,
-           """ + _TASK.format(e="e.") + """ AS task
+           """ + TASK_OF.format(e="e.") + """ AS task
     FROM redacted_episodes e
     LEFT JOIN near_dup_clusters c USING (trajectory_key) LEFT JOIN splits s USING (trajectory_key)
     LEFT JOIN """ + _LEAK_KINDS + """ l USING (trajectory_key) LEFT JOIN eligibility g USING (trajectory_key)"""
@@ -271,7 +272,7 @@ def _previous(wh: Warehouse, rules: str) -> dict[str, tuple[str, str]]:
                         [list(TABLES)]).column(0).to_pylist()
     if not versions or any(v.split(";inputs=")[0] != rules for v in versions):
         return {}
-    t = wh.query(f"""SELECT o.trajectory_key, o.inputs_digest, {_TASK.format(e="e.")} AS task
+    t = wh.query(f"""SELECT o.trajectory_key, o.inputs_digest, {TASK_OF.format(e="e.")} AS task
                      FROM outcomes o JOIN redacted_episodes e USING (trajectory_key)""")
     if t.column("inputs_digest").null_count:
         return {}
@@ -288,6 +289,16 @@ _KEPT_FRAGMENTS = """
                             AS _transform_version)
     FROM fragments f LEFT JOIN near_dup_clusters c USING (trajectory_key)
     WHERE f.trajectory_key NOT IN """ + _KEYS
+
+
+def _resized_tasks(wh: Warehouse, current: dict[str, tuple[str, str]]) -> set[str]:
+    """Tasks whose stored statistics count other episodes than the task has now: episodes taken
+    away (a forget) while none of the task's others changed, down to none (the task's rows go).
+    Their statistics are made again from the episodes they have now."""
+    stored = wh.query("SELECT task_id, sum(episodes) AS n FROM task_stats WHERE level = 'task_policy' GROUP BY 1")
+    now = Counter(task for _, task in current.values())
+    return {t for t, n in zip(stored.column(0).to_pylist(), stored.column(1).to_pylist(), strict=True)
+            if now.get(t, 0) != n}
 
 
 def _copied(wh: Warehouse, table: str, sql: str, params: list[Any]) -> list[Any]:
@@ -316,12 +327,12 @@ def _kept(wh: Warehouse, redo: list[str], redo_tasks: list[str], lineage: dict[s
                    zip(copies, pool.map(lambda c: _copied(wh, *c), copies), strict=True)]
     fresh = [k for k in redo if k not in standing]
     return written, wh.query(_STAT_INPUTS.format(
-        where=f"o.trajectory_key NOT IN {_KEYS} AND {_TASK.format(e='e.')} IN {_KEYS}"), [fresh, redo_tasks]).to_pylist()
+        where=f"o.trajectory_key NOT IN {_KEYS} AND {TASK_OF.format(e='e.')} IN {_KEYS}"), [fresh, redo_tasks]).to_pylist()
 
 
 #: what task statistics read of stored outcomes
 _STAT_INPUTS = """
-    SELECT o.trajectory_key, """ + _TASK.format(e="e.") + """ AS task_id, o.cause, e.policy_name, e.harness_name, e.started_at
+    SELECT o.trajectory_key, """ + TASK_OF.format(e="e.") + """ AS task_id, o.cause, e.policy_name, e.harness_name, e.started_at
     FROM outcomes o JOIN redacted_episodes e USING (trajectory_key) WHERE {where} ORDER BY o.trajectory_key"""
 
 
@@ -420,7 +431,8 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
     """Outcomes, task statistics and fragments. Incremental: an episode is redone only when its
     inputs changed (its batch's redacted rows, split, leak flags or training license; a new
     cluster weight is copied onto its kept fragments), a task's
-    statistics only when one of its episodes was; the other rows are kept as they are (with the
+    statistics only when one of its episodes was or when its stored statistics count other
+    episodes than it has now (episodes forgotten: a task none is left of loses its rows); the other rows are kept as they are (with the
     run that made them), and the three tables are swapped in one commit. The result equals a
     full rebuild's (a test compares them)."""
     cfg = cfg or StatsConfig()
@@ -452,7 +464,8 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
         pool = ThreadPoolExecutor(1)
         if previous:
             keys = sorted(k for k, (d, _) in current.items() if previous.get(k, (None,))[0] != d)
-            tasks = sorted({current[k][1] for k in keys} | {previous[k][1] for k in keys if k in previous})
+            tasks = sorted({current[k][1] for k in keys} | {previous[k][1] for k in keys if k in previous}
+                           | _resized_tasks(wh, current))
             summary.rebuilt = len(keys)
             standing = {k: current[k][0] for k in _outcomes_standing(keys, previous, seen)}
             # the kept rows are copied in a thread while the episodes to redo are redone here (copies

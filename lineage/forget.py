@@ -458,6 +458,13 @@ def _leftover_rows(wh: Warehouse, req: dict[str, Any], unchanged: frozenset[str]
         (child_table = 'episodes' AND child_id NOT IN (SELECT trajectory_key FROM episodes))""").column(0)[0].as_py()
     if dangling:
         left["lineage_edges (dangling)"] = dangling
+    from trajwh.fragments.layer import TASK_OF
+
+    # statistics of a task no episode is left of (its id is the task's own text, e.g. a repository's)
+    orphan = wh.query(f"SELECT count(*) FROM task_stats WHERE task_id NOT IN "
+                      f"(SELECT {TASK_OF.format(e='')} FROM redacted_episodes)").column(0)[0].as_py()
+    if orphan:
+        left["task_stats (no episode left)"] = orphan
     vault_left: dict[str, int] = {}
     _count_vault(wh, s["keys"], vault_left)
     return {**left, **vault_left}

@@ -367,3 +367,32 @@ def test_the_proof_scans_exports_written_outside_the_warehouse(wh, tmp_path):
     request = wh.query("SELECT request_id FROM deletions").column(0)[0].as_py()
     found = verify_forget(wh, request)
     assert not found["ok"] and list(found["files_with_probes"]) == [str(out)]
+
+
+def _stats(wh: Warehouse) -> list[tuple]:
+    return sorted(tuple(r.values()) for r in wh.query(
+        "SELECT * EXCLUDE (_run_id, _transform, _transform_version) FROM task_stats").to_pylist())
+
+
+def test_task_statistics_follow_the_episodes_that_stay(wh, tmp_path):
+    """Forgetting one attempt of a task makes its statistics again from the attempts that stay;
+    forgetting every attempt of a task takes its rows away (its id is the task's own text). Both
+    as a full rebuild of what is left makes them."""
+    from trajwh.pipelines.definitions import build
+
+    tasks = wh.query("SELECT coalesce(nullif(task_id, ''), nullif(instance_id, ''), 'episode:' || trajectory_key) AS t, "
+                     "list(trajectory_key ORDER BY trajectory_key) AS keys FROM redacted_episodes GROUP BY 1 "
+                     "ORDER BY len(keys) DESC, t").to_pylist()
+    shared, single = tasks[0], next(t for t in tasks if len(t["keys"]) == 1 and not t["t"].startswith("episode:"))
+    assert len(shared["keys"]) >= 2
+    n_before = _count(wh, "SELECT sum(episodes) FROM task_stats WHERE level = 'task_policy' AND task_id = ?", [shared["t"]])
+    assert forget(wh, f"episode:{shared['keys'][0]}", "one attempt withdrawn").status == "verified"
+    assert forget(wh, f"task:{single['t']}", "task withdrawn").status == "verified"
+    assert _count(wh, "SELECT sum(episodes) FROM task_stats WHERE level = 'task_policy' AND task_id = ?",
+                  [shared["t"]]) == n_before - 1
+    assert _count(wh, "SELECT count(*) FROM task_stats WHERE task_id = ?", [single["t"]]) == 0
+    after = _stats(wh)
+    full = tmp_path / "full"
+    shutil.copytree(wh.root, full)
+    assert build(str(full), full=True).success
+    assert _stats(Warehouse(full)) == after
