@@ -337,7 +337,7 @@ def _remove_sources(wh: Warehouse, req: dict[str, Any], progress: Callable[[str]
         older = _unchanged(_older_files(wh, orjson.loads(req["counts"] or "{}").get("_since")))
     s = _key_sets(wh, req, older)
     removed: dict[str, int] = {}
-    _forget_vault(wh, s["keys"], removed)
+    _forget_vault(wh, s, removed)
     with wh.write_session("forget") as session:
         pairs = []
         for table in PARQUET_TABLES:
@@ -366,22 +366,62 @@ def _remove_sources(wh: Warehouse, req: dict[str, Any], progress: Callable[[str]
     return removed
 
 
-def _forget_vault(wh: Warehouse, keys: pa.Array, removed: dict[str, int]) -> None:
+def _forget_vault(wh: Warehouse, s: dict[str, pa.Array], removed: dict[str, int]) -> None:
+    """The vault entries of the forgotten data go: those scoped to a forgotten episode, those of the
+    tool definitions only forgotten episodes used (scope ``tool_schema:<digest>``), and, when the
+    redaction scope is a repository or the dataset (one placeholder for a value across episodes),
+    the entries of the forgotten episodes' batches that no episode of that batch which stays uses
+    (a batch's vault folder holds the entries its episodes made; read before the rewrite, while
+    the redaction events of the forgotten episodes are still listed)."""
     from trajwh.redaction.vault import Vault
 
+    keys = s["keys"]
     vault = Vault(wh, None)
     if not vault.root.exists() or not len(keys):
         return
+    scoped = pa.concat_arrays([keys, pc.binary_join_element_wise("tool_schema:", s["digests"], "")]) \
+        if len(s["digests"]) else keys
+    batches = set(wh.query("SELECT DISTINCT _batch_id FROM episodes WHERE trajectory_key IN (SELECT unnest(?::VARCHAR[]))",
+                           [keys.to_pylist()]).column(0).to_pylist())
+    in_use: dict[str, set[tuple[str, str]]] | None = None
     for folder in sorted(p for p in vault.root.iterdir() if p.is_dir() and not p.name.startswith(".")):
         parts = sorted(folder.glob("part-*.parquet"))
         if not parts:
             continue
         t = pa.concat_tables([pq.read_table(p, schema=arrow_schema(VaultRow)) for p in parts])
-        mask = pc.is_in(t["scope_id"], keys)
+        mask = pc.is_in(t["scope_id"], scoped)
+        shared = pc.and_(pc.is_in(t["scope_kind"], pa.array(["repository", "dataset"])),
+                         pc.invert(pc.starts_with(t["scope_id"], "tool_schema:")))
+        if folder.name in batches and pc.any(shared).as_py():
+            if in_use is None:
+                in_use = _shared_scopes_in_use(wh, keys, sorted(batches))
+            used = in_use.get(folder.name, set())
+            unused = pa.array([(sid, ph) not in used for sid, ph in zip(t["scope_id"].to_pylist(),
+                                                                      t["placeholder"].to_pylist(), strict=True)])
+            mask = pc.or_(mask, pc.and_(shared, unused))
         n = pc.sum(mask).as_py() or 0
         if n:
             vault._swap(folder.name, t.filter(pc.invert(mask)).to_pylist())
             removed["vault"] = removed.get("vault", 0) + n
+
+
+def _shared_scopes_in_use(wh: Warehouse, keys: pa.Array, batches: list[str]) -> dict[str, set[tuple[str, str]]]:
+    """(scope id, placeholder) of the repository- or dataset-scoped replacements the episodes that
+    stay in these batches made, by batch (scope ids as the redaction stage names them)."""
+    from trajwh.redaction.engine import SCOPE_KINDS
+
+    repo, ds = SCOPE_KINDS["repository"], SCOPE_KINDS["dataset"]  # the events name a scope kind by its short name
+    rows = wh.query("""
+        SELECT DISTINCT e._batch_id AS batch, r.placeholder,
+               CASE r.scope_kind WHEN ? THEN coalesce(e.repository, 'no-repository:' || e.trajectory_key)
+                                 ELSE coalesce(e.source, 'dataset') END AS scope_id
+        FROM redaction_events r JOIN episodes e USING (trajectory_key)
+        WHERE r.scope_kind IN (?, ?) AND e._batch_id IN (SELECT unnest(?::VARCHAR[]))
+          AND r.trajectory_key NOT IN (SELECT unnest(?::VARCHAR[]))""", [repo, repo, ds, batches, keys.to_pylist()]).to_pylist()
+    out: dict[str, set[tuple[str, str]]] = {}
+    for r in rows:
+        out.setdefault(r["batch"], set()).add((r["scope_id"], r["placeholder"]))
+    return out
 
 
 # --- stages 3 and 4 --------------------------------------------------------------------------

@@ -396,3 +396,26 @@ def test_task_statistics_follow_the_episodes_that_stay(wh, tmp_path):
     shutil.copytree(wh.root, full)
     assert build(str(full), full=True).success
     assert _stats(Warehouse(full)) == after
+
+
+def test_vault_entries_of_a_repository_scope_go_with_the_episodes_that_made_them(wh, tmp_path, monkeypatch):
+    """With one placeholder per value and repository (``--scope repository``), a vault entry is not
+    scoped to an episode: it goes when no episode that stays in its batch uses it. (The synthetic
+    episodes share the curation case's repository: their batch's entries for it stay.)"""
+    from trajwh.pipelines.definitions import build
+    from trajwh.redaction.vault import new_key_file
+
+    monkeypatch.setenv("TRAJWH_VAULT_KEY_FILE", str(new_key_file(tmp_path / "vault.key")))
+    ingest_paths(wh, [CASES / "redaction"], IngestOptions(source="other"))  # a token and an email that stay
+    assert build(str(wh.root), full=True, scope="repository").success
+    batch = wh.query("SELECT DISTINCT _batch_id FROM episodes WHERE source = 'remotes'").column(0).to_pylist()
+    assert len(batch) == 1
+    vault = f"read_parquet('{wh.root}/vault/*/part-*.parquet', filename = true)"
+    mine = f"SELECT count(*) FROM {vault} WHERE contains(filename, ?)"
+    assert _count(wh, mine + " AND scope_kind = 'repository'", [batch[0]]) > 0
+    rest = lambda: _count(wh, f"SELECT count(*) FROM {vault} WHERE NOT contains(filename, ?)", batch)  # noqa: E731
+    others = rest()
+    assert others > 0
+    assert forget(wh, "source:remotes", "repository went private").status == "verified"
+    assert not list((wh.root / "vault" / batch[0]).glob("part-*.parquet"))  # the batch's entries all went
+    assert rest() == others
