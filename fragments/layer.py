@@ -430,10 +430,10 @@ def build_fragments(wh: Warehouse, *, run_id: str, cfg: StatsConfig | None = Non
                     on_plan: Callable[[int], None] | None = None) -> FragmentSummary:
     """Outcomes, task statistics and fragments. Incremental: an episode is redone only when its
     inputs changed (its batch's redacted rows, split, leak flags or training license; a new
-    cluster weight is copied onto its kept fragments), a task's
-    statistics only when one of its episodes was or when its stored statistics count other
-    episodes than it has now (episodes forgotten: a task none is left of loses its rows); the other rows are kept as they are (with the
-    run that made them), and the three tables are swapped in one commit. The result equals a
+    cluster weight is copied onto its kept fragments), a task's statistics only when one of its
+    episodes was or when its stored statistics count other episodes than it has now (episodes
+    forgotten: a task none is left of loses its rows); the other rows are kept as they are (with
+    the run that made them), and the three tables are swapped in one commit. The result equals a
     full rebuild's (a test compares them)."""
     cfg = cfg or StatsConfig()
     sel = select or SelectConfig()

@@ -381,9 +381,8 @@ def _forget_vault(wh: Warehouse, s: dict[str, pa.Array], removed: dict[str, int]
         return
     scoped = pa.concat_arrays([keys, pc.binary_join_element_wise("tool_schema:", s["digests"], "")]) \
         if len(s["digests"]) else keys
-    batches = set(wh.query("SELECT DISTINCT _batch_id FROM episodes WHERE trajectory_key IN (SELECT unnest(?::VARCHAR[]))",
-                           [keys.to_pylist()]).column(0).to_pylist())
-    in_use: dict[str, set[tuple[str, str]]] | None = None
+    batches: set[str] | None = None  # of the forgotten episodes, read once a shared scope is met
+    in_use: dict[str, set[tuple[str, str]]] = {}
     for folder in sorted(p for p in vault.root.iterdir() if p.is_dir() and not p.name.startswith(".")):
         parts = sorted(folder.glob("part-*.parquet"))
         if not parts:
@@ -392,9 +391,11 @@ def _forget_vault(wh: Warehouse, s: dict[str, pa.Array], removed: dict[str, int]
         mask = pc.is_in(t["scope_id"], scoped)
         shared = pc.and_(pc.is_in(t["scope_kind"], pa.array(["repository", "dataset"])),
                          pc.invert(pc.starts_with(t["scope_id"], "tool_schema:")))
-        if folder.name in batches and pc.any(shared).as_py():
-            if in_use is None:
-                in_use = _shared_scopes_in_use(wh, keys, sorted(batches))
+        if pc.any(shared).as_py() and batches is None:
+            batches = set(wh.query("SELECT DISTINCT _batch_id FROM episodes WHERE trajectory_key IN "
+                                   "(SELECT unnest(?::VARCHAR[]))", [keys.to_pylist()]).column(0).to_pylist())
+            in_use = _shared_scopes_in_use(wh, keys, sorted(batches))
+        if batches and folder.name in batches and pc.any(shared).as_py():
             used = in_use.get(folder.name, set())
             unused = pa.array([(sid, ph) not in used for sid, ph in zip(t["scope_id"].to_pylist(),
                                                                       t["placeholder"].to_pylist(), strict=True)])

@@ -48,6 +48,7 @@ from trajwh.ingest.adapters.common import (
     decode_json_string,
     episode,
     exit_code_in,
+    id_text,
     json_text,
     link_observations,
     number_steps,
@@ -130,11 +131,6 @@ def _messages(row: dict[str, Any]) -> tuple[str, list[Any]] | None:
     return None
 
 
-def _id(value: Any) -> str | None:
-    """A call id as text (some datasets number their calls)."""
-    return None if value is None or value == "" else str(value)
-
-
 def _role(m: dict[str, Any]) -> str | None:
     role = m.get("role") if isinstance(m.get("role"), str) else m.get("from")
     return role.strip().lower() if isinstance(role, str) else None
@@ -153,10 +149,10 @@ def _calls(m: dict[str, Any]) -> list[dict[str, Any]]:
     for c in raw if isinstance(raw, list) else []:
         if isinstance(c, dict):
             fn = c.get("function") if isinstance(c.get("function"), dict) else c
-            out.append(tool_call(str(fn.get("name") or "unknown"), fn.get("arguments", fn.get("parameters")), _id(c.get("id"))))
+            out.append(tool_call(str(fn.get("name") or "unknown"), fn.get("arguments", fn.get("parameters")), id_text(c.get("id"))))
     legacy = m.get("function_call")
     if isinstance(legacy, dict):
-        out.append(tool_call(str(legacy.get("name") or "unknown"), legacy.get("arguments"), _id(legacy.get("id"))))
+        out.append(tool_call(str(legacy.get("name") or "unknown"), legacy.get("arguments"), id_text(legacy.get("id"))))
     return out
 
 
@@ -164,7 +160,7 @@ def _sharegpt_call(text: str | None) -> list[dict[str, Any]]:
     """A ShareGPT ``function_call`` turn: its value is the call as JSON (name and arguments)."""
     value = decode_json_string(text)
     calls = value if isinstance(value, list) else [value]
-    return [tool_call(str(c.get("name") or "unknown"), c.get("arguments", c.get("parameters")), _id(c.get("id")))
+    return [tool_call(str(c.get("name") or "unknown"), c.get("arguments", c.get("parameters")), id_text(c.get("id")))
             for c in calls if isinstance(c, dict)]
 
 
@@ -205,9 +201,9 @@ def _parts(m: dict[str, Any], role: str | None) -> _Parts:
     for b in content:
         kind = b.get("type") if isinstance(b, dict) else None
         if kind == "tool_use":
-            out.calls.append(tool_call(str(b.get("name") or "unknown"), b.get("input"), _id(b.get("id"))))
+            out.calls.append(tool_call(str(b.get("name") or "unknown"), b.get("input"), id_text(b.get("id"))))
         elif kind == "tool_result":
-            out.results.append((_id(b.get("tool_use_id")), text_of(b.get("content")), bool(b.get("is_error"))))
+            out.results.append((id_text(b.get("tool_use_id")), text_of(b.get("content")), bool(b.get("is_error"))))
         elif kind in ("thinking", "reasoning"):
             thinking.append(str(b.get("thinking") or b.get("text") or ""))
         elif (t := text_of([b])) is not None:
@@ -342,7 +338,7 @@ class ChatMessagesAdapter(Adapter):
                                   started_at=when, metadata=meta))
             else:
                 ids_ = m.get("tool_call_ids")  # SWE-agent writes a list (one id)
-                call_id = _id(m.get("tool_call_id") or (ids_[0] if isinstance(ids_, list) and ids_ else None))
+                call_id = id_text(m.get("tool_call_id") or (ids_[0] if isinstance(ids_, list) and ids_ else None))
                 code = m.get("exit_code") if isinstance(m.get("exit_code"), int) else _exit_code(text)
                 steps.append(step("tool", "environment", observation=text, tool_call_id=call_id,
                                   exit_code=code, started_at=when, metadata=meta))

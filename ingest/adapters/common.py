@@ -220,6 +220,11 @@ def github_repo(url: str | None) -> str | None:
     return f"github.com/{m.group(1)}/{m.group(2).removesuffix('.git')}"
 
 
+def id_text(value: Any) -> str | None:
+    """An id as text (some datasets number their calls and sessions); None when absent or empty."""
+    return None if value is None or value == "" else str(value)
+
+
 def looks_like_jsonl(head: bytes) -> bool:
     """Does the file start with one whole JSON object on its line and another object on the next
     (JSON lines, not one document)?"""

@@ -27,6 +27,7 @@ from trajwh.ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
 from trajwh.ingest.adapters.common import (
     decode_jsonl_document,
     episode,
+    id_text,
     json_text,
     link_observations,
     number_steps,
@@ -86,10 +87,6 @@ def _result_text(result: Any) -> str | None:
     return "\n".join(out) if out else None
 
 
-def _id(value: Any) -> str | None:
-    return None if value is None or value == "" else str(value)
-
-
 def _thoughts(value: Any) -> str | None:
     lines = []
     for t in value if isinstance(value, list) else []:
@@ -142,7 +139,7 @@ class GeminiCliAdapter(Adapter):
                 raw_calls = m.get("toolCalls")
                 calls = [c for c in raw_calls if isinstance(c, dict)] if isinstance(raw_calls, list) else []
                 steps.append(step("assistant", "model", text=text, started_at=when,
-                                  tool_calls=[tool_call(str(c.get("name") or "unknown"), c.get("args"), _id(c.get("id")))
+                                  tool_calls=[tool_call(str(c.get("name") or "unknown"), c.get("args"), id_text(c.get("id")))
                                               for c in calls],
                                   tokens_in=usage.get("input"), tokens_out=usage.get("output"),
                                   metadata={k: v for k, v in (("reasoning", _thoughts(m.get("thoughts"))),
@@ -153,7 +150,7 @@ class GeminiCliAdapter(Adapter):
                     output = _result_text(c.get("result"))
                     if output is None and isinstance(c.get("resultDisplay"), str):
                         output = c["resultDisplay"]
-                    steps.append(step("tool", "environment", observation=output, tool_call_id=_id(c.get("id")),
+                    steps.append(step("tool", "environment", observation=output, tool_call_id=id_text(c.get("id")),
                                       started_at=ts(c.get("timestamp")) or when,
                                       metadata={"status": status, "is_error": True} if status not in (None, "success")
                                       else {"status": status} if status else None))
@@ -168,7 +165,7 @@ class GeminiCliAdapter(Adapter):
         times = [s["started_at"] for s in steps if s.get("started_at")]
         first_user = next((s["text"] for s in steps if s["author"] == "human" and s.get("text")), None)
         ep = episode(
-            source_episode_id=_id(obj.get("sessionId")), task_text=first_user, harness_name="gemini-cli",
+            source_episode_id=id_text(obj.get("sessionId")), task_text=first_user, harness_name="gemini-cli",
             policy_name=models[0] if models else None,
             started_at=ts(obj.get("startTime")) or (min(times) if times else None),
             ended_at=max([t for t in (ts(obj.get("lastUpdated")), *times) if t], default=None),
