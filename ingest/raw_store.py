@@ -37,6 +37,8 @@ from trajwh.ingest.reader import (
     find_input_files,
     iter_lines,
     open_input,
+    parquet_columns,
+    parquet_unreadable,
     read_document,
     read_head,
 )
@@ -324,14 +326,20 @@ def _ingest_file(path: Path, writer: _BatchWriter, opts: IngestOptions, summary:
             fs.error = "skipped: a documentation file, not a trajectory"
             summary.skipped.append(fs.path)
             return fs
+        if compression == "parquet" and (broken := parquet_unreadable(path, head)):
+            quarantine(None, 0, "truncated_file", f"{broken}; nothing of it was kept (valid: a whole Parquet "
+                       "file, as written)", head, size_=size)
+            return fs
         if adapter is None:
             seen = head[:80].decode("utf-8", "replace").replace("\n", "\\n")
+            what = (f"first bytes: {seen!r}" if compression != "parquet"
+                    else parquet_columns(path) + (f"; its rows begin {seen!r}" if head else ""))
             quarantine(None, 0, "unknown_format",
-                       f"not a trajectory file of any known format (first bytes: {seen!r}); "
+                       f"not a trajectory file of any known format ({what}); "
                        f"known formats: {known_formats()}", head, size_=size)
             return fs
         records = (iter_lines(stream, opts.max_record_bytes, opts.quarantine_keep_bytes)
-                   if framing_for(adapter, head) == "jsonl"
+                   if compression == "parquet" or framing_for(adapter, head) == "jsonl"  # a row is a record
                    else iter([read_document(stream, opts.max_record_bytes, opts.quarantine_keep_bytes)]))
         try:
             for rec in records:

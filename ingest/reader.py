@@ -1,12 +1,16 @@
 """Finding input files and cutting them into records, streaming, with bounded memory.
 
 Gzip is read transparently (detected by its magic bytes, not the name). Offsets and line
-numbers refer to the decompressed stream. A record longer than the limit is not held in
-memory: its first ``keep`` bytes, its length and its sha256 are kept for the quarantine.
+numbers refer to the decompressed stream. A Parquet file (Hugging Face's native format, also
+told by its magic bytes) is read as its rows rendered as JSON lines, one row per line, a row
+group at a time: line numbers are row numbers and offsets refer to that rendering. A record
+longer than the limit is not held in memory: its first ``keep`` bytes, its length and its
+sha256 are kept for the quarantine.
 """
 
 from __future__ import annotations
 
+import base64
 import gzip
 import hashlib
 import io
@@ -18,9 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import orjson
 from trajwh.schemas.errors import ConfigError
 
 GZIP_MAGIC = b"\x1f\x8b"
+PARQUET_MAGIC = b"PAR1"
+PARQUET_ROWS = 64  # rows rendered at a time (a row group is read at a time)
 HEAD_BYTES = 65536
 CHUNK = 1 << 20
 
@@ -83,8 +90,71 @@ def _resolved(path: Path, problems: list[tuple[Path, str]] | None) -> Path | Non
 
 
 def compression_of(path: Path) -> str | None:
+    """``gzip``, ``parquet`` (a container of rows, read as JSON lines) or None (plain bytes)."""
     with open(path, "rb") as f:
-        return "gzip" if f.read(2) == GZIP_MAGIC else None
+        magic = f.read(4)
+    return "gzip" if magic[:2] == GZIP_MAGIC else "parquet" if magic == PARQUET_MAGIC else None
+
+
+def _json_default(value: Any) -> Any:
+    """Arrow values orjson has no form for: bytes as text when they are UTF-8 (else base64, marked),
+    decimals and durations as text."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        data = bytes(value)
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            return {"$base64": base64.b64encode(data).decode("ascii")}
+    return str(value)
+
+
+class ParquetRows(io.RawIOBase):
+    """A Parquet file's rows as JSON lines (``{"column": value, ...}``, columns in the file's order),
+    rendered ``PARQUET_ROWS`` at a time. A file that cannot be read (no footer, a damaged page)
+    raises ``EOFError`` naming the row it stopped at: the rows rendered before it stand."""
+
+    def __init__(self, path: Path):
+        self._path = path
+        self._rows: Iterator[bytes] | None = None
+        self._pending = b""
+        self._row = 0
+        self._error: Exception | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def _render(self) -> Iterator[bytes]:
+        import pyarrow.parquet as pq
+
+        option = orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE
+        f = pq.ParquetFile(self._path, page_checksum_verification=True)  # checksums are verified where written
+        for group in range(f.num_row_groups):  # a row group at a time: a damaged one stops after the rows before it
+            for batch in f.read_row_group(group).to_batches(max_chunksize=PARQUET_ROWS):
+                for row in batch.to_pylist():
+                    yield orjson.dumps(row, default=_json_default, option=option)
+                    self._row += 1
+
+    def readinto(self, buffer: Any) -> int:
+        if self._rows is None:
+            self._rows = self._render()
+        parts, size = [self._pending], len(self._pending)
+        while size < len(buffer) and self._error is None:
+            try:
+                row = next(self._rows, None)
+            except Exception as exc:  # noqa: BLE001 (pyarrow's: ArrowInvalid, OSError, ...): after the rows before it
+                self._error = exc
+                break
+            if row is None:
+                break
+            parts.append(row)
+            size += len(row)
+        pending = b"".join(parts)
+        if not pending and self._error is not None:
+            raise EOFError(f"not a readable Parquet file after row {self._row}: {self._error}")
+        n = min(len(buffer), len(pending))
+        buffer[:n] = pending[:n]
+        self._pending = pending[n:]
+        return n
 
 
 class HashingReader(io.RawIOBase):
@@ -119,10 +189,33 @@ class HashingReader(io.RawIOBase):
         super().close()
 
 
+def parquet_unreadable(path: Path, head: bytes) -> str | None:
+    """Why a file with Parquet's magic bytes cannot be read as one (no footer: cut short; its first
+    row group damaged, when no row could be rendered into ``head``), or None."""
+    import pyarrow.parquet as pq
+
+    try:
+        if not pq.read_metadata(path).num_rows or head:
+            return None
+        pq.ParquetFile(path, page_checksum_verification=True).read_row_group(0)
+    except Exception as exc:  # noqa: BLE001 (pyarrow's errors)
+        return f"a Parquet file that cannot be read: {' '.join(str(exc).split())}"
+    return None
+
+
+def parquet_columns(path: Path) -> str:
+    """A readable Parquet file's columns, as the quarantine's reason names them."""
+    import pyarrow.parquet as pq
+
+    return f"a Parquet file of rows with columns {', '.join(pq.read_schema(path).names) or 'none'}"
+
+
 def open_input(path: Path, progress: Callable[[int], None] | None = None) -> tuple[BinaryIO, str | None, HashingReader]:
     """A decompressed stream over ``path`` and the hashing reader under it."""
     comp = compression_of(path)
     raw = HashingReader(path, progress)
+    if comp == "parquet":  # read by pyarrow; ``raw`` hashes the file's bytes at the end
+        return io.BufferedReader(ParquetRows(path), buffer_size=CHUNK), comp, raw  # type: ignore[return-value]
     buffered = io.BufferedReader(raw, buffer_size=CHUNK)
     if comp == "gzip":
         return gzip.GzipFile(fileobj=buffered, mode="rb"), comp, raw  # type: ignore[return-value]
@@ -134,14 +227,18 @@ BOM = b"\xef\xbb\xbf"
 
 def read_head(path: Path) -> bytes:
     stream, _, raw = open_input(path)
-    try:
-        head = stream.read(HEAD_BYTES)
-        return head[3:] if head.startswith(BOM) else head
+    parts, size = [], 0
+    try:  # piece by piece: what was read before a damaged part stands
+        while size < HEAD_BYTES and (piece := stream.read1(HEAD_BYTES - size)):
+            parts.append(piece)
+            size += len(piece)
     except (EOFError, OSError, zlib.error):
-        return b""
+        pass
     finally:
+        head = b"".join(parts)
         stream.close()
         raw.close()
+    return head[3:] if head.startswith(BOM) else head
 
 
 def _read(stream: BinaryIO, offset: int) -> bytes:
@@ -150,7 +247,8 @@ def _read(stream: BinaryIO, offset: int) -> bytes:
         read = getattr(stream, "read1", stream.read)
         return read(CHUNK)
     except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
-        raise TruncatedInput(offset, f"compressed stream ends early or is corrupt: {exc}") from exc
+        raise TruncatedInput(offset, f"compressed stream ends early or is corrupt: {exc}"
+                             if not str(exc).startswith("not a readable Parquet") else str(exc)) from exc
 
 
 _BLANK_LINES = re.compile(rb"(?:[ \t\r\f\v]*\n)+")

@@ -480,9 +480,12 @@ def trace(ident: str, warehouse: str | None) -> None:
                 f"key from {', '.join(e['key_fields'])})")
     if t.record:
         r = t.record
-        where = f"line {r['line_no']}" if r["line_no"] is not None else "whole file"
+        parquet = r["compression"] == "parquet"
+        where = (f"{'row' if parquet else 'line'} {r['line_no']}" if r["line_no"] is not None else "whole file")
+        how = {"gzip": " (gzip, offsets decompressed)",
+               "parquet": " (its rows rendered as JSON lines: offsets in that rendering)"}.get(r["compression"], "")
         c.print(f"[bold]raw record[/] {r['record_id']}\n  file {r['file_path']} {where}, byte offset "
-                f"{r['byte_offset']}, {r['byte_length']} bytes{' (gzip, offsets decompressed)' if r['compression'] else ''}"
+                f"{r['byte_offset']}, {r['byte_length']} bytes{how}"
                 f"\n  format {r['format']}, source {r['source']}, license {r['license'] or '∅'}")
     if t.batch:
         b = t.batch
