@@ -234,10 +234,11 @@ def classify_tool(name: str, arguments: Any = None) -> tuple[str, str | None]:
         return "run", _command_of(args)
     if low in ("write_stdin", "send_input", "stdin", "send_keys"):  # input to a running process, not a file
         return "run", str(args.get("session_id") or args.get("chars") or "")[:200] or None
-    if low in ("finish", "submit", "agentfinishaction", "task_complete"):
+    if low in ("finish", "submit", "agentfinishaction", "task_complete", "attempt_completion"):
         return "submit", None
     if low in ("think", "todowrite", "update_plan", "task", "message", "recall", "agent_think", "write_todos",
-               "save_memory"):
+               "save_memory", "ask_followup_question", "plan_mode_respond", "new_task", "switch_mode",
+               "fetch_instructions", "use_mcp_tool", "access_mcp_resource"):
         return "other", None
     if low in ("webfetch", "websearch", "browse", "browser", "browse_interactive", "web_search", "navigate",
                "web_fetch", "google_web_search"):
@@ -247,11 +248,14 @@ def classify_tool(name: str, arguments: Any = None) -> tuple[str, str | None]:
     if low == "read_many_files" and isinstance(args.get("paths"), list):
         return "read", ", ".join(str(p) for p in args["paths"]) or None
     if low in ("grep", "glob", "ls", "search", "find", "find_file", "search_dir", "search_file", "list_dir",
-               "file_search", "codebase_search", "search_file_content", "list_directory"):
-        target = args.get("pattern") or args.get("query") or args.get("search_term") or args.get("file_name")
+               "file_search", "codebase_search", "search_file_content", "list_directory", "search_files", "list_files",
+               "list_code_definition_names"):
+        target = (args.get("pattern") or args.get("query") or args.get("search_term") or args.get("file_name")
+                  or args.get("regex"))
         return "search", str(target) if target is not None else _path_of(args)
     if low in ("edit", "multiedit", "write", "notebookedit", "edit_file", "write_file", "create", "create_file",
-               "insert", "replace", "str_replace", "patch"):
+               "insert", "replace", "str_replace", "patch", "write_to_file", "replace_in_file", "apply_diff",
+               "insert_content", "search_and_replace"):
         return "edit", _path_of(args)
     # unknown tools: the name's words decide
     for words, kind in ((("test",), "test"), (("submit", "finish"), "submit"), (("edit", "write", "replace", "patch", "create"), "edit"),

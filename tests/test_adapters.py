@@ -477,10 +477,10 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
         ("bad_rows.jsonl", "ingest", "not_a_record"), ("bad_rows.jsonl", "normalize", "invalid_record")]
     assert "no message list" in q[0]["reason"] and "prompt and completion" in q[0]["reason"] and q[0]["line_no"] == 2
     assert "'narrator'" in q[1]["reason"] and "assistant" in q[1]["reason"]
-    eps = {r["source_episode_id"] or r["instance_id"] or r["task_text"][:5]: r for r in rows(
+    eps = {r["source_episode_id"] or r["instance_id"] or r["task_text"][:12]: r for r in rows(
         wh, "SELECT source_episode_id, instance_id, format, n_steps, resolved, exit_status, policy_name, repository, "
             "tool_schema_digest, task_text, metadata, _record_index, trajectory_key FROM episodes")}
-    assert {r["format"] for r in eps.values()} == {"chat-messages"} and len(eps) == 12
+    assert {r["format"] for r in eps.values()} == {"chat-messages"} and len(eps) == 14
 
     def steps(key):
         return rows(wh, "SELECT s.author, s.role, s.action_kind, s.action_object, s.tool_calls, s.tool_call_id, s.exit_code, s.text, "
@@ -526,7 +526,7 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
     assert s3[2]["text"] == "Reproducing first." and "skips initialisation" in orjson.loads(s3[2]["metadata"])["reasoning"]
     assert s3[3]["observation"].startswith("Traceback") and s3[3]["tool_call_id"] == "call_a1"
     # a file that is one conversation (an array of messages), arguments as an object
-    s4 = steps("Find ")
+    s4 = steps("Find the fai")
     assert [s["author"] for s in s4] == ["harness", "model", "environment", "model"]
     assert orjson.loads(s4[1]["tool_calls"][0]["arguments"]) == {"command": "pytest -x services/payments"}
     assert s4[1]["action_kind"] == "test" and s4[2]["tool_call_id"] == "1"
@@ -551,13 +551,32 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
     assert [s["tool_call_id"] for s in s6 if s["role"] == "tool"] == ["call_Q1", "call_Q2"]
     assert [s["action_kind"] for s in s6 if s["author"] == "model"] == ["search", "submit"]
     # OpenAI Responses API items (an Agents SDK input list): calls and their outputs by call id
-    s7 = steps("Tag t")
+    s7 = steps("Tag the curr")
     assert [(s["author"], s["role"]) for s in s7] == [
         ("harness", "system"), ("harness", "user"), ("model", "assistant"), ("environment", "tool"),
         ("model", "assistant"), ("environment", "tool"), ("model", "assistant")]
     assert [(s["action_kind"], s["action_object"]) for s in s7 if s["author"] == "model"] == [
         ("read", "git status --porcelain"), ("edit", "CHANGELOG.md"), (None, None)]
     assert s7[3]["exit_code"] == 0 and s7[3]["observation"] == ""
+    # Cline task histories: results come back as user text blocks headed "[tool for 'x'] Result:", each tool
+    # output linked to its call; the environment details beside them stay the harness's
+    s8 = steps("<task>\nFix t")
+    assert [(s["author"], s["role"]) for s in s8] == [
+        ("harness", "user"), ("model", "assistant"), ("environment", "tool"), ("harness", "user"), ("model", "assistant"),
+        ("environment", "tool"), ("model", "assistant"), ("environment", "tool"), ("model", "assistant")]
+    assert [s["action_kind"] for s in s8 if s["author"] == "model"] == ["read", "edit", "test", "submit"]
+    assert [s["tool_call_id"] for s in s8 if s["role"] == "tool"] == ["toolu_01A", "toolu_01B", "toolu_01C"]
+    assert s8[2]["observation"].startswith("def total(items):") and s8[3]["text"].startswith("<environment_details>")
+    assert orjson.loads(eps["<task>\nFix t"]["metadata"])["calls_without_result"] == 1  # attempt_completion
+    # older Cline: tools called as XML in the model's text; a result's output in the blocks after its header
+    s9 = steps("<task>\nAdd a")
+    assert [(s["author"], s["action_kind"], s["action_object"]) for s in s9 if s["author"] != "harness"] == [
+        ("model", "read", "cli.py"), ("environment", None, None), ("model", "search", "def read_paths"),
+        ("environment", None, None), ("model", "run", "python cli.py --verbose reader.py"), ("environment", None, None),
+        ("model", "submit", None)]
+    assert orjson.loads(s9[1]["tool_calls"][0]["arguments"]) == {"path": "cli.py"}
+    assert s9[2]["observation"].startswith("import argparse") and "environment_details" not in s9[2]["observation"]
+    assert orjson.loads(s9[7]["metadata"]) == {"is_error": True, "tool": "execute_command"}
     assert orjson.loads(s7[2]["metadata"]) == {"reasoning": "Check the working tree is clean first."}
     assert [s["tool_call_id"] for s in s7 if s["role"] == "tool"] == ["call_git_1", "call_patch_1"]
     assert s7[5]["observation"].startswith("Success. Updated")

@@ -15,6 +15,12 @@ A row holds its messages under ``messages``, ``conversations``, ``conversation``
   ``custom_tool_call`` and their ``*_output`` items by ``call_id``, ``reasoning`` summaries.
 - **ShareGPT** (``from`` / ``value``: ``system``, ``human``, ``gpt``, ``function_call``,
   ``observation``) and nebius SWE-agent rows (``role: ai``, ``text``, ``mask``).
+- **Cline / Roo Code** task histories (``api_conversation_history.json``: a bare array of
+  Anthropic messages). Their tool results come back as user text blocks headed ``[read_file for
+  'x'] Result:`` (not ``tool_result`` blocks): each is tool output, linked to the last call of that
+  name; the ``<environment_details>`` beside it stays the harness's. Older versions call tools in
+  the assistant's text as XML (``<read_file><path>x</path></read_file>``): a known tool tag in a
+  message with no structured call is read as that call.
 
 Authorship: system and developer messages are ``harness``, and so is a demonstration (SWE-agent's
 ``is_demo`` or ``message_type: demonstration``) whatever its role; the first user message is the
@@ -175,6 +181,35 @@ def _exit_code(text: str | None) -> int | None:
     return code
 
 
+#: Cline / Roo Code: a tool's result as the user text block that carries it
+_TEXT_RESULT = re.compile(r"\A\s*\[(\w+)(?: for '[^\n]*?')?\] Result:[ \t]*\n?")
+_TEXT_ERROR = re.compile(r"\A\s*(?:The tool execution failed|\[ERROR\]|<error>)")
+#: Cline / Roo Code tools called as XML in the assistant's text (older versions, and any model without native tools)
+_XML_TOOLS = ("read_file", "write_to_file", "replace_in_file", "apply_diff", "insert_content", "search_and_replace",
+              "search_files", "list_files", "list_code_definition_names", "codebase_search", "execute_command",
+              "browser_action", "web_fetch", "use_mcp_tool", "access_mcp_resource", "ask_followup_question",
+              "attempt_completion", "plan_mode_respond", "new_task", "switch_mode", "fetch_instructions")
+_XML_CALL = re.compile(r"<(" + "|".join(_XML_TOOLS) + r")>(.*?)</\1>", re.S)
+_XML_PARAM = re.compile(r"<(\w+)>(.*?)</\1>", re.S)
+
+
+def _text_result(text: str | None) -> tuple[str | None, str | None, bool, str | None] | None:
+    """A Cline tool result (``[read_file for 'x'] Result:`` and the output after it), or None."""
+    m = _TEXT_RESULT.match(text or "")
+    if m is None:
+        return None
+    output = (text or "")[m.end():]
+    return None, output, bool(_TEXT_ERROR.match(output)), m.group(1)
+
+
+def _xml_calls(text: str | None) -> list[dict[str, Any]]:
+    """Tool calls a model wrote as Cline's XML tags in its text (``<read_file><path>x</path></read_file>``)."""
+    if not text or "</" not in text:
+        return []
+    return [tool_call(name, {k: v.strip("\n") for k, v in _XML_PARAM.findall(body)}, None)
+            for name, body in _XML_CALL.findall(text)]
+
+
 @dataclass
 class _Parts:
     """What one message holds: its text, the calls it makes, the results it carries (call id,
@@ -182,7 +217,7 @@ class _Parts:
 
     text: str | None
     calls: list[dict[str, Any]] = field(default_factory=list)
-    results: list[tuple[str | None, str | None, bool]] = field(default_factory=list)
+    results: list[tuple[str | None, str | None, bool, str | None]] = field(default_factory=list)  # id, output, error, tool
     reasoning: str | None = None
 
 
@@ -194,21 +229,36 @@ def _parts(m: dict[str, Any], role: str | None) -> _Parts:
         return _Parts(None, _sharegpt_call(_content(m)))
     content = next((m[k] for k in ("content", "value", "text") if k in m and m[k] is not None), None)
     if not isinstance(content, list):
-        return _Parts(text_of(content), _calls(m))
+        text = text_of(content)
+        if role in _USER and (result := _text_result(text)):  # Cline: a result in a plain-text user message
+            return _Parts(None, results=[result])
+        return _Parts(text, _calls(m) or (_xml_calls(text) if role in _MODEL else []))
     texts: list[str] = []
     out = _Parts(None, _calls(m))
     thinking: list[str] = []
+    open_result = False  # a Cline result header was the last text block
     for b in content:
         kind = b.get("type") if isinstance(b, dict) else None
         if kind == "tool_use":
             out.calls.append(tool_call(str(b.get("name") or "unknown"), b.get("input"), id_text(b.get("id"))))
         elif kind == "tool_result":
-            out.results.append((id_text(b.get("tool_use_id")), text_of(b.get("content")), bool(b.get("is_error"))))
+            out.results.append((id_text(b.get("tool_use_id")), text_of(b.get("content")), bool(b.get("is_error")), None))
         elif kind in ("thinking", "reasoning"):
             thinking.append(str(b.get("thinking") or b.get("text") or ""))
         elif (t := text_of([b])) is not None:
-            texts.append(t)
+            if role in _USER and (result := _text_result(t)):
+                out.results.append(result)
+                open_result = True
+            elif open_result and not t.lstrip().startswith("<environment_details>"):
+                call_id, output, error, tool = out.results[-1]  # the output in blocks of its own, after its header
+                output = f"{output}\n{t}" if output else t
+                out.results[-1] = (call_id, output, error or bool(_TEXT_ERROR.match(output)), tool)
+            else:
+                open_result = False
+                texts.append(t)
     out.text = "\n".join(texts) if texts else None
+    if role in _MODEL and not out.calls:
+        out.calls = _xml_calls(out.text)
     out.reasoning = "\n".join(t for t in thinking if t) or None
     return out
 
@@ -308,13 +358,20 @@ class ChatMessagesAdapter(Adapter):
         text_acting = not any(r in _TOOL for r in roles) and not any(p.calls or p.results for p in parsed)
         steps: list[dict[str, Any]] = []
         task_prompt: str | None = None
+        waiting: list[dict[str, Any]] = []  # the last model message's calls no result has named yet
         for m, role, p in zip(messages, roles, parsed, strict=True):
             text, when = p.text, ts(m.get("timestamp") or m.get("created_at"))
             meta = {**_meta(m), **({"reasoning": p.reasoning} if p.reasoning else {})}
-            for call_id, output, error in p.results:  # Anthropic tool_result blocks in a user message
+            for call_id, output, error, tool in p.results:  # tool_result blocks (Cline: text blocks) in a user message
+                if tool is not None:  # Cline names the tool, not the call: the earliest unanswered call of that name
+                    call = next((c for c in waiting if c["name"] == tool), None)
+                    if call is not None:
+                        waiting.remove(call)
+                        call_id = call.get("id")
                 steps.append(step("tool", "environment", observation=output, tool_call_id=call_id,
                                   exit_code=_exit_code(output), started_at=when,
-                                  metadata={"is_error": True} if error else None))
+                                  metadata={"is_error": True, **({"tool": tool} if tool else {})} if error
+                                  else {"tool": tool} if tool else None))
             kind = m.get("message_type")
             if m.get("is_demo") or kind == "demonstration":  # a harness-written example, whatever its role
                 steps.append(step(_CANONICAL_ROLE.get(role or "", "user"), "harness", text=text, started_at=when,
@@ -333,6 +390,7 @@ class ChatMessagesAdapter(Adapter):
                 else:
                     steps.append(step("user", "harness", text=text, started_at=when, metadata=meta))
             elif role in _MODEL or role == "function_call":
+                waiting = list(p.calls)
                 steps.append(step("assistant", "model", text=text, tool_calls=p.calls,
                                   action_command=None if p.calls or not text_acting else command_in_text(text),
                                   started_at=when, metadata=meta))
