@@ -240,6 +240,13 @@ def classify_tool(name: str, arguments: Any = None) -> tuple[str, str | None]:
                "save_memory", "ask_followup_question", "plan_mode_respond", "new_task", "switch_mode",
                "fetch_instructions", "use_mcp_tool", "access_mcp_resource"):
         return "other", None
+    if low in ("computer", "computer_use") or low.startswith("computer_20"):  # computer use: an action on a screen
+        action = args.get("action") if isinstance(args.get("action"), str) else args.get("type")
+        xy = args.get("coordinate") if isinstance(args.get("coordinate"), list) else (
+            [args["x"], args["y"]] if "x" in args and "y" in args else None)  # Anthropic's / OpenAI's spelling
+        where = ",".join(str(v) for v in xy) if xy else None
+        typed = args.get("text") if isinstance(args.get("text"), str) else None
+        return "browse", " ".join(str(x) for x in (action, where, typed) if x)[:200] or None
     if low in ("webfetch", "websearch", "browse", "browser", "browse_interactive", "web_search", "navigate",
                "web_fetch", "google_web_search"):
         return "browse", args.get("url") or args.get("query") or args.get("prompt")

@@ -480,7 +480,7 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
     eps = {r["source_episode_id"] or r["instance_id"] or r["task_text"][:12]: r for r in rows(
         wh, "SELECT source_episode_id, instance_id, format, n_steps, resolved, exit_status, policy_name, repository, "
             "tool_schema_digest, task_text, metadata, _record_index, trajectory_key FROM episodes")}
-    assert {r["format"] for r in eps.values()} == {"chat-messages"} and len(eps) == 14
+    assert {r["format"] for r in eps.values()} == {"chat-messages"} and len(eps) == 15
 
     def steps(key):
         return rows(wh, "SELECT s.author, s.role, s.action_kind, s.action_object, s.tool_calls, s.tool_call_id, s.exit_code, s.text, "
@@ -577,6 +577,16 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
     assert orjson.loads(s9[1]["tool_calls"][0]["arguments"]) == {"path": "cli.py"}
     assert s9[2]["observation"].startswith("import argparse") and "environment_details" not in s9[2]["observation"]
     assert orjson.loads(s9[7]["metadata"]) == {"is_error": True, "tool": "execute_command"}
+    # Responses API built-in tools (a computer-use trace): screen actions browse, screenshots named with their page
+    s10 = steps("Find the ope")
+    assert [(s["author"], s["action_kind"], s["action_object"]) for s in s10 if s["author"] == "model"] == [
+        ("model", "browse", "screenshot"), ("model", "browse", "Lisbon city library opening hours"),
+        ("model", "browse", "click 412,96"), ("model", "browse", "type saturday"), ("model", "run", "date +%A"),
+        ("model", None, None)]
+    assert [(s["tool_call_id"], s["observation"]) for s in s10 if s["role"] == "tool"] == [
+        ("call_c1", "[screenshot] about:blank"), ("call_c2", "[screenshot] https://library.example.org/hours"),
+        ("call_c3", "[screenshot] https://library.example.org/hours#saturday"), ("call_s1", "Saturday\n")]
+    assert "reasoning" in orjson.loads(s10[1]["metadata"]) and "base64" not in str(s10)
     assert orjson.loads(s7[2]["metadata"]) == {"reasoning": "Check the working tree is clean first."}
     assert [s["tool_call_id"] for s in s7 if s["role"] == "tool"] == ["call_git_1", "call_patch_1"]
     assert s7[5]["observation"].startswith("Success. Updated")

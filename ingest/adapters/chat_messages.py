@@ -88,13 +88,27 @@ _SNIFF_ROLE = re.compile(rb'\\?"(?:role|from)\\?"\s*:')
 
 #: OpenAI Responses API items (Agents SDK input lists): what each becomes as a chat message
 _ITEM_TYPES = {"message", "function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output",
-               "reasoning"}
+               "reasoning", "computer_call", "computer_call_output", "local_shell_call", "local_shell_call_output",
+               "web_search_call"}
+#: built-in tool calls of the Responses API (computer use, the local shell, web search): the tool's name
+_BUILTIN_CALLS = {"computer_call": "computer", "local_shell_call": "local_shell", "web_search_call": "web_search"}
+
+
+def _builtin_output(output: Any, item: dict[str, Any]) -> str | None:
+    """A computer-use output as text: the screenshot named, not its bytes (the raw record keeps them), and the page."""
+    if isinstance(output, dict) and output.get("type") in ("computer_screenshot", "input_image"):
+        url = item.get("current_url") or output.get("current_url")
+        return "[screenshot]" + (f" {url}" if url else "")
+    return output if isinstance(output, str) else json_text(output)
 
 
 def _from_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Responses API items as chat messages: a ``message`` keeps its role, a (custom) function call
     is an assistant message with that call, its output a tool message naming the call id, and a
-    ``reasoning`` item's summary goes with the next assistant message."""
+    ``reasoning`` item's summary goes with the next assistant message. Built-in tools' calls
+    (``computer_call``, ``local_shell_call``, ``web_search_call``) are calls of ``computer``,
+    ``local_shell`` and ``web_search`` with their ``action`` as arguments; a screenshot output is
+    named with its page, not kept as bytes."""
     out: list[dict[str, Any]] = []
     reasoning: list[str] = []
     for it in items:
@@ -105,6 +119,12 @@ def _from_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if kind in ("function_call", "custom_tool_call"):
             m = {"role": "assistant", "tool_calls": [{"id": it.get("call_id") or it.get("id"), "function": {
                 "name": it.get("name"), "arguments": it.get("arguments", it.get("input"))}}]}
+        elif kind in _BUILTIN_CALLS:  # the action (a click, a command, a query) is the call's arguments
+            m = {"role": "assistant", "tool_calls": [{"id": it.get("call_id") or it.get("id"), "function": {
+                "name": _BUILTIN_CALLS[kind], "arguments": it.get("action")}}]}
+        elif kind in ("computer_call_output", "local_shell_call_output"):
+            m = {"role": "tool", "tool_call_id": it.get("call_id") or it.get("id"),
+                 "content": _builtin_output(decode_json_string(it.get("output")), it)}
         elif kind in ("function_call_output", "custom_tool_call_output"):
             output, code = decode_json_string(it.get("output")), None
             if isinstance(output, dict) and "output" in output:  # Codex's JSON form: the output and its exit code
