@@ -35,6 +35,7 @@ from trajwh.ingest.reader import (
     TruncatedInput,
     display_path,
     find_input_files,
+    iter_array_elements,
     iter_lines,
     open_input,
     parquet_columns,
@@ -340,7 +341,7 @@ def _ingest_file(path: Path, writer: _BatchWriter, opts: IngestOptions, summary:
             return fs
         records = (iter_lines(stream, opts.max_record_bytes, opts.quarantine_keep_bytes)
                    if compression == "parquet" or framing_for(adapter, head) == "jsonl"  # a row is a record
-                   else iter([read_document(stream, opts.max_record_bytes, opts.quarantine_keep_bytes)]))
+                   else _document(path, stream, adapter, opts))
         try:
             for rec in records:
                 fs.n_records += 1
@@ -373,6 +374,27 @@ def _ingest_file(path: Path, writer: _BatchWriter, opts: IngestOptions, summary:
             stream.close()
             raw.close()
     return fs
+
+
+def _document(path: Path, stream: Any, adapter: Adapter, opts: IngestOptions) -> Iterator[FileRecord]:
+    """A document's one record; but an array of rows too large to be one record, in a format that
+    reads rows (``row_arrays``), is read again as a record per row, when its first element is one."""
+    rec = read_document(stream, opts.max_record_bytes, opts.quarantine_keep_bytes)
+    if not (rec.oversize and adapter.row_arrays and rec.data.lstrip()[:1] == b"["):
+        yield rec
+        return
+    rows_stream, _, raw = open_input(path)
+    try:
+        elements = iter_array_elements(rows_stream, opts.max_record_bytes, opts.quarantine_keep_bytes)
+        first = next(elements, None)
+        if first is None or _check_record(first, adapter, opts) is not None:
+            yield rec  # not rows (one conversation, say): the whole document, refused as too large
+            return
+        yield first
+        yield from elements
+    finally:
+        rows_stream.close()
+        raw.close()
 
 
 def ingest_paths(wh: Warehouse, paths: Iterable[str | os.PathLike[str]], opts: IngestOptions | None = None,

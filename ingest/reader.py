@@ -340,3 +340,96 @@ def read_document(stream: BinaryIO, max_bytes: int, keep: int) -> FileRecord:
     if data.startswith(BOM):  # a UTF-8 byte-order mark is not part of the record
         return FileRecord(None, 3, data[3:], size - 3)
     return FileRecord(None, 0, data, size)
+
+
+#: a JSON string (whole), a bracket, a comma, or a quote whose string goes on past the bytes at hand
+_ARRAY_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{},"]')
+_SPACE = re.compile(rb"[ \t\r\n]*")
+
+
+def iter_array_elements(stream: BinaryIO, max_bytes: int, keep: int) -> Iterator[FileRecord]:
+    """Array framing: the elements of a top-level JSON array, one record each (for an array of rows
+    too large to be one record). A record's offset is its first byte's, its line that byte's line.
+    An element longer than ``max_bytes`` is not held: its first ``keep`` bytes, its length and its
+    sha256 are (``oversize``). Raises ``TruncatedInput`` at the byte where the bytes stop being an
+    array (or the array is cut short); the elements before it were yielded."""
+    buf = bytearray()
+    base, line, eof = 0, 1, False  # offset and line of buf[0]; the stream's end was read
+
+    def fill() -> None:
+        nonlocal eof
+        chunk = _read(stream, base + len(buf))
+        eof = not chunk
+        buf.extend(chunk)
+
+    def drop(upto: int) -> None:  # the bytes before ``upto`` are done with
+        nonlocal base, line
+        line += buf.count(b"\n", 0, upto)
+        del buf[:upto]
+        base += upto
+
+    while len(buf) < len(BOM) and not eof:
+        fill()
+    if buf.startswith(BOM):
+        drop(3)
+    while (i := _SPACE.match(buf).end()) == len(buf) and not eof:
+        fill()
+    if buf[i:i + 1] != b"[":
+        raise TruncatedInput(base + i, "not a JSON array")
+    drop(i + 1)
+    pos, depth = 0, 0
+    start: int | None = None  # the current element's first byte in buf (None: between elements)
+    at = (0, 0)  # its line and offset
+    big: list[Any] | None = None  # an element too long to hold: [sha256, its first bytes, bytes hashed]
+
+    def record(begin: int, end: int) -> FileRecord:
+        data = bytes(buf[begin:end])
+        if big is None and len(data) > max_bytes:
+            return FileRecord(at[0], at[1], data[:keep], len(data), True, hashlib.sha256(data).hexdigest())
+        if big is None:
+            return FileRecord(at[0], at[1], data, len(data))
+        big[0].update(data)
+        return FileRecord(at[0], at[1], big[1], big[2] + len(data), True, big[0].hexdigest())
+
+    while True:
+        m = _ARRAY_TOKEN.search(buf, pos)
+        if m is None or (m.group(0) == b'"' and not eof):  # more bytes needed (a string may go on)
+            if eof:
+                raise TruncatedInput(base + len(buf), f"the JSON array is cut short at byte {base + len(buf)}")
+            if start is None:  # between elements: only a bare value's first bytes can be pending
+                drop(_SPACE.match(buf, pos).end())
+                pos = 0
+            elif big is not None or len(buf) - start > max_bytes:
+                cut = m.start() if m is not None else len(buf)
+                if big is None:
+                    big = [hashlib.sha256(), bytes(buf[start:start + keep]), 0]
+                big[0].update(buf[start:cut])
+                big[2] += cut - start
+                drop(cut)
+                start, pos = 0, 0
+            fill()
+            continue
+        tok = m.group(0)
+        if depth == 0 and start is None:
+            if tok in (b",", b"]"):  # an element's end: a bare value (number, literal) before it, or nothing
+                value = _SPACE.match(buf, pos).end()
+                if value < m.start():
+                    at = (line + buf.count(b"\n", 0, value), base + value)
+                    yield record(value, len(bytes(buf[:m.start()]).rstrip()))
+                if tok == b"]":
+                    return
+                drop(m.end())
+                pos = 0
+                continue
+            start = m.start()
+            at = (line + buf.count(b"\n", 0, start), base + start)
+        if tok in (b"[", b"{"):
+            depth += 1
+        elif tok in (b"]", b"}"):
+            depth -= 1
+        pos = m.end()
+        if depth == 0:  # the element (an object, an array or a string) is whole
+            yield record(start, pos)
+            start, big = None, None
+            drop(pos)
+            pos = 0

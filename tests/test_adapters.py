@@ -480,7 +480,7 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
     eps = {r["source_episode_id"] or r["instance_id"] or r["task_text"][:12]: r for r in rows(
         wh, "SELECT source_episode_id, instance_id, format, n_steps, resolved, exit_status, policy_name, repository, "
             "tool_schema_digest, task_text, metadata, _record_index, trajectory_key FROM episodes")}
-    assert {r["format"] for r in eps.values()} == {"chat-messages"} and len(eps) == 15
+    assert {r["format"] for r in eps.values()} == {"chat-messages"} and len(eps) == 17
 
     def steps(key):
         return rows(wh, "SELECT s.author, s.role, s.action_kind, s.action_object, s.tool_calls, s.tool_call_id, s.exit_code, s.text, "
@@ -587,6 +587,20 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
         ("call_c1", "[screenshot] about:blank"), ("call_c2", "[screenshot] https://library.example.org/hours"),
         ("call_c3", "[screenshot] https://library.example.org/hours#saturday"), ("call_s1", "Saturday\n")]
     assert "reasoning" in orjson.loads(s10[1]["metadata"]) and "base64" not in str(s10)
+    # calls written in the text: OpenHands' non-function-calling format (results "EXECUTION RESULT of [tool]:"; the
+    # in-context example inside the task prompt is not a call) and Hermes <tool_call> / <tool_response>
+    s11 = steps("getmoto__moto-5752")
+    assert [(s["author"], s["role"]) for s in s11] == [
+        ("harness", "system"), ("harness", "user"), ("model", "assistant"), ("environment", "tool"), ("model", "assistant"),
+        ("environment", "tool"), ("model", "assistant")]
+    assert [(s["action_kind"], s["tool_calls"][0]["name"]) for s in s11 if s["author"] == "model"] == [
+        ("read", "str_replace_editor"), ("test", "execute_bash"), ("submit", "finish")]
+    assert orjson.loads(s11[2]["tool_calls"][0]["arguments"])["path"].endswith("moto/ssm/models.py")
+    assert s11[3]["observation"].startswith("Here's the result") and s11[5]["exit_code"] == 1
+    s12 = steps("hermes-fc-0031")
+    assert [s["author"] for s in s12] == ["harness", "harness", "model", "environment", "model"]
+    assert orjson.loads(s12[2]["tool_calls"][0]["arguments"]) == {"symbol": "AAPL"}
+    assert s12[3]["observation"] == '{"symbol": "AAPL", "price": 232.14}'
     assert orjson.loads(s7[2]["metadata"]) == {"reasoning": "Check the working tree is clean first."}
     assert [s["tool_call_id"] for s in s7 if s["role"] == "tool"] == ["call_git_1", "call_patch_1"]
     assert s7[5]["observation"].startswith("Success. Updated")

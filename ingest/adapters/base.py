@@ -76,6 +76,9 @@ class Adapter(ABC):
     #: a file of this format is appended to while the agent works: a longer copy of the same file
     #: supersedes a shorter one (ingest/sessions.py)
     grows: ClassVar[bool] = False
+    #: a document that is a JSON array of rows (an episode each) and too large to be one record is read
+    #: as one record per element instead of being refused (ingest/reader.py ``iter_array_elements``)
+    row_arrays: ClassVar[bool] = False
     #: one session is many files (one per event, or cache pages): their records are assembled into
     #: one episode (``session_of`` names the session, ``combine`` joins the parts; ingest/sessions.py)
     assembled: ClassVar[bool] = False

@@ -17,10 +17,14 @@ A row holds its messages under ``messages``, ``conversations``, ``conversation``
   ``observation``) and nebius SWE-agent rows (``role: ai``, ``text``, ``mask``).
 - **Cline / Roo Code** task histories (``api_conversation_history.json``: a bare array of
   Anthropic messages). Their tool results come back as user text blocks headed ``[read_file for
-  'x'] Result:`` (not ``tool_result`` blocks): each is tool output, linked to the last call of that
-  name; the ``<environment_details>`` beside it stays the harness's. Older versions call tools in
-  the assistant's text as XML (``<read_file><path>x</path></read_file>``): a known tool tag in a
-  message with no structured call is read as that call.
+  'x'] Result:`` (not ``tool_result`` blocks): each is tool output, linked to the earliest
+  unanswered call of that name; the ``<environment_details>`` beside it stays the harness's. Older
+  versions call tools in the assistant's text as XML (``<read_file><path>x</path></read_file>``).
+- **Calls written in the text** by a model without native tools, read when a message has no
+  structured call: Cline's tags, OpenHands' non-function-calling format (``<function=execute_bash>
+  <parameter=command>ls</parameter></function>``, results as user turns headed ``EXECUTION RESULT of
+  [execute_bash]:``; SFT sets converted by its fn_call_converter) and Hermes / Qwen
+  ``<tool_call>{...}</tool_call>`` with ``<tool_response>`` results.
 
 Authorship: system and developer messages are ``harness``, and so is a demonstration (SWE-agent's
 ``is_demo`` or ``message_type: demonstration``) whatever its role; the first user message is the
@@ -201,33 +205,50 @@ def _exit_code(text: str | None) -> int | None:
     return code
 
 
-#: Cline / Roo Code: a tool's result as the user text block that carries it
-_TEXT_RESULT = re.compile(r"\A\s*\[(\w+)(?: for '[^\n]*?')?\] Result:[ \t]*\n?")
+#: a tool's result as the user text that carries it, when the model calls tools in its text: Cline / Roo
+#: Code's ``[read_file for 'x'] Result:`` header, OpenHands' non-function-calling ``EXECUTION RESULT of
+#: [execute_bash]:`` (its fn_call_converter, and the SFT sets made with it), Hermes / Qwen ``<tool_response>``
+_TEXT_RESULT = re.compile(r"\A\s*(?:\[(?P<cline>\w+)(?: for '[^\n]*?')?\] Result:|EXECUTION RESULT of \[(?P<oh>[\w.-]+)\]:"
+                          r"|<tool_response>)[ \t]*\n?")
 _TEXT_ERROR = re.compile(r"\A\s*(?:The tool execution failed|\[ERROR\]|<error>)")
 #: Cline / Roo Code tools called as XML in the assistant's text (older versions, and any model without native tools)
 _XML_TOOLS = ("read_file", "write_to_file", "replace_in_file", "apply_diff", "insert_content", "search_and_replace",
               "search_files", "list_files", "list_code_definition_names", "codebase_search", "execute_command",
               "browser_action", "web_fetch", "use_mcp_tool", "access_mcp_resource", "ask_followup_question",
               "attempt_completion", "plan_mode_respond", "new_task", "switch_mode", "fetch_instructions")
-_XML_CALL = re.compile(r"<(" + "|".join(_XML_TOOLS) + r")>(.*?)</\1>", re.S)
+#: a call in the text: Cline's tags, OpenHands' ``<function=name><parameter=k>v</parameter></function>``, or a
+#: Hermes / Qwen ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+_TEXT_CALL = re.compile(r"<(?P<tag>" + "|".join(_XML_TOOLS) + r")>(?P<body>.*?)</(?P=tag)>"
+                        r"|<function=(?P<fn>[\w.-]+)>(?P<params>.*?)</function>"
+                        r"|<tool_call>\s*(?P<json>\{.*?\})\s*</tool_call>", re.S)
 _XML_PARAM = re.compile(r"<(\w+)>(.*?)</\1>", re.S)
+_FN_PARAM = re.compile(r"<parameter=([\w.-]+)>(.*?)</parameter>", re.S)
 
 
 def _text_result(text: str | None) -> tuple[str | None, str | None, bool, str | None] | None:
-    """A Cline tool result (``[read_file for 'x'] Result:`` and the output after it), or None."""
+    """A tool result carried as text (see ``_TEXT_RESULT``), as (call id, output, error, tool name), or None."""
     m = _TEXT_RESULT.match(text or "")
     if m is None:
         return None
     output = (text or "")[m.end():]
-    return None, output, bool(_TEXT_ERROR.match(output)), m.group(1)
+    if m.group(0).lstrip().startswith("<tool_response>"):
+        output = re.sub(r"\s*</tool_response>\s*\Z", "", output)
+    return None, output, bool(_TEXT_ERROR.match(output)), m.group("cline") or m.group("oh")
 
 
-def _xml_calls(text: str | None) -> list[dict[str, Any]]:
-    """Tool calls a model wrote as Cline's XML tags in its text (``<read_file><path>x</path></read_file>``)."""
+def _text_calls(text: str | None) -> list[dict[str, Any]]:
+    """Tool calls a model wrote in its text (see ``_TEXT_CALL``), for a message with no structured call."""
     if not text or "</" not in text:
         return []
-    return [tool_call(name, {k: v.strip("\n") for k, v in _XML_PARAM.findall(body)}, None)
-            for name, body in _XML_CALL.findall(text)]
+    calls = []
+    for m in _TEXT_CALL.finditer(text):
+        if m.group("tag"):
+            calls.append(tool_call(m.group("tag"), {k: v.strip("\n") for k, v in _XML_PARAM.findall(m.group("body"))}))
+        elif m.group("fn"):
+            calls.append(tool_call(m.group("fn"), {k: v.strip("\n") for k, v in _FN_PARAM.findall(m.group("params"))}))
+        elif isinstance(call := decode_json_string(m.group("json")), dict) and isinstance(call.get("name"), str):
+            calls.append(tool_call(call["name"], call.get("arguments", call.get("parameters")), id_text(call.get("id"))))
+    return calls
 
 
 @dataclass
@@ -252,7 +273,7 @@ def _parts(m: dict[str, Any], role: str | None) -> _Parts:
         text = text_of(content)
         if role in _USER and (result := _text_result(text)):  # Cline: a result in a plain-text user message
             return _Parts(None, results=[result])
-        return _Parts(text, _calls(m) or (_xml_calls(text) if role in _MODEL else []))
+        return _Parts(text, _calls(m) or (_text_calls(text) if role in _MODEL else []))
     texts: list[str] = []
     out = _Parts(None, _calls(m))
     thinking: list[str] = []
@@ -278,7 +299,7 @@ def _parts(m: dict[str, Any], role: str | None) -> _Parts:
                 texts.append(t)
     out.text = "\n".join(texts) if texts else None
     if role in _MODEL and not out.calls:
-        out.calls = _xml_calls(out.text)
+        out.calls = _text_calls(out.text)
     out.reasoning = "\n".join(t for t in thinking if t) or None
     return out
 
@@ -322,8 +343,9 @@ def _meta(m: dict[str, Any]) -> dict[str, Any]:
 
 class ChatMessagesAdapter(Adapter):
     name = "chat-messages"
-    version = "1.0.0"
+    version = "1.1.0"  # 1.1: Cline results and calls in text, the Responses API's built-in tools
     framing = "jsonl"  # a row per line; a pretty-printed row or an array of rows is one document
+    row_arrays = True  # an array of rows too large for one record: a record per row
     description = "chat-message rows: OpenAI messages or ShareGPT conversations (agent SFT datasets)"
 
     def sniff(self, path: str, head: bytes) -> bool:
