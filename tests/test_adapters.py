@@ -480,7 +480,7 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
     eps = {r["source_episode_id"] or r["instance_id"] or r["task_text"][:12]: r for r in rows(
         wh, "SELECT source_episode_id, instance_id, format, n_steps, resolved, exit_status, policy_name, repository, "
             "tool_schema_digest, task_text, metadata, _record_index, trajectory_key FROM episodes")}
-    assert {r["format"] for r in eps.values()} == {"chat-messages"} and len(eps) == 17
+    assert {r["format"] for r in eps.values()} == {"chat-messages"} and len(eps) == 18
 
     def steps(key):
         return rows(wh, "SELECT s.author, s.role, s.action_kind, s.action_object, s.tool_calls, s.tool_call_id, s.exit_code, s.text, "
@@ -601,6 +601,11 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
     assert [s["author"] for s in s12] == ["harness", "harness", "model", "environment", "model"]
     assert orjson.loads(s12[2]["tool_calls"][0]["arguments"]) == {"symbol": "AAPL"}
     assert s12[3]["observation"] == '{"symbol": "AAPL", "price": 232.14}'
+    s13 = steps("oh-sharegpt-0007")  # ShareGPT as OpenHands' converter writes it: the call in a function_call turn's text
+    assert [(s["author"], s["action_kind"], s["action_object"]) for s in s13] == [
+        ("harness", None, None), ("harness", None, None), ("model", "search", "/workspace/pallets__flask__2.3"),
+        ("environment", None, None), ("model", "submit", None)]
+    assert s13[2]["text"].startswith("Let me see") and s13[3]["exit_code"] == 0
     assert orjson.loads(s7[2]["metadata"]) == {"reasoning": "Check the working tree is clean first."}
     assert [s["tool_call_id"] for s in s7 if s["role"] == "tool"] == ["call_git_1", "call_patch_1"]
     assert s7[5]["observation"].startswith("Success. Updated")

@@ -189,6 +189,8 @@ def _calls(m: dict[str, Any]) -> list[dict[str, Any]]:
 def _sharegpt_call(text: str | None) -> list[dict[str, Any]]:
     """A ShareGPT ``function_call`` turn: its value is the call as JSON (name and arguments)."""
     value = decode_json_string(text)
+    if isinstance(value, str):  # not JSON: the call written in text (OpenHands' converter writes <function=...>)
+        return _text_calls(value)
     calls = value if isinstance(value, list) else [value]
     return [tool_call(str(c.get("name") or "unknown"), c.get("arguments", c.get("parameters")), id_text(c.get("id")))
             for c in calls if isinstance(c, dict)]
@@ -266,8 +268,9 @@ def _parts(m: dict[str, Any], role: str | None) -> _Parts:
     """A message's parts. Content blocks in Anthropic's spelling are read by type: ``text``,
     ``tool_use`` (a call), ``tool_result`` (a result, in a user message), ``thinking``; a ShareGPT
     ``function_call`` turn is a call written as JSON."""
-    if role == "function_call":
-        return _Parts(None, _sharegpt_call(_content(m)))
+    if role == "function_call":  # its words are kept when it is not JSON (the call written in the text)
+        text = _content(m)
+        return _Parts(text if isinstance(decode_json_string(text), str) else None, _sharegpt_call(text))
     content = next((m[k] for k in ("content", "value", "text") if k in m and m[k] is not None), None)
     if not isinstance(content, list):
         text = text_of(content)
