@@ -234,7 +234,7 @@ def classify_tool(name: str, arguments: Any = None) -> tuple[str, str | None]:
         return "run", _command_of(args)
     if low in ("write_stdin", "send_input", "stdin", "send_keys"):  # input to a running process, not a file
         return "run", str(args.get("session_id") or args.get("chars") or "")[:200] or None
-    if low in ("finish", "submit", "agentfinishaction", "task_complete", "attempt_completion"):
+    if low in ("finish", "submit", "agentfinishaction", "task_complete", "attempt_completion", "answer"):
         return "submit", None
     if low in ("think", "todowrite", "update_plan", "task", "message", "recall", "agent_think", "write_todos",
                "save_memory", "ask_followup_question", "plan_mode_respond", "new_task", "switch_mode",
@@ -258,7 +258,7 @@ def classify_tool(name: str, arguments: Any = None) -> tuple[str, str | None]:
                "file_search", "codebase_search", "search_file_content", "list_directory", "search_files", "list_files",
                "list_code_definition_names"):
         target = (args.get("pattern") or args.get("query") or args.get("search_term") or args.get("file_name")
-                  or args.get("regex"))
+                  or args.get("regex") or args.get("input"))
         return "search", str(target) if target is not None else _path_of(args)
     if low in ("edit", "multiedit", "write", "notebookedit", "edit_file", "write_file", "create", "create_file",
                "insert", "replace", "str_replace", "patch", "write_to_file", "replace_in_file", "apply_diff",
@@ -273,7 +273,7 @@ def classify_tool(name: str, arguments: Any = None) -> tuple[str, str | None]:
             cmd = _command_of(args)
             if kind == "run" and cmd:
                 return classify_command(cmd)
-            return kind, _path_of(args) or cmd or args.get("url")
+            return kind, _path_of(args) or cmd or args.get("url") or args.get("input")
     return "other", None
 
 

@@ -480,7 +480,7 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
     eps = {r["source_episode_id"] or r["instance_id"] or r["task_text"][:12]: r for r in rows(
         wh, "SELECT source_episode_id, instance_id, format, n_steps, resolved, exit_status, policy_name, repository, "
             "tool_schema_digest, task_text, metadata, _record_index, trajectory_key FROM episodes")}
-    assert {r["format"] for r in eps.values()} == {"chat-messages"} and len(eps) == 18
+    assert {r["format"] for r in eps.values()} == {"chat-messages"} and len(eps) == 20
 
     def steps(key):
         return rows(wh, "SELECT s.author, s.role, s.action_kind, s.action_object, s.tool_calls, s.tool_call_id, s.exit_code, s.text, "
@@ -606,6 +606,17 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
         ("harness", None, None), ("harness", None, None), ("model", "search", "/workspace/pallets__flask__2.3"),
         ("environment", None, None), ("model", "submit", None)]
     assert s13[2]["text"].startswith("Let me see") and s13[3]["exit_code"] == 0
+    # ReAct lines (WebShop): actions with their argument, "Observation:" turns the environment's
+    s14 = steps("webshop_212")
+    assert [(s["author"], s["action_kind"], s["action_object"]) for s in s14] == [
+        ("harness", None, None), ("model", "search", "gluten free crackers"), ("environment", None, None),
+        ("model", "browse", "B07ZJ9"), ("environment", None, None), ("model", "browse", "Buy Now")]
+    assert s14[2]["observation"].startswith("[Back to Search] Page 1")
+    # AgentInstruct OS: "Act: bash" and a fenced command, the OS's output as an unmarked user turn, "Act: answer(27)"
+    s15 = steps("os_interaction_0031")
+    assert [(s["author"], s["action_kind"]) for s in s15] == [
+        ("harness", None), ("model", "search"), ("environment", None), ("model", "submit")]
+    assert s15[1]["action_object"].startswith("/etc") and orjson.loads(s15[3]["tool_calls"][0]["arguments"]) == {"input": "27"}
     assert orjson.loads(s7[2]["metadata"]) == {"reasoning": "Check the working tree is clean first."}
     assert [s["tool_call_id"] for s in s7 if s["role"] == "tool"] == ["call_git_1", "call_patch_1"]
     assert s7[5]["observation"].startswith("Success. Updated")

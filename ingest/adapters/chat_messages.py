@@ -23,8 +23,10 @@ A row holds its messages under ``messages``, ``conversations``, ``conversation``
 - **Calls written in the text** by a model without native tools, read when a message has no
   structured call: Cline's tags, OpenHands' non-function-calling format (``<function=execute_bash>
   <parameter=command>ls</parameter></function>``, results as user turns headed ``EXECUTION RESULT of
-  [execute_bash]:``; SFT sets converted by its fn_call_converter) and Hermes / Qwen
-  ``<tool_call>{...}</tool_call>`` with ``<tool_response>`` results.
+  [execute_bash]:``; SFT sets converted by its fn_call_converter), Hermes / Qwen
+  ``<tool_call>{...}</tool_call>`` with ``<tool_response>`` results, and ReAct lines (``Action:
+  search[red shoes]``, ``Act: answer(4)``: WebShop, HotpotQA, AgentInstruct) with ``Observation:``
+  results.
 
 Authorship: system and developer messages are ``harness``, and so is a demonstration (SWE-agent's
 ``is_demo`` or ``message_type: demonstration``) whatever its role; the first user message is the
@@ -209,9 +211,10 @@ def _exit_code(text: str | None) -> int | None:
 
 #: a tool's result as the user text that carries it, when the model calls tools in its text: Cline / Roo
 #: Code's ``[read_file for 'x'] Result:`` header, OpenHands' non-function-calling ``EXECUTION RESULT of
-#: [execute_bash]:`` (its fn_call_converter, and the SFT sets made with it), Hermes / Qwen ``<tool_response>``
+#: [execute_bash]:`` (its fn_call_converter, and the SFT sets made with it), Hermes / Qwen ``<tool_response>``,
+#: ReAct's ``Observation:``
 _TEXT_RESULT = re.compile(r"\A\s*(?:\[(?P<cline>\w+)(?: for '[^\n]*?')?\] Result:|EXECUTION RESULT of \[(?P<oh>[\w.-]+)\]:"
-                          r"|<tool_response>)[ \t]*\n?")
+                          r"|<tool_response>|Observation:)[ \t]*\n?")
 _TEXT_ERROR = re.compile(r"\A\s*(?:The tool execution failed|\[ERROR\]|<error>)")
 #: Cline / Roo Code tools called as XML in the assistant's text (older versions, and any model without native tools)
 _XML_TOOLS = ("read_file", "write_to_file", "replace_in_file", "apply_diff", "insert_content", "search_and_replace",
@@ -222,7 +225,10 @@ _XML_TOOLS = ("read_file", "write_to_file", "replace_in_file", "apply_diff", "in
 #: Hermes / Qwen ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
 _TEXT_CALL = re.compile(r"<(?P<tag>" + "|".join(_XML_TOOLS) + r")>(?P<body>.*?)</(?P=tag)>"
                         r"|<function=(?P<fn>[\w.-]+)>(?P<params>.*?)</function>"
-                        r"|<tool_call>\s*(?P<json>\{.*?\})\s*</tool_call>", re.S)
+                        r"|<tool_call>\s*(?P<json>\{.*?\})\s*</tool_call>"
+                        # ReAct (WebShop, HotpotQA, AgentInstruct): a line "Action: search[red shoes]" or "Act: answer(4)"
+                        r"|(?m:^[ \t]*Act(?:ion)?[ \t]*:[ \t]*(?P<react>[A-Za-z_][\w.-]*)[ \t]*"
+                        r"(?:\[(?P<rarg>[^\n]*)\]|\((?P<parg>[^\n]*)\))[ \t]*$)", re.S)
 _XML_PARAM = re.compile(r"<(\w+)>(.*?)</\1>", re.S)
 _FN_PARAM = re.compile(r"<parameter=([\w.-]+)>(.*?)</parameter>", re.S)
 
@@ -240,7 +246,7 @@ def _text_result(text: str | None) -> tuple[str | None, str | None, bool, str | 
 
 def _text_calls(text: str | None) -> list[dict[str, Any]]:
     """Tool calls a model wrote in its text (see ``_TEXT_CALL``), for a message with no structured call."""
-    if not text or "</" not in text:
+    if not text or ("</" not in text and "Act" not in text):
         return []
     calls = []
     for m in _TEXT_CALL.finditer(text):
@@ -248,6 +254,9 @@ def _text_calls(text: str | None) -> list[dict[str, Any]]:
             calls.append(tool_call(m.group("tag"), {k: v.strip("\n") for k, v in _XML_PARAM.findall(m.group("body"))}))
         elif m.group("fn"):
             calls.append(tool_call(m.group("fn"), {k: v.strip("\n") for k, v in _FN_PARAM.findall(m.group("params"))}))
+        elif m.group("react"):
+            arg = m.group("rarg") if m.group("rarg") is not None else m.group("parg")
+            calls.append(tool_call(m.group("react"), {"input": arg} if arg else {}))
         elif isinstance(call := decode_json_string(m.group("json")), dict) and isinstance(call.get("name"), str):
             calls.append(tool_call(call["name"], call.get("arguments", call.get("parameters")), id_text(call.get("id"))))
     return calls
@@ -262,6 +271,7 @@ class _Parts:
     calls: list[dict[str, Any]] = field(default_factory=list)
     results: list[tuple[str | None, str | None, bool, str | None]] = field(default_factory=list)  # id, output, error, tool
     reasoning: str | None = None
+    from_text: bool = False  # its calls were written in its text (no structured call)
 
 
 def _parts(m: dict[str, Any], role: str | None) -> _Parts:
@@ -270,13 +280,15 @@ def _parts(m: dict[str, Any], role: str | None) -> _Parts:
     ``function_call`` turn is a call written as JSON."""
     if role == "function_call":  # its words are kept when it is not JSON (the call written in the text)
         text = _content(m)
-        return _Parts(text if isinstance(decode_json_string(text), str) else None, _sharegpt_call(text))
+        written = isinstance(decode_json_string(text), str)
+        return _Parts(text if written else None, _sharegpt_call(text), from_text=written)
     content = next((m[k] for k in ("content", "value", "text") if k in m and m[k] is not None), None)
     if not isinstance(content, list):
         text = text_of(content)
         if role in _USER and (result := _text_result(text)):  # Cline: a result in a plain-text user message
             return _Parts(None, results=[result])
-        return _Parts(text, _calls(m) or (_text_calls(text) if role in _MODEL else []))
+        calls = _calls(m)
+        return _Parts(text, calls or (_text_calls(text) if role in _MODEL else []), from_text=not calls)
     texts: list[str] = []
     out = _Parts(None, _calls(m))
     thinking: list[str] = []
@@ -302,7 +314,7 @@ def _parts(m: dict[str, Any], role: str | None) -> _Parts:
                 texts.append(t)
     out.text = "\n".join(texts) if texts else None
     if role in _MODEL and not out.calls:
-        out.calls = _text_calls(out.text)
+        out.calls, out.from_text = _text_calls(out.text), True
     out.reasoning = "\n".join(t for t in thinking if t) or None
     return out
 
@@ -400,7 +412,9 @@ class ChatMessagesAdapter(Adapter):
                                        valid=", ".join(sorted(ROLES)))
         parsed = [_parts(m, role) for m, role in zip(messages, roles, strict=True)]
         # a model that acts in text gets its commands' output back as user turns
-        text_acting = not any(r in _TOOL for r in roles) and not any(p.calls or p.results for p in parsed)
+        # (calls it writes in its text count as acting in text, unless their results come back marked as such)
+        text_acting = not any(r in _TOOL for r in roles) and not any(
+            (p.calls and not p.from_text) or p.results for p in parsed)
         steps: list[dict[str, Any]] = []
         task_prompt: str | None = None
         waiting: list[dict[str, Any]] = []  # the last model message's calls no result has named yet
