@@ -1,19 +1,21 @@
 """Finding input files and cutting them into records, streaming, with bounded memory.
 
-Gzip is read transparently (detected by its magic bytes, not the name). Offsets and line
-numbers refer to the decompressed stream. A Parquet file (Hugging Face's native format, also
-told by its magic bytes) is read as its rows rendered as JSON lines, one row per line, a row
-group at a time: line numbers are row numbers and offsets refer to that rendering. A record
-longer than the limit is not held in memory: its first ``keep`` bytes, its length and its
-sha256 are kept for the quarantine.
+Gzip, zstd, xz and bzip2 are read transparently (detected by their magic bytes, not the
+name). Offsets and line numbers refer to the decompressed stream. A Parquet file (Hugging
+Face's native format, also told by its magic bytes) is read as its rows rendered as JSON lines,
+one row per line, a row group at a time: line numbers are row numbers and offsets refer to that
+rendering. A record longer than the limit is not held in memory: its first ``keep`` bytes, its
+length and its sha256 are kept for the quarantine.
 """
 
 from __future__ import annotations
 
 import base64
+import bz2
 import gzip
 import hashlib
 import io
+import lzma
 import os
 import re
 import zlib
@@ -89,11 +91,42 @@ def _resolved(path: Path, problems: list[tuple[Path, str]] | None) -> Path | Non
         return None
 
 
+#: compressed streams by their first bytes (bzip2: its header, a block size, then a block's magic number)
+_COMPRESSED = (("gzip", re.compile(re.escape(GZIP_MAGIC))), ("zstd", re.compile(re.escape(b"\x28\xb5\x2f\xfd"))),
+               ("xz", re.compile(re.escape(b"\xfd7zXZ\x00"))), ("bz2", re.compile(rb"BZh[1-9]1AY&SY")))
+
+
 def compression_of(path: Path) -> str | None:
-    """``gzip``, ``parquet`` (a container of rows, read as JSON lines) or None (plain bytes)."""
+    """``gzip``, ``zstd``, ``xz``, ``bz2``, ``parquet`` (a container of rows, read as JSON lines) or
+    None (plain bytes)."""
     with open(path, "rb") as f:
-        magic = f.read(4)
-    return "gzip" if magic[:2] == GZIP_MAGIC else "parquet" if magic == PARQUET_MAGIC else None
+        magic = f.read(10)
+    if magic[:4] == PARQUET_MAGIC:
+        return "parquet"
+    return next((name for name, pattern in _COMPRESSED if pattern.match(magic)), None)
+
+
+class _ArrowStream(io.RawIOBase):
+    """A pyarrow input stream (zstd decompression) as a raw Python stream."""
+
+    def __init__(self, stream: Any):
+        self._stream = stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        try:
+            data = self._stream.read(min(len(buffer), 1 << 16))  # small reads: a cut stream keeps what came before
+        except Exception as exc:  # noqa: BLE001 (pyarrow's ArrowInvalid / OSError): damaged or cut short
+            raise EOFError(f"zstd: {exc}") from exc
+        n = len(data)
+        buffer[:n] = data
+        return n
+
+    def close(self) -> None:
+        self._stream.close()
+        super().close()
 
 
 def _json_default(value: Any) -> Any:
@@ -219,6 +252,15 @@ def open_input(path: Path, progress: Callable[[int], None] | None = None) -> tup
     buffered = io.BufferedReader(raw, buffer_size=CHUNK)
     if comp == "gzip":
         return gzip.GzipFile(fileobj=buffered, mode="rb"), comp, raw  # type: ignore[return-value]
+    if comp == "xz":
+        return lzma.LZMAFile(buffered, mode="rb"), comp, raw  # type: ignore[return-value]
+    if comp == "bz2":
+        return bz2.BZ2File(buffered, mode="rb"), comp, raw  # type: ignore[return-value]
+    if comp == "zstd":  # pyarrow's codec: no other library needed
+        import pyarrow as pa
+
+        native = pa.CompressedInputStream(pa.PythonFile(buffered, mode="r"), "zstd")
+        return io.BufferedReader(_ArrowStream(native), buffer_size=CHUNK), comp, raw  # type: ignore[return-value]
     return buffered, None, raw  # type: ignore[return-value]
 
 
@@ -232,7 +274,7 @@ def read_head(path: Path) -> bytes:
         while size < HEAD_BYTES and (piece := stream.read1(HEAD_BYTES - size)):
             parts.append(piece)
             size += len(piece)
-    except (EOFError, OSError, zlib.error):
+    except (EOFError, OSError, zlib.error, lzma.LZMAError):
         pass
     finally:
         head = b"".join(parts)
@@ -246,7 +288,7 @@ def _read(stream: BinaryIO, offset: int) -> bytes:
         # read1: one underlying read at a time, so a truncated gzip loses only its last piece
         read = getattr(stream, "read1", stream.read)
         return read(CHUNK)
-    except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
+    except (EOFError, gzip.BadGzipFile, zlib.error, lzma.LZMAError, OSError) as exc:
         raise TruncatedInput(offset, f"compressed stream ends early or is corrupt: {exc}"
                              if not str(exc).startswith("not a readable Parquet") else str(exc)) from exc
 

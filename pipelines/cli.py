@@ -122,7 +122,7 @@ def _file_size(path: Path) -> int:
 def ingest(paths: tuple[str, ...], source: str, license_: str | None, format_: str | None,
            max_record_mb: float, wait: float, flush_mb: float, allow_forgotten: bool, data: str | None,
            warehouse: str | None) -> None:
-    """Ingest trajectory files or folders (JSONL or JSON, gzip read transparently) into raw.
+    """Ingest trajectory files or folders (JSONL, JSON or Parquet; gzip, zstd, xz and bzip2 read transparently) into raw.
     A path '-' reads standard input (recorded as the file <stdin>)."""
     from trajwh.ingest.raw_store import IngestOptions, ingest_paths
     from trajwh.ingest.reader import find_input_files
@@ -482,8 +482,8 @@ def trace(ident: str, warehouse: str | None) -> None:
         r = t.record
         parquet = r["compression"] == "parquet"
         where = (f"{'row' if parquet else 'line'} {r['line_no']}" if r["line_no"] is not None else "whole file")
-        how = {"gzip": " (gzip, offsets decompressed)",
-               "parquet": " (its rows rendered as JSON lines: offsets in that rendering)"}.get(r["compression"], "")
+        how = (" (its rows rendered as JSON lines: offsets in that rendering)" if parquet
+               else f" ({r['compression']}, offsets decompressed)" if r["compression"] else "")
         c.print(f"[bold]raw record[/] {r['record_id']}\n  file {r['file_path']} {where}, byte offset "
                 f"{r['byte_offset']}, {r['byte_length']} bytes{how}"
                 f"\n  format {r['format']}, source {r['source']}, license {r['license'] or '∅'}")

@@ -1,4 +1,5 @@
-"""Record framing: offsets, CRLF, blank lines, oversize records, truncated gzip."""
+"""Record framing: offsets, CRLF, blank lines, oversize records, compressed streams (gzip, zstd, xz,
+bzip2) whole and cut short."""
 
 from __future__ import annotations
 
@@ -63,3 +64,52 @@ def test_find_input_files_skips_hidden_and_rejects_missing(tmp_path):
 
     with pytest.raises(ConfigError, match="does not exist"):
         find_input_files([tmp_path / "nope"])
+
+
+def _zstd(data: bytes) -> bytes:
+    import pyarrow as pa
+
+    out = pa.BufferOutputStream()
+    with pa.CompressedOutputStream(out, "zstd") as stream:
+        stream.write(data)
+    return out.getvalue().to_pybytes()
+
+
+CODECS = {"gzip": gzip.compress, "zstd": _zstd, "xz": __import__("lzma").compress, "bz2": __import__("bz2").compress}
+
+
+@pytest.mark.parametrize("codec", sorted(CODECS))
+def test_compressed_streams_are_told_by_their_bytes_and_cut_ones_keep_what_came_before(tmp_path, codec):
+    payload = b"".join(b'{"n":%d,"pad":"%s"}\n' % (i, b"x" * (i % 50)) for i in range(100_000))
+    path = tmp_path / "records.data"  # no telling name: the magic bytes decide
+    path.write_bytes(CODECS[codec](payload))
+    stream, comp, raw = open_input(path)
+    assert comp == codec
+    recs = list(iter_lines(stream, 1000, 10))
+    assert b"".join(r.data + b"\n" for r in recs) == payload
+    assert all(payload[r.offset:r.offset + r.size] == r.data for r in recs[::997])
+    path.write_bytes(CODECS[codec](payload)[:-300])
+    stream, comp, raw = open_input(path)
+    seen = []
+    with pytest.raises(TruncatedInput):
+        for r in iter_lines(stream, 1000, 10):
+            seen.append(r)
+    assert len(seen) > 50_000 and all(payload[r.offset:r.offset + r.size] == r.data for r in seen[::997])
+
+
+@pytest.mark.parametrize("codec", sorted(CODECS))
+def test_a_compressed_file_lands_the_records_of_the_plain_one(tmp_path, cases, codec):
+    from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+    from trajwh.lineage.catalog import Warehouse
+
+    plain = (cases / "two_episodes.jsonl").read_bytes()
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / f"two.jsonl.{codec}").write_bytes(CODECS[codec](plain))
+    got = {}
+    for name, folder in (("plain", cases / "two_episodes.jsonl"), (codec, tmp_path / "in")):
+        wh = Warehouse(tmp_path / name)
+        ingest_paths(wh, [folder], IngestOptions(source="cases"))
+        got[name] = wh.query("SELECT record_id, line_no, byte_offset, byte_length, compression FROM raw_records "
+                             "ORDER BY line_no").to_pylist()
+    assert [{**r, "compression": None} for r in got[codec]] == got["plain"] and len(got["plain"]) == 2
+    assert {r["compression"] for r in got[codec]} == {codec}
