@@ -205,7 +205,7 @@ def _command_of(args: dict[str, Any]) -> str | None:
 
 
 def _path_of(args: dict[str, Any]) -> str | None:
-    for key in ("path", "file_path", "filename", "file", "notebook_path", "file_name", "absolute_path"):
+    for key in ("path", "file_path", "filename", "file", "notebook_path", "file_name", "absolute_path", "filePath"):
         if isinstance(args.get(key), str):
             return args[key]
     return None
@@ -237,7 +237,7 @@ def classify_tool(name: str, arguments: Any = None) -> tuple[str, str | None]:
     if low in ("finish", "submit", "agentfinishaction", "task_complete", "attempt_completion", "answer"):
         return "submit", None
     if low in ("think", "todowrite", "update_plan", "task", "message", "recall", "agent_think", "write_todos",
-               "save_memory", "ask_followup_question", "plan_mode_respond", "new_task", "switch_mode",
+               "save_memory", "todoread", "ask_followup_question", "plan_mode_respond", "new_task", "switch_mode",
                "fetch_instructions", "use_mcp_tool", "access_mcp_resource"):
         return "other", None
     if low in ("computer", "computer_use") or low.startswith("computer_20"):  # computer use: an action on a screen
@@ -255,7 +255,7 @@ def classify_tool(name: str, arguments: Any = None) -> tuple[str, str | None]:
     if low == "read_many_files" and isinstance(args.get("paths"), list):
         return "read", ", ".join(str(p) for p in args["paths"]) or None
     if low in ("grep", "glob", "ls", "search", "find", "find_file", "search_dir", "search_file", "list_dir",
-               "file_search", "codebase_search", "search_file_content", "list_directory", "search_files", "list_files",
+               "file_search", "codebase_search", "search_file_content", "list_directory", "search_files", "list_files", "list",
                "list_code_definition_names"):
         target = (args.get("pattern") or args.get("query") or args.get("search_term") or args.get("file_name")
                   or args.get("regex") or args.get("input"))

@@ -480,7 +480,7 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
     eps = {r["source_episode_id"] or r["instance_id"] or r["task_text"][:12]: r for r in rows(
         wh, "SELECT source_episode_id, instance_id, format, n_steps, resolved, exit_status, policy_name, repository, "
             "tool_schema_digest, task_text, metadata, _record_index, trajectory_key FROM episodes")}
-    assert {r["format"] for r in eps.values()} == {"chat-messages"} and len(eps) == 20
+    assert {r["format"] for r in eps.values()} == {"chat-messages"} and len(eps) == 23
 
     def steps(key):
         return rows(wh, "SELECT s.author, s.role, s.action_kind, s.action_object, s.tool_calls, s.tool_call_id, s.exit_code, s.text, "
@@ -617,6 +617,26 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
     assert [(s["author"], s["action_kind"]) for s in s15] == [
         ("harness", None), ("model", "search"), ("environment", None), ("model", "submit")]
     assert s15[1]["action_object"].startswith("/etc") and orjson.loads(s15[3]["tool_calls"][0]["arguments"]) == {"input": "27"}
+    # an OpenCode export: the session's id and model, a message's steps, results from the tool parts' state
+    oc = eps["ses_4f2a91c0d3ffe1a2b3c4d5e6"]
+    assert (oc["policy_name"], oc["task_text"][:8]) == ("claude-sonnet-4-5", "The test")
+    s16 = steps("ses_4f2a91c0d3ffe1a2b3c4d5e6")
+    assert [(s["author"], s["action_kind"], s["tool_call_id"]) for s in s16] == [
+        ("human", None, None), ("model", "read", None), ("environment", None, "call_a1"), ("model", "edit", None),
+        ("environment", None, "call_a2"), ("environment", None, "call_a3"), ("model", None, None)]
+    assert s16[1]["action_object"].endswith("notes/dates.py") and "reasoning" in orjson.loads(s16[1]["metadata"])
+    assert [c["name"] for c in s16[3]["tool_calls"]] == ["edit", "bash"]
+    assert orjson.loads(s16[5]["metadata"]) == {"is_error": True} and s16[5]["observation"].startswith("Error: pytest")
+    # LangChain / LangGraph messages: roles from their type, calls with args, a tool's error status flagged
+    assert eps["lg-thread-0042"]["policy_name"] == "gpt-4.1-2025-04-14"
+    s17 = steps("lg-thread-0042")
+    assert [(s["author"], s["action_kind"], s["tool_call_id"]) for s in s17] == [
+        ("harness", None, None), ("harness", None, None), ("model", "read", None), ("environment", None, "call_Zk1"),
+        ("model", "test", None), ("environment", None, "call_Zk2"), ("model", None, None)]
+    assert orjson.loads(s17[5]["metadata"])["is_error"] is True and s17[2]["action_object"] == "reports/export.py"
+    s18 = steps("lg-thread-0043")  # messages_to_dict's {"type", "data"}
+    assert [(s["author"], s["action_kind"]) for s in s18] == [
+        ("harness", None), ("model", "read"), ("environment", None), ("model", None)]
     assert orjson.loads(s7[2]["metadata"]) == {"reasoning": "Check the working tree is clean first."}
     assert [s["tool_call_id"] for s in s7 if s["role"] == "tool"] == ["call_git_1", "call_patch_1"]
     assert s7[5]["observation"].startswith("Success. Updated")

@@ -20,6 +20,12 @@ A row holds its messages under ``messages``, ``conversations``, ``conversation``
   'x'] Result:`` (not ``tool_result`` blocks): each is tool output, linked to the earliest
   unanswered call of that name; the ``<environment_details>`` beside it stays the harness's. Older
   versions call tools in the assistant's text as XML (``<read_file><path>x</path></read_file>``).
+- **OpenCode** exports (``opencode export``: the session's ``info`` and ``messages`` of ``info`` and
+  ``parts``): each assistant step is a message of its text, reasoning and tool calls, then the
+  calls' results from the tool parts' ``state``; the user's messages are what a person typed.
+- **LangChain / LangGraph** messages (``type``: ``human``, ``ai``, ``tool``; ``tool_calls`` with ``args``;
+  also ``messages_to_dict``'s ``{"type", "data"}``), a thread's id as the episode id, the model
+  from ``response_metadata``; a tool message with ``status: error`` is flagged.
 - **Calls written in the text** by a model without native tools, read when a message has no
   structured call: Cline's tags, OpenHands' non-function-calling format (``<function=execute_bash>
   <parameter=command>ls</parameter></function>``, results as user turns headed ``EXECUTION RESULT of
@@ -82,14 +88,17 @@ ROLES = _SYSTEM | _USER | _MODEL | _TOOL | {"function_call"}
 _CANONICAL_ROLE = {**{r: "system" for r in _SYSTEM}, **{r: "user" for r in _USER}, **{r: "assistant" for r in _MODEL},
                    **{r: "tool" for r in _TOOL}, "function_call": "assistant"}
 #: a per-trajectory id (never the instance id: many attempts share one)
-_ID_KEYS = ("trajectory_id", "traj_id", "conversation_id", "session_id", "uuid", "id")
+_ID_KEYS = ("trajectory_id", "traj_id", "conversation_id", "session_id", "thread_id", "uuid", "id")
 _MODEL_KEYS = ("model", "model_name", "model_name_or_path", "policy", "policy_name")
 _PATCH_KEYS = ("model_patch", "generated_patch", "patch", "submission")
 _TOOLS_KEYS = ("tools", "available_tools", "functions")
 _TRAIN_KEYS = ("mask", "weight", "train", "loss")
 #: a message list in the first bytes: its key, then a list or a JSON string holding one
 _SNIFF_LIST = re.compile(rb'"(?:' + b"|".join(k.encode() for k in (*MESSAGE_KEYS, "prompt")) + rb')"\s*:\s*(?:\[|"\s*\[)')
-_SNIFF_ROLE = re.compile(rb'\\?"(?:role|from)\\?"\s*:')
+_SNIFF_ROLE = re.compile(rb'\\?"(?:role|from)\\?"\s*:|"type"\s*:\s*"(?:human|ai)"')
+#: LangChain / LangGraph messages (``model_dump()``, or ``messages_to_dict``'s ``{"type", "data"}``): their role
+_LANGCHAIN_ROLES = {"human": "user", "ai": "assistant", "AIMessageChunk": "assistant", "tool": "tool", "system": "system",
+                    "function": "function", "chat": "user"}
 
 
 #: OpenAI Responses API items (Agents SDK input lists): what each becomes as a chat message
@@ -147,6 +156,82 @@ def _from_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _from_langchain(m: dict[str, Any]) -> dict[str, Any]:
+    """A LangChain message as a chat message: its ``type`` the role, its ``tool_calls`` (``args`` as a
+    dict) the calls, a tool message's ``status: error`` flagged."""
+    body = m["data"] if isinstance(m.get("data"), dict) else m
+    kind = m.get("type") if isinstance(m.get("type"), str) else body.get("type")
+    out = {**body, "role": _LANGCHAIN_ROLES.get(kind, kind)}
+    if out["role"] == "tool" and body.get("status") == "error":
+        out["is_error"] = True
+    return out
+
+
+def _is_opencode(m: dict[str, Any]) -> bool:
+    """An OpenCode message (``opencode export``): ``info`` (its role, model, times) and ``parts``."""
+    return isinstance(m.get("info"), dict) and isinstance(m["info"].get("role"), str) and isinstance(m.get("parts"), list)
+
+
+def _from_opencode(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenCode messages as chat messages. An assistant message holds several steps (``step-start``
+    ... ``step-finish``): each is an assistant message of its text, reasoning and tool calls, then a
+    user message of those calls' results (``tool_result`` blocks: a tool part's ``state`` holds its
+    input and its output, or its error)."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        info = m["info"]
+        when = info["time"].get("created") if isinstance(info.get("time"), dict) else None
+        parts = [p for p in m["parts"] if isinstance(p, dict)]
+        if info["role"] != "assistant":  # what a person typed in the CLI
+            out.append({"role": info["role"], "timestamp": when, "typed_by_person": info["role"] == "user", "content": [
+                {"type": "text", "text": p["text"]} for p in parts if p.get("type") == "text" and isinstance(p.get("text"), str)]})
+            continue
+        step: list[dict[str, Any]] = []
+        for p in [*parts, {"type": "step-finish"}]:  # the last step may have no step-finish
+            if p.get("type") != "step-finish":
+                step.append(p)
+            elif step:
+                out.extend(_opencode_step(step, when))
+                step = []
+    return out
+
+
+def _opencode_step(parts: list[dict[str, Any]], when: Any) -> list[dict[str, Any]]:
+    """One step of an OpenCode assistant message: the assistant's blocks, then its calls' results."""
+    blocks, results = [], []
+    for p in parts:
+        kind = p.get("type")
+        if kind == "text" and isinstance(p.get("text"), str):
+            blocks.append({"type": "text", "text": p["text"]})
+        elif kind == "reasoning" and isinstance(p.get("text"), str):
+            blocks.append({"type": "thinking", "thinking": p["text"]})
+        elif kind == "tool":
+            state = p.get("state") if isinstance(p.get("state"), dict) else {}
+            blocks.append({"type": "tool_use", "id": p.get("callID"), "name": p.get("tool"), "input": state.get("input")})
+            if state.get("status") in ("completed", "error"):
+                error = state.get("status") == "error"
+                results.append({"type": "tool_result", "tool_use_id": p.get("callID"), "is_error": error,
+                                "content": state.get("error") if error else state.get("output")})
+    return [*([{"role": "assistant", "content": blocks, "timestamp": when}] if blocks else []),
+            *([{"role": "user", "content": results, "timestamp": when}] if results else [])]
+
+
+def _message_model(row: dict[str, Any]) -> str | None:
+    """The model named by the row's first assistant message that names one, when the row does not:
+    an OpenCode message's ``info.modelID``, a LangChain message's ``response_metadata.model_name``."""
+    raw = row.get("messages")
+    for m in raw if isinstance(raw, list) else []:
+        if not isinstance(m, dict):
+            continue
+        body = m["data"] if isinstance(m.get("data"), dict) else m
+        info = body.get("info") if isinstance(body.get("info"), dict) else {}
+        meta = body.get("response_metadata") if isinstance(body.get("response_metadata"), dict) else {}
+        for name in (info.get("modelID") if info.get("role") == "assistant" else None, meta.get("model_name")):
+            if isinstance(name, str) and name:
+                return name
+    return None
+
+
 def _messages(row: dict[str, Any]) -> tuple[str, list[Any]] | None:
     """(key, message list) of a row, the list decoded when the row keeps it as JSON text (and
     Responses API items made messages)."""
@@ -158,6 +243,11 @@ def _messages(row: dict[str, Any]) -> tuple[str, list[Any]] | None:
         if isinstance(value, list) and value and all(isinstance(m, dict) for m in value):
             if any(m.get("type") in _ITEM_TYPES - {"message"} for m in value):
                 value = _from_items(value)
+            elif all(_is_opencode(m) for m in value):
+                value = _from_opencode(value)
+            elif not any("role" in m or "from" in m for m in value) and any(
+                    m.get("type") in ("human", "ai") for m in value):
+                value = [_from_langchain(m) for m in value]
             if any(isinstance(m.get("role"), str) or isinstance(m.get("from"), str) for m in value):
                 return key, value
     return None
@@ -181,7 +271,8 @@ def _calls(m: dict[str, Any]) -> list[dict[str, Any]]:
     for c in raw if isinstance(raw, list) else []:
         if isinstance(c, dict):
             fn = c.get("function") if isinstance(c.get("function"), dict) else c
-            out.append(tool_call(str(fn.get("name") or "unknown"), fn.get("arguments", fn.get("parameters")), id_text(c.get("id"))))
+            args = fn.get("arguments", fn.get("parameters", fn.get("args")))  # LangChain: args, a dict
+            out.append(tool_call(str(fn.get("name") or "unknown"), args, id_text(c.get("id"))))
     legacy = m.get("function_call")
     if isinstance(legacy, dict):
         out.append(tool_call(str(legacy.get("name") or "unknown"), legacy.get("arguments"), id_text(legacy.get("id"))))
@@ -440,7 +531,11 @@ class ChatMessagesAdapter(Adapter):
             elif role in _USER:
                 if p.results and text is None:
                     continue
-                if task_prompt is None:
+                if m.get("typed_by_person"):  # (OpenCode's user turns)
+                    if task_prompt is None:
+                        task_prompt = text or ""
+                    steps.append(step("user", "human", text=text, started_at=when, metadata=meta))
+                elif task_prompt is None:
                     task_prompt = text or ""
                     steps.append(step("user", "harness", text=text, started_at=when, metadata=meta))
                 elif text_acting or kind == "observation":  # SWE-agent marks command output it sends as a user turn
@@ -457,13 +552,16 @@ class ChatMessagesAdapter(Adapter):
                 ids_ = m.get("tool_call_ids")  # SWE-agent writes a list (one id)
                 call_id = id_text(m.get("tool_call_id") or (ids_[0] if isinstance(ids_, list) and ids_ else None))
                 code = m.get("exit_code") if isinstance(m.get("exit_code"), int) else _exit_code(text)
-                steps.append(step("tool", "environment", observation=text, tool_call_id=call_id,
-                                  exit_code=code, started_at=when, metadata=meta))
+                steps.append(step("tool", "environment", observation=text, tool_call_id=call_id, exit_code=code,
+                                  started_at=when, metadata={**meta, "is_error": True} if m.get("is_error") is True else meta))
         counts = link_observations(steps)
         number_steps(steps)
         times = [s["started_at"] for s in steps if s.get("started_at")]
         iid = _first(row, ("instance_id", "task_id", "problem_id"))
-        episode_id = _first(row, _ID_KEYS)
+        raw = row.get("messages")  # an OpenCode export: the session is its "info"
+        opencode = isinstance(raw, list) and bool(raw) and all(isinstance(m, dict) and _is_opencode(m) for m in raw)
+        session = row["info"] if opencode and isinstance(row.get("info"), dict) else {}
+        episode_id = _first(row, _ID_KEYS) or (session.get("id") if isinstance(session.get("id"), str) else None)
         tools = _first(row, _TOOLS_KEYS)
         patch = _first(row, _PATCH_KEYS)
         reward = row.get("reward")
@@ -471,7 +569,8 @@ class ChatMessagesAdapter(Adapter):
             source_episode_id=str(episode_id) if episode_id is not None else None,
             task_id=str(iid) if iid is not None else None, instance_id=str(iid) if iid is not None else None,
             task_text=task_prompt or None, repository=_text_field(row, "repo", "repository"),
-            policy_name=_text_field(row, *_MODEL_KEYS), harness_name=_text_field(row, "scaffold", "harness", "agent"),
+            policy_name=_text_field(row, *_MODEL_KEYS) or _message_model(row),
+            harness_name=_text_field(row, "scaffold", "harness", "agent") or ("opencode" if opencode else None),
             resolved=_resolved(row), exit_status=_text_field(row, "exit_status"),
             reward=float(reward) if isinstance(reward, int | float) and not isinstance(reward, bool) else None,
             started_at=ts(row.get("created_at") or row.get("timestamp")) or (min(times) if times else None),
