@@ -34,6 +34,10 @@ HEAD_BYTES = 65536
 CHUNK = 1 << 20
 
 
+class DamagedContainer(EOFError):
+    """A container (a Parquet file) stopped being readable; its message is the whole explanation."""
+
+
 class TruncatedInput(Exception):
     """The compressed stream ended early or is corrupt; records read before it stand."""
 
@@ -144,7 +148,7 @@ def _json_default(value: Any) -> Any:
 class ParquetRows(io.RawIOBase):
     """A Parquet file's rows as JSON lines (``{"column": value, ...}``, columns in the file's order),
     rendered ``PARQUET_ROWS`` at a time. A file that cannot be read (no footer, a damaged page)
-    raises ``EOFError`` naming the row it stopped at: the rows rendered before it stand."""
+    raises ``DamagedContainer`` naming the row it stopped at: the rows rendered before it stand."""
 
     def __init__(self, path: Path):
         self._path = path
@@ -183,7 +187,7 @@ class ParquetRows(io.RawIOBase):
             size += len(row)
         pending = b"".join(parts)
         if not pending and self._error is not None:
-            raise EOFError(f"not a readable Parquet file after row {self._row}: {self._error}")
+            raise DamagedContainer(f"not a readable Parquet file after row {self._row}: {self._error}")
         n = min(len(buffer), len(pending))
         buffer[:n] = pending[:n]
         self._pending = pending[n:]
@@ -289,8 +293,8 @@ def _read(stream: BinaryIO, offset: int) -> bytes:
         read = getattr(stream, "read1", stream.read)
         return read(CHUNK)
     except (EOFError, gzip.BadGzipFile, zlib.error, lzma.LZMAError, OSError) as exc:
-        raise TruncatedInput(offset, f"compressed stream ends early or is corrupt: {exc}"
-                             if not str(exc).startswith("not a readable Parquet") else str(exc)) from exc
+        raise TruncatedInput(offset, str(exc) if isinstance(exc, DamagedContainer)
+                             else f"compressed stream ends early or is corrupt: {exc}") from exc
 
 
 _BLANK_LINES = re.compile(rb"(?:[ \t\r\f\v]*\n)+")
@@ -457,7 +461,10 @@ def iter_array_elements(stream: BinaryIO, max_bytes: int, keep: int) -> Iterator
                 value = _SPACE.match(buf, pos).end()
                 if value < m.start():
                     at = (line + buf.count(b"\n", 0, value), base + value)
-                    yield record(value, len(bytes(buf[:m.start()]).rstrip()))
+                    end = m.start()
+                    while buf[end - 1] in b" \t\r\n":  # the value without the space after it
+                        end -= 1
+                    yield record(value, end)
                 if tok == b"]":
                     return
                 drop(m.end())
