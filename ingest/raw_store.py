@@ -31,15 +31,16 @@ import pyarrow as pa
 from trajwh.ingest.adapters.base import Adapter
 from trajwh.ingest.adapters.registry import detect, framing_for, get_adapter, known_formats
 from trajwh.ingest.reader import (
+    CONTAINERS,
     FileRecord,
     TruncatedInput,
+    container_contents,
+    container_unreadable,
     display_path,
     find_input_files,
     iter_array_elements,
     iter_lines,
     open_input,
-    parquet_columns,
-    parquet_unreadable,
     read_document,
     read_head,
 )
@@ -327,20 +328,21 @@ def _ingest_file(path: Path, writer: _BatchWriter, opts: IngestOptions, summary:
             fs.error = "skipped: a documentation file, not a trajectory"
             summary.skipped.append(fs.path)
             return fs
-        if compression == "parquet" and (broken := parquet_unreadable(path, head)):
-            quarantine(None, 0, "truncated_file", f"{broken}; nothing of it was kept (valid: a whole Parquet "
-                       "file, as written)", head, size_=size)
+        if compression in CONTAINERS and (broken := container_unreadable(path, compression, head)):
+            whole = "Parquet file" if compression == "parquet" else "zip archive (an Inspect .eval log)"
+            quarantine(None, 0, "truncated_file", f"{broken}; nothing of it was kept (valid: a whole {whole}, "
+                       "as written)", head, size_=size)
             return fs
         if adapter is None:
             seen = head[:80].decode("utf-8", "replace").replace("\n", "\\n")
-            what = (f"first bytes: {seen!r}" if compression != "parquet"
-                    else parquet_columns(path) + (f"; its rows begin {seen!r}" if head else ""))
+            what = (f"first bytes: {seen!r}" if compression not in CONTAINERS
+                    else container_contents(path, compression) + (f"; its rows begin {seen!r}" if head else ""))
             quarantine(None, 0, "unknown_format",
                        f"not a trajectory file of any known format ({what}); "
                        f"known formats: {known_formats()}", head, size_=size)
             return fs
         records = (iter_lines(stream, opts.max_record_bytes, opts.quarantine_keep_bytes)
-                   if compression == "parquet" or framing_for(adapter, head) == "jsonl"  # a row is a record
+                   if compression in CONTAINERS or framing_for(adapter, head) == "jsonl"  # a row is a record
                    else _document(path, stream, adapter, opts))
         try:
             for rec in records:

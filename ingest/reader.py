@@ -29,6 +29,7 @@ from trajwh.schemas.errors import ConfigError
 
 GZIP_MAGIC = b"\x1f\x8b"
 PARQUET_MAGIC = b"PAR1"
+ZIP_MAGIC = b"PK\x03\x04"
 PARQUET_ROWS = 64  # rows rendered at a time (a row group is read at a time)
 HEAD_BYTES = 65536
 CHUNK = 1 << 20
@@ -101,12 +102,14 @@ _COMPRESSED = (("gzip", re.compile(re.escape(GZIP_MAGIC))), ("zstd", re.compile(
 
 
 def compression_of(path: Path) -> str | None:
-    """``gzip``, ``zstd``, ``xz``, ``bz2``, ``parquet`` (a container of rows, read as JSON lines) or
-    None (plain bytes)."""
+    """``gzip``, ``zstd``, ``xz``, ``bz2``, ``parquet`` or ``zip`` (containers of rows, read as JSON
+    lines: a Parquet file's rows, an Inspect AI .eval archive's samples) or None (plain bytes)."""
     with open(path, "rb") as f:
         magic = f.read(10)
     if magic[:4] == PARQUET_MAGIC:
         return "parquet"
+    if magic[:4] == ZIP_MAGIC:
+        return "zip"
     return next((name for name, pattern in _COMPRESSED if pattern.match(magic)), None)
 
 
@@ -145,10 +148,12 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-class ParquetRows(io.RawIOBase):
-    """A Parquet file's rows as JSON lines (``{"column": value, ...}``, columns in the file's order),
-    rendered ``PARQUET_ROWS`` at a time. A file that cannot be read (no footer, a damaged page)
-    raises ``DamagedContainer`` naming the row it stopped at: the rows rendered before it stand."""
+class _RenderedRows(io.RawIOBase):
+    """A container's rows rendered as JSON lines, a row at a time (``_render``). A container that
+    cannot be read on (a damaged part, the end cut off) raises ``DamagedContainer`` naming the row it
+    stopped at: the rows rendered before it stand."""
+
+    kind = "container"
 
     def __init__(self, path: Path):
         self._path = path
@@ -161,6 +166,38 @@ class ParquetRows(io.RawIOBase):
         return True
 
     def _render(self) -> Iterator[bytes]:
+        raise NotImplementedError
+
+    def readinto(self, buffer: Any) -> int:
+        if self._rows is None:
+            self._rows = self._render()
+        parts, size = [self._pending], len(self._pending)
+        while size < len(buffer) and self._error is None:
+            try:
+                row = next(self._rows, None)
+            except Exception as exc:  # noqa: BLE001 (the container library's: ArrowInvalid, BadZipFile, ...)
+                self._error = exc
+                break
+            if row is None:
+                break
+            parts.append(row)
+            size += len(row)
+        pending = b"".join(parts)
+        if not pending and self._error is not None:
+            raise DamagedContainer(f"not a readable {self.kind} after row {self._row}: {self._error}")
+        n = min(len(buffer), len(pending))
+        buffer[:n] = pending[:n]
+        self._pending = pending[n:]
+        return n
+
+
+class ParquetRows(_RenderedRows):
+    """A Parquet file's rows as JSON lines (``{"column": value, ...}``, columns in the file's order),
+    rendered ``PARQUET_ROWS`` at a time; page checksums are verified where the writer wrote them."""
+
+    kind = "Parquet file"
+
+    def _render(self) -> Iterator[bytes]:
         import pyarrow.parquet as pq
 
         option = orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE
@@ -171,27 +208,45 @@ class ParquetRows(io.RawIOBase):
                     yield orjson.dumps(row, default=_json_default, option=option)
                     self._row += 1
 
-    def readinto(self, buffer: Any) -> int:
-        if self._rows is None:
-            self._rows = self._render()
-        parts, size = [self._pending], len(self._pending)
-        while size < len(buffer) and self._error is None:
-            try:
-                row = next(self._rows, None)
-            except Exception as exc:  # noqa: BLE001 (pyarrow's: ArrowInvalid, OSError, ...): after the rows before it
-                self._error = exc
-                break
-            if row is None:
-                break
-            parts.append(row)
-            size += len(row)
-        pending = b"".join(parts)
-        if not pending and self._error is not None:
-            raise DamagedContainer(f"not a readable Parquet file after row {self._row}: {self._error}")
-        n = min(len(buffer), len(pending))
-        buffer[:n] = pending[:n]
-        self._pending = pending[n:]
-        return n
+
+#: the members of an Inspect AI ``.eval`` archive: its header (a finished run's, else the start
+#: journal's) and one member per sample
+EVAL_HEADERS = ("header.json", "_journal/start.json")
+#: the key of the header in each rendered sample line (``ingest.adapters.inspect_ai`` reads it)
+EVAL_HEADER_KEY = "inspect_header"
+_EVAL_SAMPLE = re.compile(r"samples/[^/]+\.json")
+
+
+def eval_members(path: Path) -> tuple[str | None, list[str], list[str]]:
+    """A zip archive's Inspect header member (None: not an .eval log), its sample members in the
+    archive's order, and all its member names."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        names = z.namelist()
+    header = next((h for h in EVAL_HEADERS if h in names), None)
+    return header, [n for n in names if _EVAL_SAMPLE.fullmatch(n)], names
+
+
+class EvalSamples(_RenderedRows):
+    """An Inspect AI ``.eval`` archive's samples as JSON lines: ``{"inspect_header": <header>,
+    "sample": <member>}``, one per sample member in the archive's order (each member's CRC is
+    checked as it is read); an archive that is not an Inspect log renders nothing."""
+
+    kind = "zip archive"
+
+    def _render(self) -> Iterator[bytes]:
+        import zipfile
+
+        header_name, samples, _ = eval_members(self._path)
+        if header_name is None:
+            return
+        with zipfile.ZipFile(self._path) as z:
+            header = orjson.loads(z.read(header_name))
+            for name in samples:
+                sample = orjson.loads(z.read(name))
+                yield orjson.dumps({EVAL_HEADER_KEY: header, "sample": sample}, option=orjson.OPT_APPEND_NEWLINE)
+                self._row += 1
 
 
 class HashingReader(io.RawIOBase):
@@ -226,25 +281,41 @@ class HashingReader(io.RawIOBase):
         super().close()
 
 
-def parquet_unreadable(path: Path, head: bytes) -> str | None:
-    """Why a file with Parquet's magic bytes cannot be read as one (no footer: cut short; its first
-    row group damaged, when no row could be rendered into ``head``), or None."""
-    import pyarrow.parquet as pq
+#: compressions that are containers of rows rendered as JSON lines (a row is a record)
+CONTAINERS = ("parquet", "zip")
 
+
+def container_unreadable(path: Path, comp: str | None, head: bytes) -> str | None:
+    """Why a container cannot be read at all (a Parquet file without its footer or with its first
+    row group damaged, when no row could be rendered into ``head``; a zip archive without its
+    central directory: cut short), or None."""
     try:
-        if not pq.read_metadata(path).num_rows or head:
-            return None
-        pq.ParquetFile(path, page_checksum_verification=True).read_row_group(0)
-    except Exception as exc:  # noqa: BLE001 (pyarrow's errors)
-        return f"a Parquet file that cannot be read: {' '.join(str(exc).split())}"
+        if comp == "parquet":
+            import pyarrow.parquet as pq
+
+            if not pq.read_metadata(path).num_rows or head:
+                return None
+            pq.ParquetFile(path, page_checksum_verification=True).read_row_group(0)
+        elif comp == "zip" and not head:
+            eval_members(path)
+    except Exception as exc:  # noqa: BLE001 (pyarrow's and zipfile's errors)
+        kind = "Parquet file" if comp == "parquet" else "zip archive"
+        return f"a {kind} that cannot be read: {' '.join(str(exc).split())}"
     return None
 
 
-def parquet_columns(path: Path) -> str:
-    """A readable Parquet file's columns, as the quarantine's reason names them."""
-    import pyarrow.parquet as pq
+def container_contents(path: Path, comp: str | None) -> str:
+    """What a readable container holds, as the quarantine's reason names it when no format takes it."""
+    if comp == "parquet":
+        import pyarrow.parquet as pq
 
-    return f"a Parquet file of rows with columns {', '.join(pq.read_schema(path).names) or 'none'}"
+        return f"a Parquet file of rows with columns {', '.join(pq.read_schema(path).names) or 'none'}"
+    header, samples, names = eval_members(path)
+    shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+    if header is None:
+        return (f"a zip archive that is not an Inspect AI .eval log (no {' or '.join(EVAL_HEADERS)}; "
+                f"members: {shown or 'none'})")
+    return f"an Inspect AI .eval archive with {len(samples)} sample members (members: {shown})"
 
 
 def open_input(path: Path, progress: Callable[[int], None] | None = None) -> tuple[BinaryIO, str | None, HashingReader]:
@@ -253,6 +324,8 @@ def open_input(path: Path, progress: Callable[[int], None] | None = None) -> tup
     raw = HashingReader(path, progress)
     if comp == "parquet":  # read by pyarrow; ``raw`` hashes the file's bytes at the end
         return io.BufferedReader(ParquetRows(path), buffer_size=CHUNK), comp, raw  # type: ignore[return-value]
+    if comp == "zip":  # an Inspect .eval archive's samples, read by zipfile; hashed the same way
+        return io.BufferedReader(EvalSamples(path), buffer_size=CHUNK), comp, raw  # type: ignore[return-value]
     buffered = io.BufferedReader(raw, buffer_size=CHUNK)
     if comp == "gzip":
         return gzip.GzipFile(fileobj=buffered, mode="rb"), comp, raw  # type: ignore[return-value]

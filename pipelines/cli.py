@@ -480,9 +480,11 @@ def trace(ident: str, warehouse: str | None) -> None:
                 f"key from {', '.join(e['key_fields'])})")
     if t.record:
         r = t.record
-        parquet = r["compression"] == "parquet"
-        where = (f"{'row' if parquet else 'line'} {r['line_no']}" if r["line_no"] is not None else "whole file")
-        how = (" (its rows rendered as JSON lines: offsets in that rendering)" if parquet
+        unit = {"parquet": "row", "zip": "sample"}.get(r["compression"] or "", "line")
+        where = f"{unit} {r['line_no']}" if r["line_no"] is not None else "whole file"
+        how = (" (its rows rendered as JSON lines: offsets in that rendering)" if unit == "row"
+               else " (an Inspect .eval archive's samples rendered as JSON lines with its header: offsets in that "
+                    "rendering)" if unit == "sample"
                else f" ({r['compression']}, offsets decompressed)" if r["compression"] else "")
         c.print(f"[bold]raw record[/] {r['record_id']}\n  file {r['file_path']} {where}, byte offset "
                 f"{r['byte_offset']}, {r['byte_length']} bytes{how}"

@@ -299,8 +299,8 @@ def test_data_is_never_markup_nor_terminal_control(tmp_path):
     assert "[/INST] [bold]x\\x1b[31mred\\u202e" in out and "\x1b" not in out
 
 
-def test_damaged_message_rows_and_gemini_sessions_never_raise_out_of_a_build(tmp_path, cases, monkeypatch):
-    """The generic message-row and Gemini CLI formats take the same damage as the corpus above, and
+def test_damaged_message_rows_gemini_sessions_and_inspect_logs_never_raise_out_of_a_build(tmp_path, cases, monkeypatch):
+    """The generic message-row, Gemini CLI and Inspect AI formats take the same damage as the corpus above, and
     shapes no dataset should have (ids as numbers, calls that are not lists, tokens as text): each
     record lands or is quarantined with its reason; nothing raises."""
     monkeypatch.delenv("TRAJWH_VAULT_KEY", raising=False)
@@ -308,7 +308,8 @@ def test_damaged_message_rows_and_gemini_sessions_never_raise_out_of_a_build(tmp
     rng = random.Random(17)
     d = tmp_path / "damaged"
     d.mkdir()
-    for p in sorted([*(cases / "chat_messages").iterdir(), *(cases / "gemini").iterdir()]):
+    for p in sorted([*(cases / "chat_messages").iterdir(), *(cases / "gemini").iterdir(),
+                     *(cases / "inspect_ai").iterdir()]):
         for i, blob in enumerate(_mutations(p.read_bytes(), rng)):
             (d / f"{i}-{p.name}").write_bytes(blob)
     odd = [{"id": 7, "messages": [{"role": "user", "content": {"text": "hi"}},
@@ -322,6 +323,16 @@ def test_damaged_message_rows_and_gemini_sessions_never_raise_out_of_a_build(tmp
         {"type": "gemini", "content": ["a", {"text": "b"}], "toolCalls": {"id": 1}, "tokens": {"input": "5"}},
         {"type": "gemini", "toolCalls": [{"id": 2, "name": None, "args": "ls", "result": "plain text"}]},
         {"type": "something-new", "content": 3}, "not a message"]}))
+    (d / "odd_inspect.json").write_bytes(orjson.dumps({"version": 2, "eval": {"run_id": 5, "task_id": None, "task": 3,
+                                                                              "packages": "x", "dataset": [1]},
+        "samples": [{"id": None, "epoch": "1", "messages": [
+            {"role": "assistant", "content": [{"type": "reasoning", "redacted": True}, {"type": "image", "image": 7}],
+             "tool_calls": [{"id": 1, "function": None, "arguments": "{"}, "x"]},
+            {"role": "tool", "tool_call_id": 1, "error": "no", "content": {"text": 3}},
+            {"role": "narrator", "content": 1}, 2],
+            "scores": {"s": {"value": {"a": 1}}}, "limit": {"type": None}, "error": {"message": None},
+            "attachments": ["not", "a", "dict"], "input": [{"role": "user", "content": "attachment://zz"}],
+            "model_usage": {"m": {"input_tokens": "5"}}, "events": [{"event": "model", "tools": "bad"}]}, "not a sample"]}))
     wh = Warehouse(tmp_path / "wh")
     s = ingest_paths(wh, [d], IngestOptions(source="damaged"))
     normalize_warehouse(wh, run_id="n")

@@ -13,6 +13,7 @@ from trajwh.ingest.adapters import (
     claude_code,
     codex,
     gemini_cli,
+    inspect_ai,
     mini_swe_agent,
     native,
     openhands,
@@ -27,6 +28,7 @@ from trajwh.schemas.errors import ConfigError
 BUILTIN: tuple[Adapter, ...] = (
     native.NativeAdapter(),
     atif.AtifAdapter(),
+    inspect_ai.InspectAdapter(),  # declares itself (an 'eval' header with run and task ids)
     swe_agent.SweAgentAdapter(),
     mini_swe_agent.MiniSweAgentAdapter(),
     openhands.OpenHandsOutputAdapter(),
