@@ -164,3 +164,22 @@ def test_a_log_without_samples_is_quarantined_saying_so(tmp_path, log):
     [q] = _quarantined(wh)
     assert s.n_new == 0 and q["reason_code"] == "not_a_record"
     assert "without samples" in q["reason"] and "status 'success'" in q["reason"]
+
+
+def test_a_sample_without_messages_is_read_from_its_last_model_call(tmp_path, log):
+    """Log format 3 keeps each model call's input as ranges into the sample's message pool; a
+    sample that kept no ``messages`` is read from its last model call: the input, then the output."""
+    sample = {"id": 7, "epoch": 1, "input": "What is 2+2?", "target": "4", "messages": [],
+              "message_pool": [{"role": "system", "content": "You are helpful."},
+                               {"role": "user", "content": "What is 2+2?"}],
+              "events": [{"event": "model", "input": [], "input_refs": [[0, 1]], "output": {"choices": []}},
+                         {"event": "model", "input": [], "input_refs": [[0, 2]],
+                          "output": {"choices": [{"message": {"role": "assistant", "content": "4"}}]}}],
+              "scores": {"match": {"value": "C"}}}
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "v3.json").write_text(json.dumps({**{k: v for k, v in log.items() if k != "samples"},
+                                                          "samples": [sample]}, indent=2))
+    [ep] = _read(Warehouse(tmp_path / "wh"), tmp_path / "in").values()
+    assert [(s["author"], s["text"]) for s in ep["steps"]] == [
+        ("harness", "You are helpful."), ("harness", "What is 2+2?"), ("model", "4")]
+    assert ep["resolved"] is True and json.loads(ep["metadata"])["messages_from"] == "the last model event"

@@ -139,6 +139,25 @@ def _tools(events: Any) -> Any:
     return None
 
 
+def _from_events(sample: dict[str, Any]) -> list[Any]:
+    """A sample that kept no ``messages`` (only its transcript): the last model call's input and
+    its output. The input is inline, or (log format 3) ``input_refs``: [start, end) ranges into the
+    sample's ``message_pool``."""
+    last = next((ev for ev in reversed(sample.get("events") or []) if isinstance(ev, dict)
+                 and ev.get("event") == "model"), None)
+    if last is None:
+        return []
+    messages = list(last.get("input") or []) if isinstance(last.get("input"), list) else []
+    pool = sample.get("message_pool") if isinstance(sample.get("message_pool"), list) else []
+    for ref in last.get("input_refs") or [] if not messages else []:
+        if isinstance(ref, list | tuple) and len(ref) == 2 and all(isinstance(x, int) for x in ref):
+            messages += pool[ref[0]:ref[1]]
+    choices = (last.get("output") or {}).get("choices") if isinstance(last.get("output"), dict) else None
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        messages.append(choices[0].get("message"))
+    return messages
+
+
 def _event_times(events: Any) -> list[Any]:
     return [t for ev in (events if isinstance(events, list) else []) if isinstance(ev, dict)
             and (t := ts(ev.get("timestamp")))]
@@ -198,7 +217,8 @@ def _episode(header: dict[str, Any], sample: dict[str, Any]) -> ParsedEpisode:
     ev = header.get("eval") if isinstance(header.get("eval"), dict) else {}
     resolve = _resolver(sample.get("attachments"))
     messages = sample.get("messages") if isinstance(sample.get("messages"), list) else []
-    steps, models, unknown = _steps(messages, resolve)
+    rebuilt = not messages
+    steps, models, unknown = _steps(messages or _from_events(sample), resolve)
     counts = link_observations(steps)
     number_steps(steps)
     meta = sample.get("metadata") if isinstance(sample.get("metadata"), dict) else {}
@@ -254,6 +274,7 @@ def _episode(header: dict[str, Any], sample: dict[str, Any]) -> ParsedEpisode:
                   "error": error.get("message") if error else None, "dataset": (ev.get("dataset") or {}).get("name")
                   if isinstance(ev.get("dataset"), dict) else None,
                   "models": sorted(set(models)) or None, "unknown_roles": unknown or None,
+                  "messages_from": "the last model event" if rebuilt and steps else None,
                   "total_time": sample.get("total_time"), "working_time": sample.get("working_time"), **counts},
     )
     return ParsedEpisode(ep, steps, tool_schemas=schemas)
