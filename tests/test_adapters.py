@@ -559,24 +559,28 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
         ("read", "git status --porcelain"), ("edit", "CHANGELOG.md"), (None, None)]
     assert s7[3]["exit_code"] == 0 and s7[3]["observation"] == ""
     # Cline task histories: results come back as user text blocks headed "[tool for 'x'] Result:", each tool
-    # output linked to its call; the environment details beside them stay the harness's
+    # output linked to its call; the environment details beside them stay the harness's; the task is what a
+    # person typed (human), the editor's state sent with it the harness's
     s8 = steps("<task>\nFix t")
     assert [(s["author"], s["role"]) for s in s8] == [
-        ("harness", "user"), ("model", "assistant"), ("environment", "tool"), ("harness", "user"), ("model", "assistant"),
-        ("environment", "tool"), ("model", "assistant"), ("environment", "tool"), ("model", "assistant")]
+        ("human", "user"), ("harness", "user"), ("model", "assistant"), ("environment", "tool"), ("harness", "user"),
+        ("model", "assistant"), ("environment", "tool"), ("model", "assistant"), ("environment", "tool"),
+        ("model", "assistant")]
+    assert s8[0]["text"].endswith("</task>") and s8[1]["text"].startswith("<environment_details>")
     assert [s["action_kind"] for s in s8 if s["author"] == "model"] == ["read", "edit", "test", "submit"]
     assert [s["tool_call_id"] for s in s8 if s["role"] == "tool"] == ["toolu_01A", "toolu_01B", "toolu_01C"]
-    assert s8[2]["observation"].startswith("def total(items):") and s8[3]["text"].startswith("<environment_details>")
+    assert s8[3]["observation"].startswith("def total(items):") and s8[4]["text"].startswith("<environment_details>")
     assert orjson.loads(eps["<task>\nFix t"]["metadata"])["calls_without_result"] == 1  # attempt_completion
     # older Cline: tools called as XML in the model's text; a result's output in the blocks after its header
     s9 = steps("<task>\nAdd a")
-    assert [(s["author"], s["action_kind"], s["action_object"]) for s in s9 if s["author"] != "harness"] == [
+    assert s9[0]["author"] == "human" and s9[1]["author"] == "harness"
+    assert [(s["author"], s["action_kind"], s["action_object"]) for s in s9 if s["author"] not in ("harness", "human")] == [
         ("model", "read", "cli.py"), ("environment", None, None), ("model", "search", "def read_paths"),
         ("environment", None, None), ("model", "run", "python cli.py --verbose reader.py"), ("environment", None, None),
         ("model", "submit", None)]
-    assert orjson.loads(s9[1]["tool_calls"][0]["arguments"]) == {"path": "cli.py"}
-    assert s9[2]["observation"].startswith("import argparse") and "environment_details" not in s9[2]["observation"]
-    assert orjson.loads(s9[7]["metadata"]) == {"is_error": True, "tool": "execute_command"}
+    assert orjson.loads(s9[2]["tool_calls"][0]["arguments"]) == {"path": "cli.py"}
+    assert s9[3]["observation"].startswith("import argparse") and "environment_details" not in s9[3]["observation"]
+    assert orjson.loads(s9[8]["metadata"]) == {"is_error": True, "tool": "execute_command"}
     # Responses API built-in tools (a computer-use trace): screen actions browse, screenshots named with their page
     s10 = steps("Find the ope")
     assert [(s["author"], s["action_kind"], s["action_object"]) for s in s10 if s["author"] == "model"] == [

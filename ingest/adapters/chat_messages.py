@@ -304,6 +304,22 @@ def _exit_code(text: str | None) -> int | None:
 #: Code's ``[read_file for 'x'] Result:`` header, OpenHands' non-function-calling ``EXECUTION RESULT of
 #: [execute_bash]:`` (its fn_call_converter, and the SFT sets made with it), Hermes / Qwen ``<tool_response>``,
 #: ReAct's ``Observation:``
+#: what a person typed in Cline / Roo Code (the task, later feedback or messages), sent together with the
+#: editor's state (``<environment_details>``, the harness's)
+_PERSON_TEXT = re.compile(r"\A\s*<(?:task|feedback|user_message)>")
+_DETAILS = "<environment_details>"
+
+
+def _person_and_details(text: str | None) -> tuple[str | None, str | None]:
+    """(what the person typed, the environment details after it) for a Cline user message that
+    opens with ``<task>``, ``<feedback>`` or ``<user_message>`` and carries environment details;
+    else (None, None)."""
+    if not text or not _PERSON_TEXT.match(text) or _DETAILS not in text:
+        return None, None
+    at = text.index(_DETAILS)
+    return text[:at].rstrip("\n"), text[at:]
+
+
 _TEXT_RESULT = re.compile(r"\A\s*(?:\[(?P<cline>\w+)(?: for '[^\n]*?')?\] Result:|EXECUTION RESULT of \[(?P<oh>[\w.-]+)\]:"
                           r"|<tool_response>|Observation:)[ \t]*\n?")
 _TEXT_ERROR = re.compile(r"\A\s*(?:The tool execution failed|\[ERROR\]|<error>)")
@@ -449,7 +465,7 @@ def _meta(m: dict[str, Any]) -> dict[str, Any]:
 
 class ChatMessagesAdapter(Adapter):
     name = "chat-messages"
-    version = "1.1.0"  # 1.1: Cline results and calls in text, the Responses API's built-in tools
+    version = "1.2.0"  # 1.1: Cline results and calls in text, the Responses API's built-in tools; 1.2: what a person typed in Cline is human
     framing = "jsonl"  # a row per line; a pretty-printed row or an array of rows is one document
     row_arrays = True  # an array of rows too large for one record: a record per row
     description = "chat-message rows: OpenAI messages or ShareGPT conversations (agent SFT datasets)"
@@ -531,10 +547,14 @@ class ChatMessagesAdapter(Adapter):
             elif role in _USER:
                 if p.results and text is None:
                     continue
-                if m.get("typed_by_person"):  # (OpenCode's user turns)
+                said, details = _person_and_details(text)
+                if m.get("typed_by_person") or said is not None:  # OpenCode's user turns; Cline's task and feedback
+                    said = text if said is None else said
                     if task_prompt is None:
-                        task_prompt = text or ""
-                    steps.append(step("user", "human", text=text, started_at=when, metadata=meta))
+                        task_prompt = said or ""
+                    steps.append(step("user", "human", text=said, started_at=when, metadata=meta))
+                    if details:  # the editor's state Cline sends with them: the harness's
+                        steps.append(step("user", "harness", text=details, started_at=when, metadata=meta))
                 elif task_prompt is None:
                     task_prompt = text or ""
                     steps.append(step("user", "harness", text=text, started_at=when, metadata=meta))
