@@ -15,6 +15,7 @@ import bz2
 import gzip
 import hashlib
 import io
+import json
 import lzma
 import os
 import re
@@ -242,11 +243,24 @@ class EvalSamples(_RenderedRows):
         if header_name is None:
             return
         with zipfile.ZipFile(self._path) as z:
-            header = orjson.loads(z.read(header_name))
+            header = inspect_json(z.read(header_name))
             for name in samples:
-                sample = orjson.loads(z.read(name))
-                yield orjson.dumps({EVAL_HEADER_KEY: header, "sample": sample}, option=orjson.OPT_APPEND_NEWLINE)
+                try:
+                    line = {EVAL_HEADER_KEY: header, "sample": inspect_json(z.read(name))}
+                except ValueError as exc:  # not JSON (its CRC held): this sample is quarantined, the others read
+                    line = {EVAL_HEADER_KEY: header, "unreadable_member": name, "error": str(exc)}
+                yield orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
                 self._row += 1
+
+
+def inspect_json(data: bytes) -> Any:
+    """JSON as Inspect AI writes it: Python's ``json``, which writes ``NaN`` and ``Infinity`` (a
+    metric of one sample, a score that could not be computed); they are read as floats and written
+    again (orjson) as null."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
 
 
 class HashingReader(io.RawIOBase):

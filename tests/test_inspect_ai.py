@@ -183,3 +183,28 @@ def test_a_sample_without_messages_is_read_from_its_last_model_call(tmp_path, lo
     assert [(s["author"], s["text"]) for s in ep["steps"]] == [
         ("harness", "You are helpful."), ("harness", "What is 2+2?"), ("model", "4")]
     assert ep["resolved"] is True and json.loads(ep["metadata"])["messages_from"] == "the last model event"
+
+
+def test_nan_as_inspect_writes_it_and_a_member_that_is_not_json(tmp_path, log):
+    """Inspect writes NaN (a metric of one sample, a score it could not compute): such a log is read,
+    a NaN score is no verdict. A sample member that is not JSON (its CRC held) is quarantined alone,
+    naming the member; the other samples are read."""
+    nan_log = json.dumps(log, indent=2).replace('"value": 0.0', '"value": NaN')
+    assert "NaN" in nan_log
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "nan.json").write_text(nan_log)
+    eps = _read(Warehouse(tmp_path / "wh"), tmp_path / "in")
+    assert eps["LrW4nJ8sQ2vX6cB9tY3mKd"]["resolved"] is True
+    limited = eps["Pz7cV2bN5mX8kL1qW4eRty"]
+    assert limited["reward"] is None and limited["resolved"] is None and limited["verifier_status"] == "unreadable"
+    path = tmp_path / "bad" / "run.eval"
+    path.parent.mkdir()
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("header.json", json.dumps({k: v for k, v in log.items() if k != "samples"}))
+        z.writestr("samples/a_epoch_1.json", "{not json")
+        z.writestr("samples/b_epoch_1.json", json.dumps(log["samples"][0]).replace("1.0", "NaN", 1))
+    wh = Warehouse(tmp_path / "wh-bad")
+    s = ingest_paths(wh, [path], IngestOptions(source="cases"))
+    [q] = _quarantined(wh)
+    assert (s.n_new, q["reason_code"], q["line_no"]) == (1, "not_a_record", 1)
+    assert "samples/a_epoch_1.json is not JSON" in q["reason"]

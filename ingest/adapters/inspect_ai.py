@@ -31,6 +31,7 @@ metadata: they become the episode's repository, base commit and issue time.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from trajwh.ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
@@ -46,6 +47,7 @@ from trajwh.ingest.adapters.common import (
     ts,
 )
 from trajwh.ingest.reader import EVAL_HEADER_KEY as HEADER_KEY
+from trajwh.ingest.reader import inspect_json
 from trajwh.schemas.errors import InputFormatError
 
 _ATTACHMENT = "attachment://"
@@ -114,7 +116,7 @@ def _verdict(scores: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"verifier_name": str(name), "verifier_status": "ok"}
     if isinstance(value, bool):
         out.update(resolved=value, reward=float(value))
-    elif isinstance(value, int | float):
+    elif isinstance(value, int | float) and math.isfinite(value):
         out.update(resolved=value >= 1, reward=float(value))
     elif isinstance(value, str) and value.upper() in _SCORE_REWARD:
         letter = value.upper()
@@ -296,9 +298,14 @@ class InspectAdapter(Adapter):
             return True
         return start and b'"eval"' in head and b'"task_id"' in head and b'"run_id"' in head and b'"version"' in head
 
+    def decode(self, data: bytes) -> Any:
+        return inspect_json(data)  # Inspect writes NaN and Infinity
+
     def check_record(self, obj: Any) -> str | None:
         if not isinstance(obj, dict):
             return "expected an Inspect log object (version, eval, samples) or an .eval sample line"
+        if HEADER_KEY in obj and "unreadable_member" in obj:
+            return f"the archive's member {obj['unreadable_member']} is not JSON: {obj.get('error')}"
         if HEADER_KEY in obj:
             return None if _is_sample(obj.get("sample")) else "an .eval line without a sample (messages, epoch)"
         if not isinstance(obj.get("eval"), dict):
