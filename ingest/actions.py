@@ -217,6 +217,9 @@ def _patch_files(text: str) -> str | None:
     return ", ".join(dict.fromkeys(names)) or None
 
 
+_FINAL_ANSWER = re.compile(r"(?m)^\s*final_answer\(")
+
+
 def classify_tool(name: str, arguments: Any = None) -> tuple[str, str | None]:
     """(kind, object) of a tool call, by harness tool name and arguments."""
     args = _args(arguments)
@@ -230,11 +233,14 @@ def classify_tool(name: str, arguments: Any = None) -> tuple[str, str | None]:
         return ("read" if sub == "view" else "edit"), _path_of(args)
     if low in ("apply_patch",):
         return "edit", _patch_files(str(args.get("input", args.get("patch", ""))))
-    if low in ("run_ipython", "ipython", "python", "jupyter"):
-        return "run", _command_of(args)
+    if low in ("run_ipython", "ipython", "python", "jupyter", "python_interpreter"):
+        code = _command_of(args) or (args["input"] if isinstance(args.get("input"), str) else None)  # code as the arguments
+        if low == "python_interpreter" and code and _FINAL_ANSWER.search(code):  # smolagents' CodeAgent answers in code
+            return "submit", None
+        return "run", code
     if low in ("write_stdin", "send_input", "stdin", "send_keys"):  # input to a running process, not a file
         return "run", str(args.get("session_id") or args.get("chars") or "")[:200] or None
-    if low in ("finish", "submit", "agentfinishaction", "task_complete", "attempt_completion", "answer"):
+    if low in ("finish", "submit", "agentfinishaction", "task_complete", "attempt_completion", "answer", "final_answer"):
         return "submit", None
     if low in ("think", "todowrite", "update_plan", "task", "message", "recall", "agent_think", "write_todos",
                "save_memory", "todoread", "ask_followup_question", "plan_mode_respond", "new_task", "switch_mode",

@@ -480,7 +480,7 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
     eps = {r["source_episode_id"] or r["instance_id"] or r["task_text"][:12]: r for r in rows(
         wh, "SELECT source_episode_id, instance_id, format, n_steps, resolved, exit_status, policy_name, repository, "
             "tool_schema_digest, task_text, metadata, _record_index, trajectory_key FROM episodes")}
-    assert {r["format"] for r in eps.values()} == {"chat-messages"} and len(eps) == 23
+    assert {r["format"] for r in eps.values()} == {"chat-messages"} and len(eps) == 25
 
     def steps(key):
         return rows(wh, "SELECT s.author, s.role, s.action_kind, s.action_object, s.tool_calls, s.tool_call_id, s.exit_code, s.text, "
@@ -644,6 +644,26 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
     assert orjson.loads(s7[2]["metadata"]) == {"reasoning": "Check the working tree is clean first."}
     assert [s["tool_call_id"] for s in s7 if s["role"] == "tool"] == ["call_git_1", "call_patch_1"]
     assert s7[5]["observation"].startswith("Success. Updated")
+    # smolagents: a run's memory steps (the task the harness's, a plan and code actions the model's, observations and
+    # an execution error as the results of the step's call, final_answer(...) in code a submit) ...
+    gaia = eps["c61d22de-5f6c-4958-a7f6-5e9707bd3466"]
+    assert gaia["policy_name"] == "Qwen/Qwen2.5-Coder-32B-Instruct" and gaia["task_text"].startswith("How many studio")
+    s19 = steps("c61d22de-5f6c-4958-a7f6-5e9707bd3466")
+    assert [(s["author"], s["action_kind"], s["tool_call_id"]) for s in s19] == [
+        ("harness", None, None), ("harness", None, None), ("model", None, None), ("model", "run", None),
+        ("environment", None, "call_1"), ("model", "run", None), ("environment", None, "call_2"),
+        ("model", "submit", None), ("environment", None, "call_3")]
+    assert s19[3]["action_object"].startswith("results = web_search(") and s19[4]["observation"].startswith("Execution logs:")
+    assert orjson.loads(s19[6]["metadata"]) == {"is_error": True} and "ZeroDivisionError" in s19[6]["observation"]
+    # ... and the messages its memory writes: "tool-call" (a Python repr of the calls) joins the assistant's message,
+    # "tool-response" is the named call's result, an "Error:" one flagged
+    s20 = steps("smol-tc-0007")
+    assert [(s["author"], s["action_kind"], s["tool_call_id"]) for s in s20] == [
+        ("harness", None, None), ("harness", None, None), ("model", "other", None), ("environment", None, "call_9a"),
+        ("model", "submit", None), ("environment", None, "call_9b")]
+    assert s20[2]["text"] == "I will look it up." and orjson.loads(s20[2]["tool_calls"][0]["arguments"]) == {
+        "location": "Paris", "celsius": True}
+    assert s20[3]["observation"] == "14 degrees, light rain" and orjson.loads(s20[5]["metadata"]) == {"is_error": True}
     # TRL's prompt-completion rows: the prompt's messages, then the completion's
     s8 = steps("pc-1")
     assert [(s["author"], s["action_kind"]) for s in s8] == [("harness", None), ("harness", None), ("model", "search")]

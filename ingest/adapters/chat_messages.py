@@ -89,12 +89,15 @@ _CANONICAL_ROLE = {**{r: "system" for r in _SYSTEM}, **{r: "user" for r in _USER
                    **{r: "tool" for r in _TOOL}, "function_call": "assistant"}
 #: a per-trajectory id (never the instance id: many attempts share one)
 _ID_KEYS = ("trajectory_id", "traj_id", "conversation_id", "session_id", "thread_id", "uuid", "id")
-_MODEL_KEYS = ("model", "model_name", "model_name_or_path", "policy", "policy_name")
+_MODEL_KEYS = ("model", "model_name", "model_name_or_path", "model_id", "policy", "policy_name")
 _PATCH_KEYS = ("model_patch", "generated_patch", "patch", "submission")
 _TOOLS_KEYS = ("tools", "available_tools", "functions")
 _TRAIN_KEYS = ("mask", "weight", "train", "loss")
+#: keys of a list of agent steps that are not messages (smolagents' memory steps)
+_STEP_KEYS = ("intermediate_steps", "steps")
 #: a message list in the first bytes: its key, then a list or a JSON string holding one
 _SNIFF_LIST = re.compile(rb'"(?:' + b"|".join(k.encode() for k in (*MESSAGE_KEYS, "prompt")) + rb')"\s*:\s*(?:\[|"\s*\[)')
+_SNIFF_STEPS = re.compile(rb'"(?:intermediate_steps|steps)"\s*:\s*\[')
 _SNIFF_ROLE = re.compile(rb'\\?"(?:role|from)\\?"\s*:|"type"\s*:\s*"(?:human|ai)"')
 #: LangChain / LangGraph messages (``model_dump()``, or ``messages_to_dict``'s ``{"type", "data"}``): their role
 _LANGCHAIN_ROLES = {"human": "user", "ai": "assistant", "AIMessageChunk": "assistant", "tool": "tool", "system": "system",
@@ -216,6 +219,91 @@ def _opencode_step(parts: list[dict[str, Any]], when: Any) -> list[dict[str, Any
             *([{"role": "user", "content": results, "timestamp": when}] if results else [])]
 
 
+#: smolagents: the roles its memory writes (``write_memory_to_messages``): a step's calls as the text
+#: "Calling tools:\n[...]" (a Python repr of OpenAI-shaped calls), their results as "Call id: X\nObservation:\n..."
+#: (or "Error:\n..."; the call id is left out when a step's observations follow its calls)
+_SMOL_ROLES = {"tool-call", "tool-response"}
+_SMOL_CALLS = re.compile(r"\A\s*Calling tools:\s*\n(?P<calls>.*)\Z", re.S)
+_SMOL_RESULT = re.compile(r"\A\s*(?:Call id:\s*(?P<id>\S+)\s*\n)?(?P<kind>Observation|Error):[ \t]*\n?")
+#: what a smolagents memory step (``AgentMemory.get_full_steps()`` / ``get_succinct_steps()``, a run's
+#: ``intermediate_steps``) holds, by kind
+_SMOL_ACTION = {"step_number", "observations"}
+
+
+def _from_smolagents(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """smolagents messages as chat messages: a ``tool-call`` message's calls join the assistant message
+    before it (or make one), a ``tool-response`` is the result of the call it names (else of the last
+    call made), an ``Error:`` result flagged."""
+    import ast
+
+    out: list[dict[str, Any]] = []
+    last: list[str] = []
+    for m in messages:
+        role = _role(m)
+        text = text_of(m.get("content"))
+        if role == "tool-call":
+            found = _SMOL_CALLS.match(text or "")
+            try:
+                value = ast.literal_eval(found.group("calls").strip()) if found else None
+            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                value = None
+            calls = [c for c in value if isinstance(c, dict)] if isinstance(value, list) else []
+            if not calls:  # not the shape smolagents writes: its words kept as the model's
+                out.append({**m, "role": "assistant", "content": text})
+                continue
+            last = [str(c["id"]) for c in calls if c.get("id") is not None]
+            if out and _role(out[-1]) in _MODEL and not out[-1].get("tool_calls"):
+                out[-1] = {**out[-1], "tool_calls": calls}
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": calls})
+        elif role == "tool-response":
+            found = _SMOL_RESULT.match(text or "")
+            call_id = (found.group("id") if found else None) or (last[0] if last else None)
+            out.append({**m, "role": "tool", "tool_call_id": call_id, "content": (text or "")[found.end():] if found else text,
+                        **({"is_error": True} if found and found.group("kind") == "Error" else {})})
+        else:
+            out.append(m)
+    return out
+
+
+def _is_smol_step(s: Any) -> bool:
+    return isinstance(s, dict) and (_SMOL_ACTION <= set(s) or "system_prompt" in s
+                                    or ("task" in s and "step_number" not in s and "role" not in s)
+                                    or ("plan" in s and "model_output_message" in s))
+
+
+def _from_smolagents_steps(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """smolagents memory steps as chat messages: the system prompt, the task (the harness's prompt),
+    a plan (the model's), and each action step's model output with its calls, then its observations
+    and its error (flagged) as the results of its first call."""
+    out: list[dict[str, Any]] = []
+    for s in steps:
+        timing = s.get("timing") if isinstance(s.get("timing"), dict) else {}
+        when = timing.get("start_time")
+        if "system_prompt" in s:
+            out.append({"role": "system", "content": s["system_prompt"]})
+        elif "task" in s and "step_number" not in s:
+            out.append({"role": "user", "content": s["task"]})
+        elif "plan" in s and "step_number" not in s:
+            out.append({"role": "assistant", "content": s["plan"], "timestamp": when})
+        else:
+            calls = [c for c in s.get("tool_calls") or [] if isinstance(c, dict)]
+            text = s.get("model_output")
+            if not isinstance(text, str):
+                said = s.get("model_output_message")
+                text = text_of(said.get("content")) if isinstance(said, dict) else text_of(text)
+            out.append({"role": "assistant", "content": text, "tool_calls": calls, "timestamp": when})
+            first = calls[0].get("id") if calls else None
+            if s.get("observations") is not None:
+                out.append({"role": "tool", "tool_call_id": first, "content": text_of(s["observations"]), "timestamp": when})
+            error = s.get("error")
+            if error:
+                said = error.get("message") if isinstance(error, dict) else error
+                out.append({"role": "tool", "tool_call_id": first, "content": str(said), "is_error": True,
+                            "timestamp": when})
+    return out
+
+
 def _message_model(row: dict[str, Any]) -> str | None:
     """The model named by the row's first assistant message that names one, when the row does not:
     an OpenCode message's ``info.modelID``, a LangChain message's ``response_metadata.model_name``."""
@@ -235,8 +323,12 @@ def _message_model(row: dict[str, Any]) -> str | None:
 def _messages(row: dict[str, Any]) -> tuple[str, list[Any]] | None:
     """(key, message list) of a row, the list decoded when the row keeps it as JSON text (and
     Responses API items made messages)."""
-    for key in (*MESSAGE_KEYS, "prompt"):
+    for key in (*MESSAGE_KEYS, "prompt", *_STEP_KEYS):
         value = decode_json_string(row.get(key))
+        if key in _STEP_KEYS:  # smolagents memory steps (a run's intermediate steps): made messages
+            if not (isinstance(value, list) and value and all(_is_smol_step(x) for x in value)):
+                continue
+            value = _from_smolagents_steps(value)
         if key == "prompt":  # TRL's conversational prompt-completion rows: the prompt, then the completion
             completion = decode_json_string(row.get("completion"))
             value = [*value, *completion] if isinstance(value, list) and isinstance(completion, list) else None
@@ -248,6 +340,8 @@ def _messages(row: dict[str, Any]) -> tuple[str, list[Any]] | None:
             elif not any("role" in m or "from" in m for m in value) and any(
                     m.get("type") in ("human", "ai") for m in value):
                 value = [_from_langchain(m) for m in value]
+            elif any(_role(m) in _SMOL_ROLES for m in value):
+                value = _from_smolagents(value)
             if any(isinstance(m.get("role"), str) or isinstance(m.get("from"), str) for m in value):
                 return key, value
     return None
@@ -465,13 +559,15 @@ def _meta(m: dict[str, Any]) -> dict[str, Any]:
 
 class ChatMessagesAdapter(Adapter):
     name = "chat-messages"
-    version = "1.2.0"  # 1.1: Cline results and calls in text, the Responses API's built-in tools; 1.2: what a person typed in Cline is human
+    version = "1.3.0"  # 1.1: Cline results and calls in text, the Responses API's built-in tools; 1.2: what a person typed in Cline is human; 1.3: smolagents messages and memory steps
     framing = "jsonl"  # a row per line; a pretty-printed row or an array of rows is one document
     row_arrays = True  # an array of rows too large for one record: a record per row
     description = "chat-message rows: OpenAI messages or ShareGPT conversations (agent SFT datasets)"
 
     def sniff(self, path: str, head: bytes) -> bool:
         first = head.lstrip()[:1]
+        if first in (b"{", b"[") and _SNIFF_STEPS.search(head) and b'"step_number"' in head:
+            return True  # smolagents memory steps (a run's intermediate steps)
         if first not in (b"{", b"[") or not _SNIFF_ROLE.search(head):
             return False
         # rows holding a message list, or one conversation: an array of messages
