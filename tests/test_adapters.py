@@ -480,7 +480,7 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
     eps = {r["source_episode_id"] or r["instance_id"] or r["task_text"][:12]: r for r in rows(
         wh, "SELECT source_episode_id, instance_id, format, n_steps, resolved, exit_status, policy_name, repository, "
             "tool_schema_digest, task_text, metadata, _record_index, trajectory_key FROM episodes")}
-    assert {r["format"] for r in eps.values()} == {"chat-messages"} and len(eps) == 25
+    assert {r["format"] for r in eps.values()} == {"chat-messages"} and len(eps) == 26
 
     def steps(key):
         return rows(wh, "SELECT s.author, s.role, s.action_kind, s.action_object, s.tool_calls, s.tool_call_id, s.exit_code, s.text, "
@@ -664,6 +664,14 @@ def test_chat_message_rows_of_public_sft_datasets(wh, cases):
     assert s20[2]["text"] == "I will look it up." and orjson.loads(s20[2]["tool_calls"][0]["arguments"]) == {
         "location": "Paris", "celsius": True}
     assert s20[3]["observation"] == "14 degrees, light rain" and orjson.loads(s20[5]["metadata"]) == {"is_error": True}
+    # one conversation as JSON lines (a message per line): the file is one record and one episode; a line cut
+    # short is counted, the conversation kept around it
+    lines = eps["Which file d"]
+    assert orjson.loads(lines["metadata"])["bad_lines"] == [6] and lines["n_steps"] == 6
+    s21 = steps("Which file d")
+    assert [(s["author"], s["action_kind"], s["tool_call_id"]) for s in s21] == [
+        ("harness", None, None), ("harness", None, None), ("model", "search", None), ("environment", None, "call_1"),
+        ("model", "test", None), ("model", None, None)]
     # TRL's prompt-completion rows: the prompt's messages, then the completion's
     s8 = steps("pc-1")
     assert [(s["author"], s["action_kind"]) for s in s8] == [("harness", None), ("harness", None), ("model", "search")]

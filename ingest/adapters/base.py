@@ -95,6 +95,11 @@ class Adapter(ABC):
         """Bytes of one record -> the object ``check_record`` and ``parse`` take."""
         return orjson.loads(data)
 
+    def framing_of(self, head: bytes) -> str | None:
+        """The framing of this file when it is not the format's usual one (``registry.framing_for``),
+        e.g. a file of JSON lines that together make one record; None: the usual."""
+        return None
+
     def facts(self, obj: Any, ctx: RecordContext) -> list[tuple[str, str, dict[str, Any]]]:
         """For companions: ``(kind, key, facts)`` triples (see ``RecordContext.facts``)."""
         return []

@@ -60,10 +60,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from trajwh.ingest.actions import command_in_text
 from trajwh.ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
 from trajwh.ingest.adapters.common import (
     decode_json_string,
+    decode_jsonl_document,
     episode,
     exit_code_in,
     id_text,
@@ -302,6 +304,21 @@ def _from_smolagents_steps(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 out.append({"role": "tool", "tool_call_id": first, "content": str(said), "is_error": True,
                             "timestamp": when})
     return out
+
+
+def _bare_message_first(head: bytes) -> bool:
+    """Does the file open with a line that is one chat message (a role and what it said, no message
+    list): one conversation written as JSON lines?"""
+    first, _, rest = head.lstrip().partition(b"\n")
+    if not rest and len(head) >= 65536:  # the first line does not end in the head: not a message per line
+        return False
+    try:
+        value = orjson.loads(first)
+    except orjson.JSONDecodeError:
+        return False
+    return (isinstance(value, dict) and (_role(value) in ROLES or _role(value) in _SMOL_ROLES)
+            and any(k in value for k in ("content", "value", "tool_calls", "text"))
+            and not any(k in value for k in (*MESSAGE_KEYS, "prompt", *_STEP_KEYS)))
 
 
 def _message_model(row: dict[str, Any]) -> str | None:
@@ -565,6 +582,8 @@ class ChatMessagesAdapter(Adapter):
     description = "chat-message rows: OpenAI messages or ShareGPT conversations (agent SFT datasets)"
 
     def sniff(self, path: str, head: bytes) -> bool:
+        if _bare_message_first(head):
+            return True  # one conversation as JSON lines: a message per line
         first = head.lstrip()[:1]
         if first in (b"{", b"[") and _SNIFF_STEPS.search(head) and b'"step_number"' in head:
             return True  # smolagents memory steps (a run's intermediate steps)
@@ -572,6 +591,19 @@ class ChatMessagesAdapter(Adapter):
             return False
         # rows holding a message list, or one conversation: an array of messages
         return bool(_SNIFF_LIST.search(head)) or (first == b"[" and (b'"content"' in head or b'"value"' in head))
+
+    def framing_of(self, head: bytes) -> str | None:
+        return "document" if _bare_message_first(head) else None
+
+    def decode(self, data: bytes) -> Any:
+        """A row, an array of rows or of messages; or one conversation written as JSON lines (a
+        message per line: the file is one record), its messages under ``messages`` and the lines
+        that are not JSON objects counted."""
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            doc = decode_jsonl_document(data)  # (raises when no line is an object)
+            return {"messages": doc["entries"], "bad_lines": doc["bad_lines"] or None}
 
     @staticmethod
     def _rows(obj: Any) -> list[Any]:
@@ -694,7 +726,8 @@ class ChatMessagesAdapter(Adapter):
             metadata={"messages_key": key, "text_acting": text_acting,
                       "submission": patch if isinstance(patch, str) else json_text(patch),
                       "row_license": _text_field(row, "license"), "dataset": _first(row, ("dataset", "source", "subset")),
-                      "row_index": index, "trial": _first(row, ("trial", "attempt", "run_index")), **counts},
+                      "row_index": index, "trial": _first(row, ("trial", "attempt", "run_index")),
+                      "bad_lines": row.get("bad_lines"), **counts},
         )
         return ParsedEpisode(ep, steps, tool_schema_info(tools, f"chat-messages:{_first_key(row, _TOOLS_KEYS)}"))
 

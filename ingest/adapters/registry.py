@@ -76,6 +76,8 @@ def framing_for(adapter: Adapter, head: bytes) -> str:
     JSONL lines start with ``{"``; a document starts with a line that is only ``{`` or that
     opens an array. Such a file is one raw record (exactly as received).
     """
+    if (own := adapter.framing_of(head)) is not None:
+        return own
     if adapter.framing != "jsonl":
         return adapter.framing
     first = head.lstrip().split(b"\n", 1)[0].strip()
