@@ -96,7 +96,7 @@ class FactIndex:
 
     def __init__(self, wh: Warehouse):
         self.index: dict[tuple[str, str, str], dict[str, Any]] = {}
-        names = [a.name for a in adapters() if a.companion]
+        names = [a.name for a in adapters() if a.companion and a.gives_facts]
         rows = wh.query(
             "SELECT r.record_id, r.source, r.file_path, r.line_no, r.format, r.payload FROM raw_records r "
             "JOIN batches b USING (batch_id) WHERE list_contains(?, r.format) "

@@ -728,3 +728,28 @@ def test_gemini_cli_recordings_in_both_layouts(wh, cases):
     assert (t[1]["action_kind"], t[1]["action_object"]) == ("search", "import cfg")
     assert lines["ended_at"].isoformat().startswith("2026-09-10T11:25:30")
     assert orjson.loads(lines["metadata"])["layout"] == "jsonl"
+
+
+def test_a_cline_task_folder(wh, tmp_path, cases):
+    """A Cline task folder: the history is the episode, named by its folder (the task id, the time it
+    began in milliseconds), its model and tokens from the messages' modelInfo and metrics; the UI log
+    and the task metadata beside it are kept as companions, neither quarantined nor episodes."""
+    task = tmp_path / "tasks" / "1736180000000"
+    task.mkdir(parents=True)
+    (task / "api_conversation_history.json").write_bytes((cases / "chat_messages" / "cline_api_history.json").read_bytes())
+    for name in ("ui_messages.json", "task_metadata.json"):
+        (task / name).write_bytes((cases / "cline_task" / name).read_bytes())
+    got = {Path(f).name: detect(str(f), read_head(f)).name for f in task.iterdir()}
+    assert got == {"api_conversation_history.json": "chat-messages", "ui_messages.json": "cline-ui-messages",
+                   "task_metadata.json": "cline-task-metadata"}
+    s = ingest_paths(wh, [tmp_path / "tasks"], IngestOptions(source="cline"))
+    summary = normalize_warehouse(wh, run_id="t")
+    assert (s.n_new, s.n_quarantined, summary.companions) == (3, 0, 2)
+    [ep] = rows(wh, "SELECT source_episode_id, started_at, policy_name, harness_name, tokens_in, tokens_out, cost_usd "
+                    "FROM episodes")
+    assert (ep["source_episode_id"], ep["harness_name"]) == ("1736180000000", "cline")
+    assert ep["started_at"].isoformat().startswith("2025-01-06T16:13:20")
+    assert ep["policy_name"] == "claude-sonnet-4-5-20250929" and ep["tokens_in"] and ep["tokens_out"]
+    first_model = rows(wh, "SELECT tokens_in, tokens_out FROM steps WHERE author = 'model' ORDER BY step_index LIMIT 1")
+    assert first_model == [{"tokens_in": 12, "tokens_out": 80}]
+    assert rows(wh, "SELECT count(*) AS n FROM quarantine") == [{"n": 0}]

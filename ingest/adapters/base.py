@@ -71,6 +71,9 @@ class Adapter(ABC):
     description: ClassVar[str] = ""
     #: a companion file (verdicts, metrics, predictions) gives facts about episodes, not episodes
     companion: ClassVar[bool] = False
+    #: a companion whose ``facts`` give nothing (kept in ``raw`` beside the episodes, read by no one):
+    #: the fact index leaves it out, so its arrival rebuilds nothing
+    gives_facts: ClassVar[bool] = True
     #: episodes of this format read companion facts (so new companions rebuild them)
     consumes_facts: ClassVar[bool] = False
     #: a file of this format is appended to while the agent works: a longer copy of the same file

@@ -63,6 +63,7 @@ from typing import Any
 import orjson
 from trajwh.ingest.actions import command_in_text
 from trajwh.ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
+from trajwh.ingest.adapters.cline import task_of
 from trajwh.ingest.adapters.common import (
     decode_json_string,
     decode_jsonl_document,
@@ -321,6 +322,22 @@ def _bare_message_first(head: bytes) -> bool:
             and not any(k in value for k in (*MESSAGE_KEYS, "prompt", *_STEP_KEYS)))
 
 
+def _usage(m: dict[str, Any]) -> tuple[int | None, int | None, float | None]:
+    """A model message's tokens in and out and its cost, where it says them: Cline's ``metrics``
+    (``tokens.prompt`` / ``completion``, ``cost``), an API's ``usage`` (OpenAI's or Anthropic's names)."""
+    metrics = m.get("metrics") if isinstance(m.get("metrics"), dict) else {}
+    tokens = metrics.get("tokens") if isinstance(metrics.get("tokens"), dict) else None
+    usage = m.get("usage") if isinstance(m.get("usage"), dict) else {}
+    tin = tokens.get("prompt") if tokens else usage.get("prompt_tokens", usage.get("input_tokens"))
+    tout = tokens.get("completion") if tokens else usage.get("completion_tokens", usage.get("output_tokens"))
+    cost = metrics.get("cost")
+
+    def count(v: Any) -> int | None:
+        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+    return count(tin), count(tout), float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) else None
+
+
 def _message_model(row: dict[str, Any]) -> str | None:
     """The model named by the row's first assistant message that names one, when the row does not:
     an OpenCode message's ``info.modelID``, a LangChain message's ``response_metadata.model_name``."""
@@ -331,7 +348,9 @@ def _message_model(row: dict[str, Any]) -> str | None:
         body = m["data"] if isinstance(m.get("data"), dict) else m
         info = body.get("info") if isinstance(body.get("info"), dict) else {}
         meta = body.get("response_metadata") if isinstance(body.get("response_metadata"), dict) else {}
-        for name in (info.get("modelID") if info.get("role") == "assistant" else None, meta.get("model_name")):
+        cline = body.get("modelInfo") if isinstance(body.get("modelInfo"), dict) else {}  # Cline's per message
+        for name in (info.get("modelID") if info.get("role") == "assistant" else None, meta.get("model_name"),
+                     cline.get("modelId")):
             if isinstance(name, str) and name:
                 return name
     return None
@@ -576,7 +595,7 @@ def _meta(m: dict[str, Any]) -> dict[str, Any]:
 
 class ChatMessagesAdapter(Adapter):
     name = "chat-messages"
-    version = "1.3.0"  # 1.1: Cline results and calls in text, the Responses API's built-in tools; 1.2: what a person typed in Cline is human; 1.3: smolagents messages and memory steps
+    version = "1.4.0"  # 1.1: Cline results and calls in text, the Responses API's built-in tools; 1.2: what a person typed in Cline is human; 1.3: smolagents messages and memory steps; 1.4: tokens and cost of model messages, Cline's task id, start and model
     framing = "jsonl"  # a row per line; a pretty-printed row or an array of rows is one document
     row_arrays = True  # an array of rows too large for one record: a record per row
     description = "chat-message rows: OpenAI messages or ShareGPT conversations (agent SFT datasets)"
@@ -653,6 +672,8 @@ class ChatMessagesAdapter(Adapter):
         steps: list[dict[str, Any]] = []
         task_prompt: str | None = None
         waiting: list[dict[str, Any]] = []  # the last model message's calls no result has named yet
+        totals: list[float] = [0, 0, 0.0]  # tokens in, out, cost of the model messages that say them
+        seen_usage = False
         for m, role, p in zip(messages, roles, parsed, strict=True):
             text, when = p.text, ts(m.get("timestamp") or m.get("created_at"))
             meta = {**_meta(m), **({"reasoning": p.reasoning} if p.reasoning else {})}
@@ -693,9 +714,13 @@ class ChatMessagesAdapter(Adapter):
                     steps.append(step("user", "harness", text=text, started_at=when, metadata=meta))
             elif role in _MODEL or role == "function_call":
                 waiting = list(p.calls)
+                tin, tout, cost = _usage(m)
+                totals = [a + (b or 0) for a, b in zip(totals, (tin, tout, cost), strict=True)]
+                seen_usage |= any(v is not None for v in (tin, tout, cost))
                 steps.append(step("assistant", "model", text=text, tool_calls=p.calls,
                                   action_command=None if p.calls or not text_acting else command_in_text(text),
-                                  started_at=when, metadata=meta))
+                                  started_at=when, tokens_in=tin, tokens_out=tout,
+                                  metadata={**meta, "cost_usd": cost} if cost is not None else meta))
             else:
                 ids_ = m.get("tool_call_ids")  # SWE-agent writes a list (one id)
                 call_id = id_text(m.get("tool_call_id") or (ids_[0] if isinstance(ids_, list) and ids_ else None))
@@ -710,6 +735,8 @@ class ChatMessagesAdapter(Adapter):
         opencode = isinstance(raw, list) and bool(raw) and all(isinstance(m, dict) and _is_opencode(m) for m in raw)
         session = row["info"] if opencode and isinstance(row.get("info"), dict) else {}
         episode_id = _first(row, _ID_KEYS) or (session.get("id") if isinstance(session.get("id"), str) else None)
+        cline_task, cline_ms = task_of(ctx.file_path)  # a Cline history: its task folder names it and its start
+        episode_id = episode_id or cline_task
         tools = _first(row, _TOOLS_KEYS)
         patch = _first(row, _PATCH_KEYS)
         reward = row.get("reward")
@@ -718,10 +745,14 @@ class ChatMessagesAdapter(Adapter):
             task_id=str(iid) if iid is not None else None, instance_id=str(iid) if iid is not None else None,
             task_text=task_prompt or None, repository=_text_field(row, "repo", "repository"),
             policy_name=_text_field(row, *_MODEL_KEYS) or _message_model(row),
-            harness_name=_text_field(row, "scaffold", "harness", "agent") or ("opencode" if opencode else None),
+            harness_name=_text_field(row, "scaffold", "harness", "agent") or ("opencode" if opencode else None)
+            or ("cline" if cline_task else None),
             resolved=_resolved(row), exit_status=_text_field(row, "exit_status"),
             reward=float(reward) if isinstance(reward, int | float) and not isinstance(reward, bool) else None,
-            started_at=ts(row.get("created_at") or row.get("timestamp")) or (min(times) if times else None),
+            started_at=ts(row.get("created_at") or row.get("timestamp")) or (min(times) if times else ts(cline_ms)),
+            tokens_in=int(totals[0]) if seen_usage and totals[0] else None,
+            tokens_out=int(totals[1]) if seen_usage and totals[1] else None,
+            cost_usd=totals[2] if seen_usage and totals[2] else None,
             ended_at=max(times) if times else None,
             metadata={"messages_key": key, "text_acting": text_acting,
                       "submission": patch if isinstance(patch, str) else json_text(patch),

@@ -11,6 +11,7 @@ from trajwh.ingest.adapters import (
     atif,
     chat_messages,
     claude_code,
+    cline,
     codex,
     gemini_cli,
     inspect_ai,
@@ -38,6 +39,9 @@ BUILTIN: tuple[Adapter, ...] = (
     claude_code.ClaudeCodeAdapter(),
     codex.CodexAdapter(),
     aider.AiderAdapter(),
+    # a Cline task folder's other files: kept, read by no one (the conversation is its history, a chat-messages file)
+    cline.ClineUiMessagesAdapter(),
+    cline.ClineTaskMetadataAdapter(),
     # generic message rows after every harness's own format, before the companions (a row may
     # carry an instance id and a patch, as SWE-bench predictions do)
     chat_messages.ChatMessagesAdapter(),
