@@ -65,9 +65,15 @@ def display_path(path: str | os.PathLike[str]) -> str:
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
+#: hidden files that are trajectories (a folder walk skips other hidden files)
+AGENT_HIDDEN_FILES = frozenset({".aider.chat.history.md"})
+
+
 def find_input_files(paths: Iterable[str | os.PathLike[str]],
                      problems: list[tuple[Path, str]] | None = None) -> list[Path]:
-    """Files under ``paths`` (recursively, sorted), skipping hidden files and folders.
+    """Files under ``paths`` (recursively, sorted), skipping hidden files and folders (``.git``,
+    ``.venv``, ...) but not the hidden files harnesses write their trajectories to
+    (``AGENT_HIDDEN_FILES``: Aider's ``.aider.chat.history.md`` in a repository's root).
 
     An entry that cannot be resolved (a symlink loop) is reported in ``problems`` and skipped;
     everything else is listed, readable or not: opening is the ingest's business, per file."""
@@ -83,7 +89,7 @@ def find_input_files(paths: Iterable[str | os.PathLike[str]],
                 (Path(e.filename or "?"), f"cannot list folder: {e.strerror or e}"))):
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
             for name in sorted(filenames):
-                if not name.startswith("."):
+                if not name.startswith(".") or name in AGENT_HIDDEN_FILES:
                     found.append(_resolved(Path(dirpath, name), problems))
     return [p for p in dict.fromkeys(found) if p is not None]
 

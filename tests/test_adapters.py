@@ -411,6 +411,55 @@ def test_aider_architect_relay_whole_file_edits_and_failure_feedback(wh, cases):
     assert any(s["author"] == "model" and (s["text"] or "").startswith("I see") for s in steps)
 
 
+_AIDER_SESSIONS = """
+# aider chat started at 2026-03-02 09:14:05
+
+> aider --model openrouter/qwen/qwen3-coder  \n> Aider v0.86.1  \n> Model: openrouter/qwen/qwen3-coder with diff edit format  \n
+#### Add a --verbose flag to cli.py  \n
+I'll add the flag to the argument parser.
+
+> Tokens: 3.1k sent, 210 received.  \n> litellm.RateLimitError: RateLimitError: OpenrouterException - Rate limit exceeded: free-models-per-day  \n> Retrying in 0.2 seconds...  \n
+# aider chat started at 2026-03-02 10:02:44
+
+> aider --model openrouter/qwen/qwen3-coder  \n
+#### Now write the changelog entry  \n> litellm.APIConnectionError: OpenrouterException - Server disconnected without sending a response.  \n> Retrying in 0.2 seconds...  \n
+Added an entry under Unreleased.
+
+> Tokens: 2.2k sent, 90 received.  \n
+# aider chat started at 2026-03-02 11:40:19
+
+> aider  \n
+#### explain main.py  \n
+It parses the arguments and dispatches to the subcommands.
+
+>  \n>  \n> ^C KeyboardInterrupt  \n"""
+
+
+def test_aider_history_in_a_repository_and_how_its_sessions_ended(wh, tmp_path):
+    """Aider writes its history to a hidden file in the repository's root: a folder walk reads it (and
+    still skips other hidden files and folders). How a session ended, when it says: an error of the
+    model's API after the model's last answer (a rate limit in the words of a provider's quota), one the
+    model recovered from is not an ending; a ^C is an interrupt."""
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    (repo / ".git" / "notes.jsonl").write_text('{"role": "user", "content": "not a trajectory"}\n')
+    (repo / ".aider.chat.history.md").write_text(_AIDER_SESSIONS.replace("\\n", "\n"))
+    (repo / ".aider.input.history").write_text("+explain main.py\n")
+    found = find_input_files([tmp_path])
+    assert [p.name for p in found] == [".aider.chat.history.md"]
+    ingest_paths(wh, [tmp_path], IngestOptions(source="cases"))
+    normalize_warehouse(wh, run_id="t")
+    eps = rows(wh, "SELECT task_text, exit_status, termination_reason FROM episodes ORDER BY task_text")
+    assert [(e["task_text"], e["exit_status"]) for e in eps] == [
+        ("Add a --verbose flag to cli.py", "error"), ("Now write the changelog entry", None),
+        ("explain main.py", "interrupted")]
+    assert eps[0]["termination_reason"].startswith("rate limit of the model provider API: litellm.RateLimitError")
+    assert eps[1]["termination_reason"] is None and "KeyboardInterrupt" in eps[2]["termination_reason"]
+    from trajwh.fragments.outcomes import classify_outcome
+
+    assert classify_outcome(eps[0], []).cause == "resource_exhausted"
+
+
 @pytest.mark.parametrize("pretty", [False, True])
 def test_preds_json_keyed_by_instance_id_is_a_companion(wh, tmp_path, pretty):
     preds = {"acme__widgetlib-42": {"model_name_or_path": "deepseek-chat", "instance_id": "acme__widgetlib-42",

@@ -147,9 +147,35 @@ def _session_steps(body: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     return steps, info
 
 
+#: an error of the model's API as Aider prints it (through litellm, or a provider's SDK)
+_API_ERROR = re.compile(r"^(?:litellm|openai|anthropic)\.(?P<kind>\w+)(?::[^\n]*)?$|^(?P<bare>\w*(?:APIConnectionError|"
+                        r"RateLimitError|ServiceUnavailableError|InternalServerError|APIError|Timeout))\b[^\n]*$", re.M)
+
+
+def _ending(steps: list[dict[str, Any]], body: str) -> tuple[str | None, str | None]:
+    """How a session ended, when it says: the last error of the model's API after the model's last
+    answer (in the words the outcome rules read: a rate limit is a provider's quota, a context window
+    a budget, any other an infrastructure failure), and whether the person interrupted it (^C)."""
+    last_model = max((n for n, s in enumerate(steps) if s["author"] == "model"), default=-1)
+    errors = [m for s in steps[last_model + 1:] if s["author"] == "harness"
+              for m in _API_ERROR.finditer(s.get("text") or "")]
+    interrupted = "KeyboardInterrupt" in body[-2000:]
+    if not errors:
+        return ("interrupted", "interrupted by the person (KeyboardInterrupt)") if interrupted else (None, None)
+    line = errors[-1].group(0).strip()[:300]
+    kind = (errors[-1].group("kind") or errors[-1].group("bare") or "").lower()
+    if "ratelimit" in kind:
+        reason = f"rate limit of the model provider API: {line}"
+    elif "contextwindow" in kind:
+        reason = f"context window exceeded: {line}"
+    else:
+        reason = f"model provider API unreachable or failing (infrastructure): {line}"
+    return ("interrupted" if interrupted else "error"), reason
+
+
 class AiderAdapter(Adapter):
     name = "aider"
-    version = "1.1.0"
+    version = "1.2.0"  # 1.2: how a session ended (API errors after the last answer, an interrupt)
     framing = "document"
     description = "Aider .aider.chat.history.md (one episode per session)"
     grows = True
@@ -170,10 +196,11 @@ class AiderAdapter(Adapter):
             body = obj[m.end(): heads[i + 1].start() if i + 1 < len(heads) else len(obj)]
             steps, info = _session_steps(body)
             first_human = next((s["text"] for s in steps if s["author"] == "human"), None)
+            exit_status, termination = _ending(steps, body)
             ep = episode(
                 task_text=first_human, harness_name="aider", harness_version=info["version"],
                 policy_name=info["model"], tokens_in=info["tokens_in"] or None, tokens_out=info["tokens_out"] or None,
-                cost_usd=info["cost"],
+                cost_usd=info["cost"], exit_status=exit_status, termination_reason=termination,
                 metadata={"session": i, "started_at_local": m.group(1).strip(),
                           "interrupted": "KeyboardInterrupt" in body or None},
             )
