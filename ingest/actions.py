@@ -228,7 +228,7 @@ def classify_tool(name: str, arguments: Any = None) -> tuple[str, str | None]:
     if low in ("bash", "shell", "run", "execute_bash", "exec_command", "cmdrunaction", "terminal", "local_shell",
                "run_command", "execute_command", "container.exec", "cmd", "run_shell_command"):
         return classify_command(_command_of(args))
-    if low == "str_replace_editor" or low == "text_editor":
+    if low in ("str_replace_editor", "text_editor", "str_replace_based_edit_tool"):
         sub = args.get("command")
         return ("read" if sub == "view" else "edit"), _path_of(args)
     if low in ("apply_patch",):
@@ -240,9 +240,11 @@ def classify_tool(name: str, arguments: Any = None) -> tuple[str, str | None]:
         return "run", code
     if low in ("write_stdin", "send_input", "stdin", "send_keys"):  # input to a running process, not a file
         return "run", str(args.get("session_id") or args.get("chars") or "")[:200] or None
-    if low in ("finish", "submit", "agentfinishaction", "task_complete", "attempt_completion", "answer", "final_answer"):
+    if low in ("finish", "submit", "agentfinishaction", "task_complete", "attempt_completion", "answer", "final_answer",
+               "task_done"):
         return "submit", None
     if low in ("think", "todowrite", "update_plan", "task", "message", "recall", "agent_think", "write_todos",
+               "sequentialthinking", "sequential_thinking",
                "save_memory", "todoread", "ask_followup_question", "plan_mode_respond", "new_task", "switch_mode",
                "fetch_instructions", "use_mcp_tool", "access_mcp_resource"):
         return "other", None

@@ -802,3 +802,53 @@ def test_a_cline_task_folder(wh, tmp_path, cases):
     first_model = rows(wh, "SELECT tokens_in, tokens_out FROM steps WHERE author = 'model' ORDER BY step_index LIMIT 1")
     assert first_model == [{"tokens_in": 12, "tokens_out": 80}]
     assert rows(wh, "SELECT count(*) AS n FROM quarantine") == [{"n": 0}]
+
+
+def test_trae_agent_trajectory(wh, tmp_path, cases):
+    """A Trae Agent trajectory: each model call's new messages then its response make the conversation
+    (the model keeps its own history); tool results linked to their calls, a failed one flagged, the
+    agent's reflection the harness's; the last call's result from the last agent step; task_done is a
+    submit and the agent's claim of success, not a verdict. Without llm_interactions (an older recorder)
+    the agent steps are read; running out of steps is a budget."""
+    src = cases / "trae_agent" / "trajectory_20250714_101500.json"
+    assert detect(str(src), read_head(src)).name == "trae-agent"
+    ingest_paths(wh, [src], IngestOptions(source="cases"))
+    normalize_warehouse(wh, run_id="t")
+    [ep] = rows(wh, "SELECT source_episode_id, policy_name, harness_name, exit_status, resolved, tokens_in, tokens_out, "
+                    "started_at, trajectory_key, metadata FROM episodes")
+    assert (ep["source_episode_id"], ep["policy_name"], ep["harness_name"]) == (
+        "trajectory_20250714_101500", "claude-sonnet-4-20250514", "trae-agent")
+    assert (ep["exit_status"], ep["resolved"], ep["tokens_in"], ep["tokens_out"]) == ("submitted", None, 14140, 350)
+    assert orjson.loads(ep["metadata"])["agent_reported_success"] is True
+    steps = rows(wh, "SELECT author, action_kind, action_object, tool_call_id, text, observation, metadata FROM steps "
+                     "WHERE trajectory_key = ? ORDER BY step_index", [ep["trajectory_key"]])
+    assert [(s["author"], s["action_kind"], s["tool_call_id"]) for s in steps] == [
+        ("harness", None, None), ("harness", None, None), ("model", "read", None), ("environment", None, "toolu_01X"),
+        ("model", "edit", None), ("environment", None, "toolu_01Y"), ("model", "test", None),
+        ("environment", None, "toolu_01Z"), ("harness", None, None), ("model", "submit", None),
+        ("environment", None, "toolu_020")]
+    assert steps[2]["action_object"] == "/repo/text/slug.py" and steps[10]["observation"] == "Task done."
+    failed = orjson.loads(steps[7]["metadata"])
+    assert failed["is_error"] and failed["error"] == "Error: exit code 1"
+    assert steps[8]["text"].startswith("The tool execution failed")
+    # an older recorder (agent steps only) that ran out of steps
+    doc = json.loads(src.read_text())
+    doc.pop("llm_interactions")
+    doc["agent_steps"][0]["llm_messages"] = [{"role": "system", "content": "sys"}, {"role": "user", "content": "the task"}]
+    doc["agent_steps"][0]["llm_response"] = {"content": "Looking.", "model": "m", "tool_calls": doc["agent_steps"][0]["tool_calls"]}
+    doc.update(success=False, final_result="Task execution exceeded maximum steps without completion.")
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "trajectory_old.json").write_text(json.dumps(doc, indent=2))
+    ingest_paths(wh, [tmp_path / "old"], IngestOptions(source="cases"))
+    normalize_warehouse(wh, run_id="t2")
+    [old] = rows(wh, "SELECT exit_status, termination_reason, trajectory_key FROM episodes "
+                     "WHERE source_episode_id = 'trajectory_old'")
+    assert old["exit_status"] == "max_steps" and old["termination_reason"].startswith("max steps (20) reached")
+    got = rows(wh, "SELECT author, tool_call_id FROM steps WHERE trajectory_key = ? ORDER BY step_index",
+               [old["trajectory_key"]])
+    assert [(s["author"], s["tool_call_id"]) for s in got] == [
+        ("harness", None), ("harness", None), ("model", None), ("environment", "toolu_01X"), ("environment", "toolu_020")]
+    from trajwh.fragments.outcomes import classify_outcome
+
+    assert classify_outcome({"exit_status": "max_steps", "termination_reason": old["termination_reason"]}, []).cause \
+        == "budget_exhausted"

@@ -20,6 +20,7 @@ from trajwh.ingest.adapters import (
     openhands,
     swe_agent,
     swebench,
+    trae_agent,
 )
 from trajwh.ingest.adapters.base import Adapter
 from trajwh.schemas.errors import ConfigError
@@ -39,6 +40,7 @@ BUILTIN: tuple[Adapter, ...] = (
     claude_code.ClaudeCodeAdapter(),
     codex.CodexAdapter(),
     aider.AiderAdapter(),
+    trae_agent.TraeAgentAdapter(),
     # a Cline task folder's other files: kept, read by no one (the conversation is its history, a chat-messages file)
     cline.ClineUiMessagesAdapter(),
     cline.ClineTaskMetadataAdapter(),
