@@ -852,3 +852,41 @@ def test_trae_agent_trajectory(wh, tmp_path, cases):
 
     assert classify_outcome({"exit_status": "max_steps", "termination_reason": old["termination_reason"]}, []).cause \
         == "budget_exhausted"
+
+
+def test_claude_code_headless_stream(wh, tmp_path, cases):
+    """A headless Claude Code run (stream-json): the init line names the model and tools (not a step),
+    a streamed message's tokens are counted once at their largest, a subagent's messages carry the Task
+    call's id, and the result line ends the run (out of turns: a budget) with its cost. The same
+    messages as one JSON array (claude-code-action's execution log) give the same episode."""
+    src = cases / "claude_headless" / "stream.jsonl"
+    assert detect(str(src), read_head(src)).name == "claude-code"
+    lines = [json.loads(x) for x in src.read_text().splitlines() if x.strip()]
+    (tmp_path / "array").mkdir()
+    (tmp_path / "array" / "claude-execution-output.json").write_text(json.dumps(lines, indent=2))
+    got = []
+    for n, path in enumerate((src, tmp_path / "array" / "claude-execution-output.json")):
+        w = Warehouse(tmp_path / f"wh{n}")
+        ingest_paths(w, [path], IngestOptions(source="cases"))
+        normalize_warehouse(w, run_id="t")
+        [ep] = rows(w, "SELECT source_episode_id, policy_name, harness_version, exit_status, termination_reason, "
+                       "cost_usd, tokens_in, tokens_out, metadata, trajectory_key FROM episodes")
+        steps = rows(w, "SELECT author, action_kind, tool_call_id, tokens_out, metadata FROM steps "
+                        "WHERE trajectory_key = ? ORDER BY step_index", [ep["trajectory_key"]])
+        got.append((ep, steps))
+    (ep, steps), (ep2, steps2) = got
+    assert ep == ep2 and steps == steps2
+    assert (ep["source_episode_id"], ep["policy_name"], ep["harness_version"]) == (
+        "9a1b2c3d-0000-4e5f-8a9b-0c1d2e3f4a5b", "claude-sonnet-4-5-20250929", "2.0.14")
+    assert ep["exit_status"] == "error_max_turns" and ep["termination_reason"].startswith("max turns reached (4 turns)")
+    assert (ep["cost_usd"], ep["tokens_out"]) == (0.0412, 88 + 61 + 40)
+    meta = orjson.loads(ep["metadata"])
+    assert meta["headless"] and "Bash" in meta["tools"] and meta["num_turns"] == 4
+    assert [(s["author"], s["action_kind"], s["tool_call_id"]) for s in steps] == [
+        ("model", None, None), ("model", "test", None), ("environment", None, "toolu_01B"), ("model", "other", None),
+        ("model", "search", None), ("environment", None, "toolu_01F"), ("environment", None, "toolu_01D")]
+    assert steps[0]["tokens_out"] == 88 and orjson.loads(steps[4]["metadata"])["parent_tool_use_id"] == "toolu_01D"
+    from trajwh.fragments.outcomes import classify_outcome
+
+    assert classify_outcome({"exit_status": ep["exit_status"], "termination_reason": ep["termination_reason"]},
+                            []).cause == "budget_exhausted"
