@@ -165,10 +165,18 @@ def _classify_segment(segment: str) -> tuple[str, str | None]:
     return "run", segment
 
 
+#: a command run through a shell: ``bash -lc '...'`` (Codex writes its commands so), ``sh -c "..."``
+_SHELL_WRAP = re.compile(r"""\A\s*(?:\S*/)?(?:ba|z|da|k)?sh\s+-l?c\s+(['"])(?P<inner>.*)\1\s*\Z""", re.S)
+
+
 def classify_command(cmd: str | None) -> tuple[str, str | None]:
-    """(kind, object) of a shell command or a harness command line."""
+    """(kind, object) of a shell command or a harness command line (a command wrapped in
+    ``bash -lc '...'`` is classified by what it runs)."""
     if not cmd or not cmd.strip():
         return "other", None
+    wrapped = _SHELL_WRAP.match(cmd)
+    if wrapped and wrapped.group("inner").strip():
+        cmd = wrapped.group("inner")
     first_line = cmd.strip().splitlines()[0]
     words = _words(first_line)
     if words and words[0] in ("edit", "create", "insert", "append") and "\n" in cmd.strip():
@@ -231,6 +239,8 @@ def classify_tool(name: str, arguments: Any = None) -> tuple[str, str | None]:
     if low in ("str_replace_editor", "text_editor", "str_replace_based_edit_tool"):
         sub = args.get("command")
         return ("read" if sub == "view" else "edit"), _path_of(args)
+    if low == "file_change" and isinstance(args.get("changes"), list):  # codex exec's item: the paths it changed
+        return "edit", ", ".join(str(c.get("path")) for c in args["changes"] if isinstance(c, dict)) or None
     if low in ("apply_patch",):
         return "edit", _patch_files(str(args.get("input", args.get("patch", ""))))
     if low in ("run_ipython", "ipython", "python", "jupyter", "python_interpreter"):

@@ -890,3 +890,40 @@ def test_claude_code_headless_stream(wh, tmp_path, cases):
 
     assert classify_outcome({"exit_status": ep["exit_status"], "termination_reason": ep["termination_reason"]},
                             []).cause == "budget_exhausted"
+
+
+def test_codex_exec_json_stream(wh, tmp_path, cases):
+    """A headless Codex run (codex exec --json): each item read once in its completed state (a run cut
+    short keeps an item's last state), commands as shell calls with their output and exit code (a
+    command wrapped in bash -lc classified by what it runs), a file change an edit of its paths, an
+    MCP tool's result, reasoning on the model's next step, tokens from the turns."""
+    src = cases / "codex_exec" / "codex-exec.jsonl"
+    assert detect(str(src), read_head(src)).name == "codex-exec"
+    ingest_paths(wh, [src], IngestOptions(source="cases"))
+    normalize_warehouse(wh, run_id="t")
+    [ep] = rows(wh, "SELECT source_episode_id, exit_status, tokens_in, tokens_out, metadata, trajectory_key FROM episodes")
+    assert (ep["source_episode_id"], ep["exit_status"], ep["tokens_in"], ep["tokens_out"]) == (
+        "0199a213-81c0-7800-8aa1-bbab2a035a53", "completed", 24763, 122)
+    steps = rows(wh, "SELECT author, action_kind, action_object, tool_call_id, exit_code, observation, metadata FROM steps "
+                     "WHERE trajectory_key = ? ORDER BY step_index", [ep["trajectory_key"]])
+    assert [(s["author"], s["action_kind"], s["tool_call_id"], s["exit_code"]) for s in steps] == [
+        ("model", "test", None, None), ("environment", None, "item_1", 1), ("model", None, None, None),
+        ("model", "edit", None, None), ("environment", None, "item_3", None), ("model", "search", None, None),
+        ("environment", None, "item_4", None), ("model", "test", None, None), ("environment", None, "item_5", 0),
+        ("model", None, None, None)]
+    assert steps[0]["action_object"] == "pytest -q tests/test_price.py" and steps[3]["action_object"] == "/work/price.py"
+    assert orjson.loads(steps[0]["metadata"])["reasoning"].startswith("**Checking")
+    assert orjson.loads(steps[1]["metadata"])["is_error"] and steps[6]["observation"] == "round() uses banker's rounding."
+    # a run cut short: the command never completed, the turn failed
+    cut = [x for x in src.read_text().splitlines() if x.strip()][:4]
+    cut.append('{"type":"turn.failed","error":{"message":"stream disconnected before completion"}}')
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "run.jsonl").write_text("\n".join(cut) + "\n")
+    w = Warehouse(tmp_path / "wh-cut")
+    ingest_paths(w, [tmp_path / "cut"], IngestOptions(source="cases"))
+    normalize_warehouse(w, run_id="t")
+    [e2] = rows(w, "SELECT exit_status, termination_reason, trajectory_key FROM episodes")
+    assert (e2["exit_status"], e2["termination_reason"]) == ("turn_failed", "stream disconnected before completion")
+    got = rows(w, "SELECT author, tool_call_id FROM steps WHERE trajectory_key = ? ORDER BY step_index",
+               [e2["trajectory_key"]])
+    assert got == [{"author": "model", "tool_call_id": None}]  # the call made, no result (still in progress)

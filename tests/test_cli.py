@@ -78,13 +78,13 @@ def test_build_status_and_trace(built):
     # + openhands_v1/: 3 output lines (one quarantined at normalize: empty history) and one event array;
     # + curation/: 8 episodes of one repository; + swe_agent/: one .traj; + codex/: one rollout;
     # + claude/: a session and its subagent transcript; + aider/: one session; + licenses/: 5 + 2 episodes;
-    # + trae_agent/: one trajectory; + claude_headless/: one headless run
+    # + trae_agent/: one trajectory; + claude_headless/, codex_exec/: one headless run each
     # + cline_task/: a UI log and a task's metadata, companions (2 records, no episode)
     # + chat_messages/: 26 records (and a row quarantined at ingest), one quarantined at normalize (a role
     # nobody knows), one an array of two rows: 26 episodes; + gemini/: two sessions; + inspect_ai/: one
     # JSON log of two samples
-    assert rows["episodes"] == 150 + 11 + 2 + 2 + 1 + 3 + 8 + 1 + 1 + 2 + 1 + 7 + 26 + 2 + 2 + 1 + 1
-    assert rows["raw_records"] == 150 + 13 + 2 + 2 + 1 + 4 + 8 + 1 + 1 + 2 + 1 + 7 + 26 + 2 + 1 + 2 + 1 + 1
+    assert rows["episodes"] == 150 + 11 + 2 + 2 + 1 + 3 + 8 + 1 + 1 + 2 + 1 + 7 + 26 + 2 + 2 + 1 + 1 + 1
+    assert rows["raw_records"] == 150 + 13 + 2 + 2 + 1 + 4 + 8 + 1 + 1 + 2 + 1 + 7 + 26 + 2 + 1 + 2 + 1 + 1 + 1
     assert rows["redacted_episodes"] == rows["episodes"] and rows["redacted_steps"] == rows["steps"]
     reasons = {(q["stage"], q["reason_code"]): q["n"] for q in st["quarantine"]}
     assert reasons[("normalize", "invalid_record")] == 4

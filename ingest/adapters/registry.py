@@ -13,6 +13,7 @@ from trajwh.ingest.adapters import (
     claude_code,
     cline,
     codex,
+    codex_exec,
     gemini_cli,
     inspect_ai,
     mini_swe_agent,
@@ -39,6 +40,7 @@ BUILTIN: tuple[Adapter, ...] = (
     gemini_cli.GeminiCliAdapter(),  # before Claude Code: both write "sessionId" and "type": "user"
     claude_code.ClaudeCodeAdapter(),
     codex.CodexAdapter(),
+    codex_exec.CodexExecAdapter(),
     aider.AiderAdapter(),
     trae_agent.TraeAgentAdapter(),
     # a Cline task folder's other files: kept, read by no one (the conversation is its history, a chat-messages file)
