@@ -299,8 +299,9 @@ def test_data_is_never_markup_nor_terminal_control(tmp_path):
     assert "[/INST] [bold]x\\x1b[31mred\\u202e" in out and "\x1b" not in out
 
 
-def test_damaged_message_rows_gemini_sessions_and_inspect_logs_never_raise_out_of_a_build(tmp_path, cases, monkeypatch):
-    """The generic message-row, Gemini CLI and Inspect AI formats take the same damage as the corpus above, and
+def test_damaged_message_rows_and_the_newer_formats_never_raise_out_of_a_build(tmp_path, cases, monkeypatch):
+    """The generic message-row, Gemini CLI, Inspect AI, Trae Agent, headless Claude Code and Codex formats and
+    Cline's task files take the same damage as the corpus above, and
     shapes no dataset should have (ids as numbers, calls that are not lists, tokens as text): each
     record lands or is quarantined with its reason; nothing raises."""
     monkeypatch.delenv("TRAJWH_VAULT_KEY", raising=False)
@@ -309,7 +310,9 @@ def test_damaged_message_rows_gemini_sessions_and_inspect_logs_never_raise_out_o
     d = tmp_path / "damaged"
     d.mkdir()
     for p in sorted([*(cases / "chat_messages").iterdir(), *(cases / "gemini").iterdir(),
-                     *(cases / "inspect_ai").iterdir()]):
+                     *(cases / "inspect_ai").iterdir(), *(cases / "trae_agent").iterdir(),
+                     *(cases / "claude_headless").iterdir(), *(cases / "codex_exec").iterdir(),
+                     *(cases / "cline_task").iterdir()]):
         for i, blob in enumerate(_mutations(p.read_bytes(), rng)):
             (d / f"{i}-{p.name}").write_bytes(blob)
     odd = [{"id": 7, "messages": [{"role": "user", "content": {"text": "hi"}},
@@ -335,15 +338,15 @@ def test_damaged_message_rows_gemini_sessions_and_inspect_logs_never_raise_out_o
             "model_usage": {"m": {"input_tokens": "5"}}, "events": [{"event": "model", "tools": "bad"}]}, "not a sample"]}))
     wh = Warehouse(tmp_path / "wh")
     s = ingest_paths(wh, [d], IngestOptions(source="damaged"))
-    normalize_warehouse(wh, run_id="n")
+    normalized = normalize_warehouse(wh, run_id="n")
     redact_warehouse(wh, run_id="r")
     wh.query("SELECT * FROM redacted_episodes").to_pylist()
     steps = wh.query("SELECT * FROM redacted_steps").to_pylist()
-    # every record is an episode or is quarantined, with a reason
+    # every record is an episode, is quarantined with a reason, or is a companion (Cline's task files)
     recorded = wh.query("SELECT count(*) FROM raw_records").column(0)[0].as_py()
     landed = wh.query("SELECT count(DISTINCT _record_id) FROM episodes").column(0)[0].as_py()
     later = wh.query("SELECT count(*) FROM quarantine WHERE stage = 'normalize'").column(0)[0].as_py()
-    assert recorded == s.n_new and landed + later >= recorded and landed > 0
+    assert recorded == s.n_new and landed + later + normalized.companions >= recorded and landed > 0
     assert all(r["reason"] for r in wh.query("SELECT reason FROM quarantine").to_pylist())
     ids = {c["id"] for x in steps for c in x["tool_calls"] or []}
     assert {"3", "9", "2"} <= ids  # numbered calls kept as text
