@@ -122,6 +122,7 @@ def format_cases() -> dict[str, bytes | tuple[str, bytes]]:
     out["empty_file"] = ("empty.jsonl", b"")
     out["empty_gzip"] = ("empty.jsonl.gz", gzip.compress(b""))
     out["random_bytes"] = ("r.jsonl", os.urandom(100_000))
+    out.update(container_cases())
     if CORPUS.is_dir():
         rng = random.Random(5)
         for p in sorted(CORPUS.rglob("*.json*"))[:6]:
@@ -129,6 +130,74 @@ def format_cases() -> dict[str, bytes | tuple[str, bytes]]:
             cut = data[: rng.randrange(1, len(data))]
             out[f"corpus_cut_{p.stem[:20]}"] = (p.name, cut)
     return out
+
+
+def container_cases() -> dict[str, tuple[str, bytes]]:
+    """Containers and the newer formats damaged: Parquet, zip (Inspect .eval), zstd / xz / bzip2 cut
+    short, and odd shapes of the Inspect, Trae Agent, headless Claude Code / Codex and message-per-line
+    formats."""
+    import bz2
+    import io
+    import lzma
+    import zipfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"id": f"r{i}", "messages": [{"role": "user", "content": "fix it"},
+                                        {"role": "assistant", "content": "done " * 50}]} for i in range(200)]
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows), buf, row_group_size=20)
+    parquet = buf.getvalue()
+    foreign = io.BytesIO()
+    pq.write_table(pa.table({"x": list(range(100)), "y": ["a"] * 100}), foreign)
+    jsonl = b"\n".join(json.dumps(r).encode() for r in rows) + b"\n"
+    sample = {"id": 1, "epoch": 1, "input": "q", "messages": [{"role": "user", "content": "q"},
+                                                            {"role": "assistant", "content": "a"}],
+              "scores": {"s": {"value": float("nan")}}}
+    header = {"version": 2, "status": "success", "eval": {"run_id": "r", "task_id": "t", "task": "x", "model": "m"}}
+
+    def archive(members: dict[str, bytes], method: int = zipfile.ZIP_DEFLATED) -> bytes:
+        z = io.BytesIO()
+        with zipfile.ZipFile(z, "w", method) as f:
+            for name, data in members.items():
+                f.writestr(name, data)
+        return z.getvalue()
+
+    good_eval = archive({"header.json": json.dumps(header).encode(),
+                         **{f"samples/{i}_epoch_1.json": json.dumps({**sample, "id": i}).encode() for i in range(5)}})
+    crc = bytearray(archive({"header.json": json.dumps(header).encode(),
+                             "samples/1_epoch_1.json": json.dumps(sample).encode(),
+                             "samples/2_epoch_1.json": json.dumps({**sample, "id": 2}).encode()}, zipfile.ZIP_STORED))
+    at = crc.rindex(b'"id": 2')
+    crc[at:at + 2] = b"XX"
+    zstd = pa.compress(jsonl, codec="zstd", asbytes=True)  # (pyarrow's codec, as ingest reads it)
+    return {
+        "parquet_cut": ("train.parquet", parquet[: len(parquet) // 2]),
+        "parquet_no_footer_magic": ("train.parquet", parquet[:-8]),
+        "parquet_foreign_columns": ("data.parquet", foreign.getvalue()),
+        "zip_eval_cut": ("run.eval", good_eval[: len(good_eval) // 2]),
+        "zip_eval_crc_damaged": ("run.eval", bytes(crc)),
+        "zip_not_an_eval": ("data.zip", archive({"notes.txt": b"hello", "a/b.bin": os.urandom(2000)})),
+        "zstd_cut": ("rows.jsonl.zst", zstd[: len(zstd) // 2]),
+        "xz_cut": ("rows.jsonl.xz", lzma.compress(jsonl)[:-40]),
+        "bz2_cut": ("rows.jsonl.bz2", bz2.compress(jsonl)[:-40]),
+        "row_array_cut": ("rows.json", json.dumps(rows).encode()[:9000]),
+        "inspect_nan_score": ("log.json", json.dumps({**header, "samples": [sample]}).encode()),  # NaN as Python writes it
+        "inspect_header_only": ("log0.json", json.dumps(header, indent=2).encode()),
+        "inspect_samples_garbage": ("log2.json", json.dumps({**header, "samples": [5, {"epoch": "x", "messages": [1, {}]}]})
+                                    .encode()),
+        "trae_agent_garbage": ("trajectory_x.json", b'{"task": "t", "llm_interactions": [5, {"input_messages": "x", '
+                               b'"response": [1]}], "agent_steps": {"a": 1}, "success": "yes"}'),
+        "codex_exec_garbage": ("run.jsonl", b'{"type":"thread.started","thread_id":5}\n{"type":"item.completed","item":'
+                               b'{"id":1,"type":"command_execution","command":["ls"],"exit_code":"x"}}\nnot json\n'
+                               b'{"type":"turn.completed","usage":{"input_tokens":"many"}}\n'),
+        "claude_stream_odd": ("stream.jsonl", b'{"type":"system","subtype":"init","session_id":"s","model":5}\n'
+                              b'{"type":"assistant","message":{"id":"m","content":"text","usage":{"output_tokens":"x"}},'
+                              b'"parent_tool_use_id":null,"session_id":"s"}\n{"type":"result","subtype":7,"total_cost_usd":"1"}\n'),
+        "message_lines_garbage": ("conversation.jsonl", b'{"role": "user", "content": "hi"}\nnot json\n[1]\n'
+                                  b'{"role": "assistant", "content": {"weird": true}}\n'),
+    }
 
 
 def fs_cases(base: Path) -> dict[str, Path]:

@@ -43,6 +43,7 @@ from trajwh.ingest.reader import (
     open_input,
     read_document,
     read_head,
+    stream_damage,
 )
 from trajwh.licenses.optout import mark_opt_outs
 from trajwh.licenses.spdx import require_valid
@@ -332,6 +333,11 @@ def _ingest_file(path: Path, writer: _BatchWriter, opts: IngestOptions, summary:
             whole = "Parquet file" if compression == "parquet" else "zip archive (an Inspect .eval log)"
             quarantine(None, 0, "truncated_file", f"{broken}; nothing of it was kept (valid: a whole {whole}, "
                        "as written)", head, size_=size)
+            return fs
+        if adapter is None and not head and compression not in (None, *CONTAINERS) and (
+                damage := stream_damage(path)):  # cut short before its first block: nothing to read
+            quarantine(None, 0, "truncated_file", f"{damage}, before anything could be read; nothing of it was kept "
+                       f"(valid: a whole {compression} stream)", b"", size_=size)
             return fs
         if adapter is None:
             seen = head[:80].decode("utf-8", "replace").replace("\n", "\\n")

@@ -338,6 +338,22 @@ def container_contents(path: Path, comp: str | None) -> str:
     return f"an Inspect AI .eval archive with {len(samples)} sample members (members: {shown})"
 
 
+def stream_damage(path: Path) -> str | None:
+    """Why a compressed file cannot be read to its end (cut short, corrupt), or None: for a stream
+    that gave nothing to read before the damage (a zstd or bzip2 block cut short yields no bytes)."""
+    stream, _, raw = open_input(path)
+    offset = 0
+    try:
+        while chunk := _read(stream, offset):
+            offset += len(chunk)
+    except TruncatedInput as exc:
+        return exc.detail
+    finally:
+        stream.close()
+        raw.close()
+    return None
+
+
 def open_input(path: Path, progress: Callable[[int], None] | None = None) -> tuple[BinaryIO, str | None, HashingReader]:
     """A decompressed stream over ``path`` and the hashing reader under it."""
     comp = compression_of(path)

@@ -113,3 +113,20 @@ def test_a_compressed_file_lands_the_records_of_the_plain_one(tmp_path, cases, c
                              "ORDER BY line_no").to_pylist()
     assert [{**r, "compression": None} for r in got[codec]] == got["plain"] and len(got["plain"]) == 2
     assert {r["compression"] for r in got[codec]} == {codec}
+
+
+@pytest.mark.parametrize("codec", sorted(CODECS))
+def test_a_stream_cut_before_anything_could_be_read_says_so(tmp_path, cases, codec):
+    """A small file compressed in one block and cut short yields no bytes at all (zstd, bzip2): it is
+    quarantined as a cut stream, not as a file of an unknown format with empty first bytes."""
+    from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+    from trajwh.lineage.catalog import Warehouse
+
+    whole = CODECS[codec]((cases / "two_episodes.jsonl").read_bytes())
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / f"two.jsonl.{codec}").write_bytes(whole[: len(whole) // 2])
+    wh = Warehouse(tmp_path / "wh")
+    s = ingest_paths(wh, [tmp_path / "in"], IngestOptions(source="cases"))
+    [q] = wh.query("SELECT reason_code, reason FROM quarantine").to_pylist()
+    assert s.n_new == 0 and q["reason_code"] == "truncated_file", q
+    assert "ends early or is corrupt" in q["reason"] and "first bytes" not in q["reason"]

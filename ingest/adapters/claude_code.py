@@ -52,13 +52,18 @@ _HARNESS_PREFIXES = ("<command-name>", "<command-message>", "<local-command-stdo
 def _usage(msg: dict[str, Any]) -> dict[str, int | None]:
     """Token counts of a message line. Input counts cache reads and cache writes (they are input the
     model read)."""
-    usage = msg.get("usage") or {}
+    usage = msg.get("usage") if isinstance(msg.get("usage"), dict) else {}
     if not usage:
         return {"tokens_in": None, "tokens_out": None, "cache_read": None, "cache_write": None}
-    cache_read, cache_write = usage.get("cache_read_input_tokens") or 0, usage.get("cache_creation_input_tokens") or 0
-    fresh = usage.get("input_tokens")
+
+    def count(key: str) -> int | None:  # a count, or nothing (a damaged line may hold text)
+        v = usage.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+    cache_read, cache_write = count("cache_read_input_tokens") or 0, count("cache_creation_input_tokens") or 0
+    fresh = count("input_tokens")
     return {"tokens_in": None if fresh is None else fresh + cache_read + cache_write,
-            "tokens_out": usage.get("output_tokens"), "cache_read": cache_read or None, "cache_write": cache_write or None}
+            "tokens_out": count("output_tokens"), "cache_read": cache_read or None, "cache_write": cache_write or None}
 
 
 def _count_once(steps_of: dict[str, tuple[dict[str, Any], dict[str, int | None]]], mid: Any, row: dict[str, Any],
@@ -80,6 +85,10 @@ def _count_once(steps_of: dict[str, tuple[dict[str, Any], dict[str, int | None]]
     if (usage["tokens_in"] or 0) > (first["tokens_in"] or 0):
         first["tokens_in"] = usage["tokens_in"]
     return {"tokens_in": None, "tokens_out": None, "cache_read": None, "cache_write": None}
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def _result(result: dict[str, Any]) -> tuple[str | None, str | None, float | None]:
@@ -140,7 +149,7 @@ class ClaudeCodeAdapter(JsonlSessionAdapter):
         result: dict[str, Any] = {}
         for e in entries:
             kind = e.get("type")
-            session = session or e.get("sessionId") or e.get("session_id")
+            session = session or _text(e.get("sessionId")) or _text(e.get("session_id"))
             agent = agent or e.get("agentId")
             version = version or e.get("version")
             cwd = cwd or e.get("cwd")
@@ -181,9 +190,9 @@ class ClaudeCodeAdapter(JsonlSessionAdapter):
                                       metadata={**meta, "context_compression": e.get("isCompactSummary") or None}))
             elif kind == "system" and e.get("subtype") == "init":  # a headless run's start: not a step
                 init = e
-                model = model or e.get("model")
-                cwd = cwd or e.get("cwd")
-                version = version or e.get("claude_code_version")
+                model = model or _text(e.get("model"))
+                cwd = cwd or _text(e.get("cwd"))
+                version = version or _text(e.get("claude_code_version"))
             elif kind == "result":  # a headless run's end
                 result = e
             elif kind == "system":
