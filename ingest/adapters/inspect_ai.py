@@ -207,12 +207,12 @@ def _steps(messages: list[Any], resolve: Any) -> tuple[list[dict[str, Any]], lis
 
 
 def _usage(model_usage: Any) -> tuple[int | None, int | None]:
-    tin = tout = 0
-    for u in model_usage.values() if isinstance(model_usage, dict) else []:
-        if isinstance(u, dict):
-            tin += u.get("input_tokens") or 0 if isinstance(u.get("input_tokens"), int) else 0
-            tout += u.get("output_tokens") or 0 if isinstance(u.get("output_tokens"), int) else 0
-    return tin or None, tout or None
+    def count(u: dict[str, Any], key: str) -> int:
+        v = u.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
+
+    usages = [u for u in (model_usage.values() if isinstance(model_usage, dict) else []) if isinstance(u, dict)]
+    return (sum(count(u, "input_tokens") for u in usages) or None, sum(count(u, "output_tokens") for u in usages) or None)
 
 
 def _episode(header: dict[str, Any], sample: dict[str, Any]) -> ParsedEpisode:
