@@ -58,7 +58,7 @@ def reconcile_normalized(wh: Warehouse, companion_formats: list[str] | None = No
     for a key two batches share."""
     companions = sorted(companion_formats or [])
     per_batch = cached_per_batch(wh, f"reconcile:{','.join(companions)}", _RECONCILE_INPUTS,
-                                 lambda b: reconcile_batch(wh, b, companions) if b else _NOT_BUILT)
+                                 lambda b: reconcile_batch(wh, b, companions) if b else _NOT_BUILT, zero=_NOT_BUILT)
     across = cached(wh, "reconcile:keys", ["episodes"], lambda: {"keys_across_batches": scalar(
         wh, "SELECT count(*) - count(DISTINCT trajectory_key) FROM episodes")})
     out = {**per_batch, "cached": per_batch["cached"] and across["cached"]}
@@ -161,12 +161,13 @@ def cached(wh: Warehouse, name: str, tables: list[str], compute: Callable[[], di
 
 
 def cached_per_batch(wh: Warehouse, name: str, tables: list[str], compute: Callable[[str], dict[str, Any]],
-                     examples: int = 5, where: str = "") -> dict[str, Any]:
+                     examples: int = 5, where: str = "", zero: dict[str, Any] | None = None) -> dict[str, Any]:
     """A check made of one result per ingest batch (``compute(batch_id)`` reads only that batch's
     files of ``tables``), each reused while the batch's files of ``tables`` are unchanged: a new
     batch costs what the batch costs, not what the warehouse holds. The results add up: numbers
     are summed, lists joined (the first ``examples`` items kept); ``batches_cached`` says how many
-    batches were not computed again."""
+    batches were not computed again. ``zero``: the result of no batch at all (a warehouse whose
+    every record was quarantined has no files of ``tables``), so its keys are always there."""
     current = batch_fingerprints(wh, tables, where)
     hit = _read_cache(wh, name)
     stored = hit.get("batches", {}) if isinstance(hit, dict) else {}
@@ -181,7 +182,7 @@ def cached_per_batch(wh: Warehouse, name: str, tables: list[str], compute: Calla
         kept[batch_id] = entry
     if n_cached < len(current) or set(stored) != set(current):
         _store_cache(wh, name, {"batches": kept})
-    total = combined([e["result"] for e in kept.values()], examples)
+    total = combined([*([zero] if zero else []), *(e["result"] for e in kept.values())], examples)
     return {**total, "batches_cached": n_cached, "cached": bool(current) and n_cached == len(current)}
 
 

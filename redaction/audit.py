@@ -88,4 +88,5 @@ def rescan_by_batch(wh: Warehouse, seed: int = 7) -> dict[str, Any]:
     sizes = {r["batch_id"]: r["n"] for r in wh.manifest_query(
         "SELECT batch_id, sum(rows) AS n FROM table_files WHERE table_name = 'redacted_steps' GROUP BY 1").to_pylist()}
     return cached_per_batch(wh, f"rescan:{POLICY_VERSION}:{seed}", RESCAN_INPUTS,
-                            lambda b: rescan_batch(wh, b, sizes.get(b, 0), seed))
+                            lambda b: rescan_batch(wh, b, sizes.get(b, 0), seed),
+                            zero={"steps_scanned": 0, "secret_violations": 0, "examples": []})

@@ -350,3 +350,20 @@ def test_damaged_message_rows_and_the_newer_formats_never_raise_out_of_a_build(t
     assert all(r["reason"] for r in wh.query("SELECT reason FROM quarantine").to_pylist())
     ids = {c["id"] for x in steps for c in x["tool_calls"] or []}
     assert {"3", "9", "2"} <= ids  # numbered calls kept as text
+
+
+def test_a_build_after_an_ingest_whose_every_record_was_quarantined(wh, tmp_path, monkeypatch):
+    """A batch of quarantined records only (a file that is not UTF-8) leaves the layers without a
+    file: the build's checks pass on nothing instead of failing with a KeyError (found by `make stress`)."""
+    from trajwh.pipelines.definitions import build
+
+    monkeypatch.delenv("TRAJWH_VAULT_KEY", raising=False)
+    monkeypatch.delenv("TRAJWH_VAULT_KEY_FILE", raising=False)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / ".aider.chat.history.md").write_bytes(b"# aider chat started at 2025-01-01 00:00:00\n\xff\xfe\n")
+    s = ingest_paths(wh, [tmp_path / "in"], IngestOptions(source="hostile"))
+    assert (s.n_new, s.quarantine_reasons) == (0, {"invalid_utf8": 1})
+    result = build(str(wh.root))
+    assert result.success
+    checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+    assert checks["redacted_layer_has_no_secrets"] and checks["normalized_reconciles_with_raw"]
