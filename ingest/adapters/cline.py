@@ -22,13 +22,21 @@ from trajwh.ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
 _UI_ROW = re.compile(rb'\{\s*"ts"\s*:\s*\d{10,}\s*,\s*"type"\s*:\s*"(?:say|ask)"')
 
 
-class ClineUiMessagesAdapter(Adapter):
-    name = "cline-ui-messages"
+class _KeptFile(Adapter):
+    """A file of the task folder kept in ``raw`` and read by no one: a companion with no facts."""
+
     version = "1.0.0"
     framing = "document"
-    description = "Cline / Roo Code ui_messages.json beside a task's api_conversation_history.json (kept, not read)"
     companion = True
     gives_facts = False
+
+    def parse(self, obj: Any, ctx: RecordContext) -> list[ParsedEpisode]:
+        return []
+
+
+class ClineUiMessagesAdapter(_KeptFile):
+    name = "cline-ui-messages"
+    description = "Cline / Roo Code ui_messages.json beside a task's api_conversation_history.json (kept, not read)"
 
     def sniff(self, path: str, head: bytes) -> bool:
         return head.lstrip()[:1] == b"[" and bool(_UI_ROW.search(head))
@@ -37,26 +45,16 @@ class ClineUiMessagesAdapter(Adapter):
         ok = isinstance(obj, list) and all(isinstance(m, dict) and "ts" in m and "type" in m for m in obj)
         return None if ok else "expected an array of UI messages (ts, type say / ask)"
 
-    def parse(self, obj: Any, ctx: RecordContext) -> list[ParsedEpisode]:
-        return []
 
-
-class ClineTaskMetadataAdapter(Adapter):
+class ClineTaskMetadataAdapter(_KeptFile):
     name = "cline-task-metadata"
-    version = "1.0.0"
-    framing = "document"
     description = "Cline / Roo Code task_metadata.json (files in context, models used; kept, not read)"
-    companion = True
-    gives_facts = False
 
     def sniff(self, path: str, head: bytes) -> bool:
         return head.lstrip()[:1] == b"{" and b'"files_in_context"' in head
 
     def check_record(self, obj: Any) -> str | None:
         return None if isinstance(obj, dict) and "files_in_context" in obj else "expected a task metadata object"
-
-    def parse(self, obj: Any, ctx: RecordContext) -> list[ParsedEpisode]:
-        return []
 
 
 HISTORY_NAME = "api_conversation_history.json"
