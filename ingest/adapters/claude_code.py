@@ -56,8 +56,10 @@ def _usage(msg: dict[str, Any]) -> dict[str, int | None]:
     if not usage:
         return {"tokens_in": None, "tokens_out": None, "cache_read": None, "cache_write": None}
 
-    def count(key: str) -> int | None:  # a count, or nothing (a damaged line may hold text)
-        v = usage.get(key)
+    def count(key: str) -> int | None:  # a count, or nothing (a damaged line may hold text); a count too big
+        v = usage.get(key)  # for 64 bits (orjson reads it as a float) stays one, for the value guard to refuse
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
         return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
 
     cache_read, cache_write = count("cache_read_input_tokens") or 0, count("cache_creation_input_tokens") or 0
