@@ -65,6 +65,7 @@ from trajwh.ingest.actions import command_in_text
 from trajwh.ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
 from trajwh.ingest.adapters.cline import task_of
 from trajwh.ingest.adapters.common import (
+    count_of,
     decode_json_string,
     decode_jsonl_document,
     episode,
@@ -331,11 +332,7 @@ def _usage(m: dict[str, Any]) -> tuple[int | None, int | None, float | None]:
     tin = tokens.get("prompt") if tokens else usage.get("prompt_tokens", usage.get("input_tokens"))
     tout = tokens.get("completion") if tokens else usage.get("completion_tokens", usage.get("output_tokens"))
     cost = metrics.get("cost")
-
-    def count(v: Any) -> int | None:
-        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
-
-    return count(tin), count(tout), float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) else None
+    return count_of(tin), count_of(tout), float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) else None
 
 
 def _message_model(row: dict[str, Any]) -> str | None:

@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 from trajwh.ingest.adapters.base import JsonlSessionAdapter, ParsedEpisode, RecordContext
 from trajwh.ingest.adapters.common import (
+    count_of,
     episode,
     file_stem,
     link_observations,
@@ -58,9 +59,7 @@ def _usage(msg: dict[str, Any]) -> dict[str, int | None]:
 
     def count(key: str) -> int | None:  # a count, or nothing (a damaged line may hold text); a count too big
         v = usage.get(key)  # for 64 bits (orjson reads it as a float) stays one, for the value guard to refuse
-        if isinstance(v, float) and v.is_integer():
-            v = int(v)
-        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+        return count_of(int(v) if isinstance(v, float) and v.is_integer() else v)
 
     cache_read, cache_write = count("cache_read_input_tokens") or 0, count("cache_creation_input_tokens") or 0
     fresh = count("input_tokens")

@@ -63,6 +63,12 @@ def decode_json_string(value: Any) -> Any:
     return value
 
 
+def count_of(value: Any) -> int | None:
+    """A token (or other) count as a source wrote it: a non-negative integer, else nothing (a damaged
+    record may hold text, a boolean or a negative number there)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 def json_text(value: Any) -> str | None:
     if value is None:
         return None

@@ -36,6 +36,7 @@ from typing import Any
 
 from trajwh.ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
 from trajwh.ingest.adapters.common import (
+    count_of,
     episode,
     id_text,
     json_text,
@@ -208,8 +209,7 @@ def _steps(messages: list[Any], resolve: Any) -> tuple[list[dict[str, Any]], lis
 
 def _usage(model_usage: Any) -> tuple[int | None, int | None]:
     def count(u: dict[str, Any], key: str) -> int:
-        v = u.get(key)
-        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
+        return count_of(u.get(key)) or 0
 
     usages = [u for u in (model_usage.values() if isinstance(model_usage, dict) else []) if isinstance(u, dict)]
     return (sum(count(u, "input_tokens") for u in usages) or None, sum(count(u, "output_tokens") for u in usages) or None)
