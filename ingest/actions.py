@@ -226,6 +226,24 @@ def _patch_files(text: str) -> str | None:
 
 
 _FINAL_ANSWER = re.compile(r"(?m)^\s*final_answer\(")
+#: browser-use's controller actions (its ``search`` with an ``engine`` and ``send_keys`` with ``keys`` too):
+#: an action on a page
+_BROWSER_ACTIONS = frozenset({
+    "go_to_url", "open_tab", "switch_tab", "close_tab", "go_back", "search_google", "click_element",
+    "click_element_by_index", "click", "input_text", "input", "scroll", "scroll_down", "scroll_up", "scroll_to_text",
+    "find_text", "extract_content", "extract_structured_data", "extract", "get_dropdown_options", "dropdown_options",
+    "select_dropdown_option", "select_dropdown", "upload_file", "upload_file_to_element", "drag_drop", "wait",
+    "screenshot", "evaluate", "find_elements", "get_ax_tree", "switch", "close"})
+
+
+def _browser_action(low: str, args: dict[str, Any]) -> tuple[str, str | None]:
+    """browser-use's actions: ``done`` is the answer; the rest act on a page (their object: the URL,
+    the query, the element's index, the text typed)."""
+    for key in ("url", "query", "input"):  # where it goes (a ReAct action's argument too): the object itself
+        if isinstance(args.get(key), str) and args[key]:
+            return "browse", args[key][:200]
+    target = next((args[k] for k in ("text", "keys", "index", "goal") if args.get(k) not in (None, "")), None)
+    return "browse", (f"{low} {target}" if target is not None else low)[:200]
 
 
 def classify_tool(name: str, arguments: Any = None) -> tuple[str, str | None]:
@@ -248,10 +266,12 @@ def classify_tool(name: str, arguments: Any = None) -> tuple[str, str | None]:
         if low == "python_interpreter" and code and _FINAL_ANSWER.search(code):  # smolagents' CodeAgent answers in code
             return "submit", None
         return "run", code
+    if low in _BROWSER_ACTIONS or (low in ("search", "send_keys") and ("engine" in args or "keys" in args)):
+        return _browser_action(low, args)
     if low in ("write_stdin", "send_input", "stdin", "send_keys"):  # input to a running process, not a file
         return "run", str(args.get("session_id") or args.get("chars") or "")[:200] or None
     if low in ("finish", "submit", "agentfinishaction", "task_complete", "attempt_completion", "answer", "final_answer",
-               "task_done"):
+               "task_done", "done"):
         return "submit", None
     if low in ("think", "todowrite", "update_plan", "task", "message", "recall", "agent_think", "write_todos",
                "sequentialthinking", "sequential_thinking",

@@ -854,6 +854,97 @@ def test_trae_agent_trajectory(wh, tmp_path, cases):
         == "budget_exhausted"
 
 
+def test_browser_use_histories(wh, tmp_path, cases):
+    """browser-use histories, before 0.5 (thoughts under current_state, screenshots inline) and since
+    (flat thoughts with thinking, screenshot paths, the judge): the page the model saw is the
+    environment's, each action a call answered by its result, a step without a usable model output
+    the harness's error; done is a submit and the agent's claim, the judge's verdict the episode's
+    (an LLM judge), and a captcha the environment's failure. Screenshots are named, never kept."""
+    from trajwh.fragments.outcomes import classify_outcome
+    from trajwh.fragments.select import episode_evidence
+
+    src = cases / "browser_use"
+    assert {detect(str(f), read_head(f)).name for f in src.rglob("*.json")} == {"browser-use"}
+    ingest_paths(wh, [src], IngestOptions(source="cases"))
+    normalize_warehouse(wh, run_id="t")
+    eps = {e["source_episode_id"]: e for e in rows(
+        wh, "SELECT source_episode_id, exit_status, termination_reason, resolved, verifier_name, tokens_in, started_at, "
+            "ended_at, trajectory_key, metadata FROM episodes")}
+    assert set(eps) == {"agent_history_v01", "run-0042/history"}  # a generic file name takes its folder's
+    old, new = eps["agent_history_v01"], eps["run-0042/history"]
+    assert (old["exit_status"], old["resolved"], old["verifier_name"], old["tokens_in"]) == ("submitted", None, None, 18390)
+    assert orjson.loads(old["metadata"])["agent_reported_success"] is True
+    assert old["started_at"].isoformat().startswith("2025-01-09T10:53:20") and old["ended_at"] > old["started_at"]
+    steps = rows(wh, "SELECT role, author, action_kind, action_object, tool_call_id, text, observation, metadata FROM steps "
+                     "WHERE trajectory_key = ? ORDER BY step_index", [old["trajectory_key"]])
+    assert [(s["author"], s["action_kind"], s["tool_call_id"]) for s in steps] == [
+        ("environment", None, None), ("model", "browse", None), ("environment", None, "step-0.0"),
+        ("environment", None, None), ("harness", None, None),
+        ("environment", None, None), ("model", "browse", None), ("environment", None, "step-2.0"),
+        ("environment", None, "step-2.1"),
+        ("environment", None, None), ("model", "submit", None), ("environment", None, "step-3.0")]
+    assert steps[1]["action_object"] == "https://shop.example.org/search?q=usb-c+hub"
+    assert steps[1]["text"].startswith("Evaluation of the previous goal: Unknown") and "Next goal: Open" in steps[1]["text"]
+    assert steps[6]["action_object"] == "click_element 17"
+    assert steps[4]["text"].startswith("Invalid model output format") and orjson.loads(steps[4]["metadata"])["agent_error"]
+    assert steps[5]["observation"].endswith("[screenshot]") and "iVBOR" not in json.dumps(steps, default=str)
+    assert "HubMax 4-in-1, $18.99" in steps[8]["observation"]
+    # since 0.5: thinking kept as reasoning, the judge's verdict, a captcha is not the policy's failure
+    assert (new["resolved"], new["verifier_name"], new["exit_status"]) == (False, "browser-use-judge", "submitted")
+    judged = rows(wh, "SELECT author, action_kind, action_object, tool_call_id, observation, metadata FROM steps "
+                      "WHERE trajectory_key = ? ORDER BY step_index", [new["trajectory_key"]])
+    assert judged[1]["action_object"] == "city library opening hours"  # browser-use's search: a web search
+    assert orjson.loads(judged[1]["metadata"])["reasoning"].startswith("I should search first")
+    assert judged[0]["observation"] == "about:blank\n[screenshot] step_1.png"
+    assert orjson.loads(judged[5]["metadata"])["is_error"] and judged[6]["observation"].count("tab: ") == 2
+    ep = {"exit_status": new["exit_status"], "termination_reason": new["termination_reason"], "resolved": False,
+          "verifier_name": new["verifier_name"]}
+    assert episode_evidence(ep) == ("llm_judge", None)
+    outcome = classify_outcome(ep, judged)
+    assert (outcome.cause, outcome.policy_failure) == ("environment_failure", False)
+
+
+def test_osworld_run_folders(wh, tmp_path, cases):
+    """OSWorld's run folders: traj.jsonl's lines grouped by the model's turn (one model step with one
+    call per action, the screen after each action named), DONE a submit, result.txt's score the
+    verdict of the evaluator, instruction.txt the task; the folders give the task, the model and the
+    run; a runner's Error line (a time limit) ends the run as a budget."""
+    from trajwh.fragments.outcomes import classify_outcome
+
+    src = cases / "osworld"
+    got = {f.name: detect(str(f), read_head(f)).name for f in src.rglob("*.*")}
+    assert got == {"traj.jsonl": "osworld", "result.txt": "osworld-result", "instruction.txt": "osworld-instruction"}
+    s = ingest_paths(wh, [src], IngestOptions(source="osworld"))
+    summary = normalize_warehouse(wh, run_id="t")
+    assert (s.n_new, s.n_quarantined, summary.companions) == (5, 0, 3)
+    eps = {e["policy_name"]: e for e in rows(
+        wh, "SELECT source_episode_id, task_id, instance_id, task_text, policy_name, resolved, reward, verifier_name, "
+            "exit_status, termination_reason, started_at, ended_at, trajectory_key, metadata FROM episodes")}
+    done, timed_out = eps["gpt-4o"], eps["claude-3-7-sonnet"]
+    assert done["source_episode_id"] == "pyautogui/screenshot/gpt-4o/chrome/bb5e4c0d-f964-439c-97b6-bdb9747de3f4"
+    assert (done["task_id"], done["instance_id"]) == ("chrome/bb5e4c0d-f964-439c-97b6-bdb9747de3f4",
+                                                      "bb5e4c0d-f964-439c-97b6-bdb9747de3f4")
+    assert done["task_text"].startswith("Can you make Bing the main search engine")
+    assert (done["resolved"], done["reward"], done["verifier_name"], done["exit_status"]) == (
+        True, 1.0, "osworld-evaluator", "submitted")
+    assert (done["ended_at"] - done["started_at"]).total_seconds() == 38
+    steps = rows(wh, "SELECT author, action_kind, action_object, tool_calls, tool_call_id, observation FROM steps "
+                     "WHERE trajectory_key = ? ORDER BY step_index", [done["trajectory_key"]])
+    assert [(x["author"], x["action_kind"], x["tool_call_id"]) for x in steps] == [
+        ("model", "browse", None), ("environment", None, "action-0"), ("model", "browse", None),
+        ("environment", None, "action-1"), ("environment", None, "action-2"), ("model", "submit", None),
+        ("environment", None, "action-3")]
+    assert [c["id"] for c in steps[2]["tool_calls"]] == ["action-1", "action-2"]  # two actions of one turn
+    assert steps[0]["action_object"] == "import pyautogui\npyautogui.click(960, 72)"
+    assert steps[1]["observation"] == "[screenshot] step_1_20250312@141502.png"
+    assert (timed_out["resolved"], timed_out["reward"], timed_out["exit_status"]) == (False, 0.0, "error")
+    assert timed_out["task_text"] is None and timed_out["termination_reason"].startswith("Time limit exceeded")
+    last = rows(wh, "SELECT author, text, action_object FROM steps WHERE trajectory_key = ? ORDER BY step_index",
+                [timed_out["trajectory_key"]])
+    assert last[0]["action_object"] == "CLICK 41,312" and last[-1]["author"] == "harness"
+    assert classify_outcome(timed_out, last).cause == "budget_exhausted"
+
+
 def test_claude_code_headless_stream(wh, tmp_path, cases):
     """A headless Claude Code run (stream-json): the init line names the model and tools (not a step),
     a streamed message's tokens are counted once at their largest, a subagent's messages carry the Task

@@ -9,6 +9,7 @@ from __future__ import annotations
 from trajwh.ingest.adapters import (
     aider,
     atif,
+    browser_use,
     chat_messages,
     claude_code,
     cline,
@@ -19,6 +20,7 @@ from trajwh.ingest.adapters import (
     mini_swe_agent,
     native,
     openhands,
+    osworld,
     swe_agent,
     swebench,
     trae_agent,
@@ -43,6 +45,8 @@ BUILTIN: tuple[Adapter, ...] = (
     codex_exec.CodexExecAdapter(),
     aider.AiderAdapter(),
     trae_agent.TraeAgentAdapter(),
+    browser_use.BrowserUseAdapter(),
+    osworld.OsworldAdapter(),
     # a Cline task folder's other files: kept, read by no one (the conversation is its history, a chat-messages file)
     cline.ClineUiMessagesAdapter(),
     cline.ClineTaskMetadataAdapter(),
@@ -53,6 +57,8 @@ BUILTIN: tuple[Adapter, ...] = (
     swebench.SwebenchReportAdapter(),
     swebench.SwebenchSummaryAdapter(),
     swebench.SwebenchPredictionsAdapter(),
+    osworld.OsworldResultAdapter(),
+    osworld.OsworldInstructionAdapter(),
 )
 _REGISTRY: dict[str, Adapter] = {a.name: a for a in BUILTIN}
 
