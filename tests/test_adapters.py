@@ -945,6 +945,45 @@ def test_osworld_run_folders(wh, tmp_path, cases):
     assert classify_outcome(timed_out, last).cause == "budget_exhausted"
 
 
+def test_agentbench_runs(wh, tmp_path, cases):
+    """AgentBench's runs.jsonl and error.jsonl: a sample per line, its user/agent history read as a
+    model acting in text (the first user turn the task, later ones the environment's output), the
+    task's result the verdict, the status the exit (a task limit: a budget), an error line's failure
+    the infrastructure's (a rate limit: the provider's quota); the folders give the agent and the
+    task. A line with no history (nothing ran) is quarantined at ingest with its error."""
+    from trajwh.fragments.outcomes import classify_outcome
+
+    src = cases / "agentbench"
+    assert {detect(str(f), read_head(f)).name for f in src.rglob("*.jsonl")} == {"agentbench"}
+    empty = tmp_path / "gpt-4-0613" / "kg-std"
+    empty.mkdir(parents=True)
+    (empty / "error.jsonl").write_text(json.dumps({"index": 2, "error": "START_FAILED", "info": "no container",
+                                                   "output": None, "time": {"timestamp": 1, "str": "x"}}) + "\n")
+    s = ingest_paths(wh, [src, empty], IngestOptions(source="agentbench"))
+    assert (s.n_new, s.n_quarantined) == (3, 1)
+    [q] = rows(wh, "SELECT reason FROM quarantine")
+    assert "without a history" in q["reason"] and "START_FAILED" in q["reason"]
+    normalize_warehouse(wh, run_id="t")
+    eps = {e["source_episode_id"]: e for e in rows(
+        wh, "SELECT source_episode_id, task_id, policy_name, harness_name, resolved, exit_status, termination_reason, "
+            "verifier_name, task_text, ended_at, trajectory_key FROM episodes")}
+    assert set(eps) == {"gpt-4-0613/os-std#17", "gpt-4-0613/dbbench-std#4", "gpt-4-0613/os-std#21"}
+    ok, limit, failed = eps["gpt-4-0613/os-std#17"], eps["gpt-4-0613/dbbench-std#4"], eps["gpt-4-0613/os-std#21"]
+    assert (ok["resolved"], ok["exit_status"], ok["verifier_name"], ok["policy_name"], ok["harness_name"], ok["task_id"]) == (
+        True, "completed", "agentbench:os-std", "gpt-4-0613", "agentbench", "os-std#17")
+    assert ok["task_text"].startswith("You are an assistant") and ok["ended_at"].isoformat().startswith("2023-09-29T15:08:43")
+    steps = rows(wh, "SELECT author, action_kind, observation FROM steps WHERE trajectory_key = ? ORDER BY step_index",
+                 [ok["trajectory_key"]])
+    assert [(x["author"], x["action_kind"]) for x in steps] == [
+        ("harness", None), ("model", "search"), ("environment", None), ("model", "submit")]
+    assert steps[2]["observation"].startswith("The output of the OS:")
+    assert (limit["resolved"], limit["exit_status"]) == (False, "task limit reached")
+    assert classify_outcome(limit, []).cause == "budget_exhausted"
+    assert (failed["resolved"], failed["exit_status"]) == (None, "error")
+    assert failed["termination_reason"].startswith("provider quota (AGENT_FAILED)")
+    assert classify_outcome(failed, []).cause == "resource_exhausted"
+
+
 def test_claude_code_headless_stream(wh, tmp_path, cases):
     """A headless Claude Code run (stream-json): the init line names the model and tools (not a step),
     a streamed message's tokens are counted once at their largest, a subagent's messages carry the Task

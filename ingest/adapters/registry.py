@@ -7,6 +7,7 @@ import ``base`` (the contract); only this module imports them, so there is no im
 from __future__ import annotations
 
 from trajwh.ingest.adapters import (
+    agentbench,
     aider,
     atif,
     browser_use,
@@ -47,6 +48,7 @@ BUILTIN: tuple[Adapter, ...] = (
     trae_agent.TraeAgentAdapter(),
     browser_use.BrowserUseAdapter(),
     osworld.OsworldAdapter(),
+    agentbench.AgentBenchAdapter(),
     # a Cline task folder's other files: kept, read by no one (the conversation is its history, a chat-messages file)
     cline.ClineUiMessagesAdapter(),
     cline.ClineTaskMetadataAdapter(),
