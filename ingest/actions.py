@@ -251,6 +251,8 @@ def classify_tool(name: str, arguments: Any = None) -> tuple[str, str | None]:
     args = _args(arguments)
     n = name.strip()
     low = n.lower()
+    if "__" in low.strip("_"):  # an MCP tool named with its server (Goose's developer__shell, mcp__github__x)
+        low = low.rsplit("__", 1)[1] or low
     if low in ("bash", "shell", "run", "execute_bash", "exec_command", "cmdrunaction", "terminal", "local_shell",
                "run_command", "execute_command", "container.exec", "cmd", "run_shell_command"):
         return classify_command(_command_of(args))

@@ -52,7 +52,7 @@ from trajwh.schemas.tables import (
 )
 from trajwh.schemas.values import bad_value
 
-NORMALIZE_VERSION = "1.0.3"  # 1.0.1: action kinds of smolagents (python_interpreter, final_answer) and of code given as plain-text arguments; 1.0.2: of Trae Agent and codex exec tools, and of commands wrapped in bash -lc; 1.0.3: browser-use actions (browse; done a submit), a ReAct action's argument as its object
+NORMALIZE_VERSION = "1.0.3"  # 1.0.1: action kinds of smolagents (python_interpreter, final_answer) and of code given as plain-text arguments; 1.0.2: of Trae Agent and codex exec tools, and of commands wrapped in bash -lc; 1.0.3: browser-use actions (browse; done a submit), a ReAct action's argument as its object, an MCP tool's name read without its server (developer__shell)
 FLUSH_STEPS = 20_000
 FLUSH_QUARANTINE_BYTES = 32 << 20  # quarantined payloads buffered before a write
 _RAW_COLUMNS = ["record_id", "source", "license", "file_path", "line_no", "byte_offset", "format", "payload"]

@@ -984,6 +984,45 @@ def test_agentbench_runs(wh, tmp_path, cases):
     assert classify_outcome(failed, []).cause == "resource_exhausted"
 
 
+def test_goose_sessions(wh, tmp_path, cases):
+    """Goose sessions, as the JSON lines it kept (a metadata line, then messages) and as an export:
+    the person's text is human (text written for the agent alone the harness's), tool requests are
+    calls (classified by the tool's name without its extension), tool responses the environment's
+    (what only the person saw left out, errors flagged), a call Goose could not read kept so its
+    error answers it, thinking as reasoning, and running out of context a budget."""
+    from trajwh.fragments.outcomes import classify_outcome
+
+    src = cases / "goose"
+    assert {detect(str(f), read_head(f)).name for f in src.iterdir()} == {"goose"}
+    ingest_paths(wh, [src], IngestOptions(source="goose"))
+    normalize_warehouse(wh, run_id="t")
+    eps = {e["source_episode_id"]: e for e in rows(
+        wh, "SELECT source_episode_id, task_text, exit_status, termination_reason, tokens_in, tokens_out, started_at, "
+            "ended_at, trajectory_key, metadata FROM episodes")}
+    lines, export = eps["20250110_143000"], eps["20250301_7"]
+    assert (lines["tokens_in"], lines["tokens_out"], lines["exit_status"]) == (17400, 800, "context_length_exceeded")
+    assert lines["task_text"].startswith("parse_header drops the last column")
+    assert orjson.loads(lines["metadata"])["working_dir"] == "/home/dev/csvkit"
+    assert classify_outcome(lines, []).cause == "budget_exhausted"
+    steps = rows(wh, "SELECT author, action_kind, action_object, tool_calls, tool_call_id, observation, metadata FROM steps "
+                     "WHERE trajectory_key = ? ORDER BY step_index", [lines["trajectory_key"]])
+    assert [(x["author"], x["action_kind"], x["tool_call_id"]) for x in steps] == [
+        ("human", None, None), ("model", "read", None), ("environment", None, "toolu_01"), ("model", "other", None),
+        ("environment", None, "toolu_02"), ("model", "test", None), ("environment", None, "toolu_03"), ("harness", None, None)]
+    assert steps[1]["action_object"] == "/home/dev/csvkit/csvkit/header.py"
+    assert orjson.loads(steps[1]["metadata"])["reasoning"] == "Look at the parser first."
+    assert "header.py shown" not in steps[2]["observation"]  # the person's text alone, not the model's
+    assert steps[3]["tool_calls"][0]["name"] == "invalid_tool_call" and orjson.loads(steps[4]["metadata"])["is_error"]
+    assert not any("call_missing" in (x["metadata"] or "") for x in steps)
+    # the export: its own id and times, a message the agent alone saw is the harness's
+    assert (export["started_at"].isoformat(), export["tokens_in"]) == ("2025-03-01T09:00:00+00:00", 1900)
+    got = rows(wh, "SELECT author, action_kind, observation FROM steps WHERE trajectory_key = ? ORDER BY step_index",
+               [export["trajectory_key"]])
+    assert [(x["author"], x["action_kind"]) for x in got] == [
+        ("human", None), ("harness", None), ("model", "edit"), ("environment", None), ("model", None)]
+    assert got[3]["observation"] == "The file /home/dev/site/static/logo.svg has been edited"
+
+
 def test_claude_code_headless_stream(wh, tmp_path, cases):
     """A headless Claude Code run (stream-json): the init line names the model and tools (not a step),
     a streamed message's tokens are counted once at their largest, a subagent's messages carry the Task

@@ -301,7 +301,7 @@ def test_data_is_never_markup_nor_terminal_control(tmp_path):
 
 def test_damaged_message_rows_and_the_newer_formats_never_raise_out_of_a_build(tmp_path, cases, monkeypatch):
     """The generic message-row, Gemini CLI, Inspect AI, Trae Agent, headless Claude Code and Codex formats,
-    Cline's task files, browser-use histories, OSWorld's run files and AgentBench's samples take the same damage as the corpus above, and
+    Cline's task files, browser-use histories, OSWorld's run files, AgentBench's samples and Goose sessions take the same damage as the corpus above, and
     shapes no dataset should have (ids as numbers, calls that are not lists, tokens as text): each
     record lands or is quarantined with its reason; nothing raises."""
     monkeypatch.delenv("TRAJWH_VAULT_KEY", raising=False)
@@ -313,7 +313,8 @@ def test_damaged_message_rows_and_the_newer_formats_never_raise_out_of_a_build(t
                      *(cases / "inspect_ai").iterdir(), *(cases / "trae_agent").iterdir(),
                      *(cases / "claude_headless").iterdir(), *(cases / "codex_exec").iterdir(),
                      *(cases / "cline_task").iterdir(), *(cases / "browser_use").rglob("*.json"),
-                     *(cases / "osworld").rglob("*.*"), *(cases / "agentbench").rglob("*.jsonl")]):
+                     *(cases / "osworld").rglob("*.*"), *(cases / "agentbench").rglob("*.jsonl"),
+                     *(cases / "goose").iterdir()]):
         for i, blob in enumerate(_mutations(p.read_bytes(), rng)):
             (d / f"{i}-{p.name}").write_bytes(blob)
     odd = [{"id": 7, "messages": [{"role": "user", "content": {"text": "hi"}},

@@ -17,6 +17,7 @@ from trajwh.ingest.adapters import (
     codex,
     codex_exec,
     gemini_cli,
+    goose,
     inspect_ai,
     mini_swe_agent,
     native,
@@ -49,6 +50,7 @@ BUILTIN: tuple[Adapter, ...] = (
     browser_use.BrowserUseAdapter(),
     osworld.OsworldAdapter(),
     agentbench.AgentBenchAdapter(),
+    goose.GooseAdapter(),
     # a Cline task folder's other files: kept, read by no one (the conversation is its history, a chat-messages file)
     cline.ClineUiMessagesAdapter(),
     cline.ClineTaskMetadataAdapter(),
