@@ -868,8 +868,8 @@ def test_browser_use_histories(wh, tmp_path, cases):
     ingest_paths(wh, [src], IngestOptions(source="cases"))
     normalize_warehouse(wh, run_id="t")
     eps = {e["source_episode_id"]: e for e in rows(
-        wh, "SELECT source_episode_id, exit_status, termination_reason, resolved, verifier_name, tokens_in, started_at, "
-            "ended_at, trajectory_key, metadata FROM episodes")}
+        wh, "SELECT source_episode_id, exit_status, termination_reason, resolved, verifier_name, tokens_in, tokens_out, "
+            "cost_usd, policy_name, started_at, ended_at, trajectory_key, metadata FROM episodes")}
     assert set(eps) == {"agent_history_v01", "run-0042/history"}  # a generic file name takes its folder's
     old, new = eps["agent_history_v01"], eps["run-0042/history"]
     assert (old["exit_status"], old["resolved"], old["verifier_name"], old["tokens_in"]) == ("submitted", None, None, 18390)
@@ -891,6 +891,7 @@ def test_browser_use_histories(wh, tmp_path, cases):
     assert "HubMax 4-in-1, $18.99" in steps[8]["observation"]
     # since 0.5: thinking kept as reasoning, the judge's verdict, a captcha is not the policy's failure
     assert (new["resolved"], new["verifier_name"], new["exit_status"]) == (False, "browser-use-judge", "submitted")
+    assert (new["tokens_in"], new["tokens_out"], new["cost_usd"], new["policy_name"]) == (21400, 610, 0.0616, "gpt-4.1-mini")
     judged = rows(wh, "SELECT author, action_kind, action_object, tool_call_id, observation, metadata FROM steps "
                       "WHERE trajectory_key = ? ORDER BY step_index", [new["trajectory_key"]])
     assert judged[1]["action_object"] == "city library opening hours"  # browser-use's search: a web search

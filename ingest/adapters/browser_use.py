@@ -19,12 +19,13 @@ history file is one run (one episode); each item is one step:
   ``error``; ``is_done`` and ``success`` on the last: the agent's own claim, never a verdict).
   A result without its action (no usable model output) is the harness's error message.
 - ``metadata``: the step's start and end (Unix seconds), its number and, before 0.5, the input
-  tokens the message manager counted.
+  tokens the message manager counted. A list dumped whole (``model_dump_json``) also has the run's
+  ``usage`` (prompt and completion tokens, cost, the model when it is one).
 
 The last result's ``judgement`` (browser-use's judge, from 0.8) is a model's verdict: it is the
 episode's verdict with ``verifier_name`` ``browser-use-judge`` (read as an LLM judge's evidence),
 and a task the judge calls impossible, or a captcha, is the environment's failure, not the
-policy's. The file does not hold the task, the model or a run id: the file's name (or its
+policy's. The file does not hold the task or a run id (nor the model, unless its usage names one): the file's name (or its
 folder's, for a generic name such as ``history.json``) is the episode id.
 """
 
@@ -178,15 +179,22 @@ class BrowserUseAdapter(Adapter):
                 why = "a captcha" if judgement.get("reached_captcha") else "an impossible task"
                 termination = (f"environment: the judge found {why}: "
                                f"{str(judgement.get('failure_reason') or '').strip()}").strip()[:300]
+        # the run's usage, when the list was dumped with it (``AgentHistoryList.usage``, 0.6+: a ``UsageSummary``)
+        usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else {}
+        cost = usage.get("total_cost")
         first = next((s["started_at"] for s in steps if s.get("started_at")), None)
         ends = [s["ended_at"] for s in steps if s.get("ended_at")]
         ep = episode(
             source_episode_id=_episode_id(ctx.file_path), harness_name="browser-use",
+            policy_name=next(iter(usage["by_model"]), None) if isinstance(usage.get("by_model"), dict) and len(
+                usage["by_model"]) == 1 else None,
             started_at=first, ended_at=max(ends) if ends else None, exit_status=exit_status,
             termination_reason=termination, resolved=resolved, verifier_name=verifier,
             # every call's input, a call whose answer could not be used too
-            tokens_in=sum(count_of(h["metadata"].get("input_tokens")) or 0 for h in items
-                          if isinstance(h.get("metadata"), dict)) or None,
+            tokens_in=count_of(usage.get("total_prompt_tokens")) or sum(
+                count_of(h["metadata"].get("input_tokens")) or 0 for h in items if isinstance(h.get("metadata"), dict)) or None,
+            tokens_out=count_of(usage.get("total_completion_tokens")),
+            cost_usd=float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) and cost >= 0 else None,
             metadata={"agent_reported_success": final.get("success") if final.get("is_done") else None,
                       "final_result": final.get("extracted_content") if final.get("is_done") else None,
                       "judge": json_text(judgement) if judgement else None, "history_steps": len(items),
