@@ -25,8 +25,9 @@ history file is one run (one episode); each item is one step:
 The last result's ``judgement`` (browser-use's judge, from 0.8) is a model's verdict: it is the
 episode's verdict with ``verifier_name`` ``browser-use-judge`` (read as an LLM judge's evidence),
 and a task the judge calls impossible, or a captcha, is the environment's failure, not the
-policy's. The file does not hold the task or a run id (nor the model, unless its usage names one): the file's name (or its
-folder's, for a generic name such as ``history.json``) is the episode id.
+policy's. The file does not hold the task or a run id (nor the model, unless its usage names
+one): the file's name (or its folder's, for a generic name such as ``history.json``) is the
+episode id.
 """
 
 from __future__ import annotations
