@@ -58,6 +58,9 @@ INGEST_VERSION = "1.0.0"
 #: files a dataset folder carries beside its trajectories: skipped with a note when no adapter reads them
 _DOC_NAME = re.compile(r"^(README|READ_ME|LICEN[CS]E|COPYING|NOTICE|CHANGELOG|CHANGES|AUTHORS|CONTRIBUTING|"
                        r"CITATION|SOURCES|MANIFEST)([._-].*)?$", re.I)
+#: images and video by their first bytes (PNG, JPEG, GIF, WebP, MP4 / QuickTime, WebM / Matroska): the
+#: screenshots and screen recordings that web and computer-use agents leave beside their trajectories
+_MEDIA = re.compile(rb"\A(?:\x89PNG\r\n\x1a\n|\xff\xd8\xff|GIF8[79]a|RIFF....WEBP|....ftyp|\x1a\x45\xdf\xa3)", re.S)
 INGEST_TRANSFORM = f"ingest@{INGEST_VERSION}"
 _SOURCE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/\-]{0,127}$")
 _BATCH_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -117,7 +120,7 @@ class IngestSummary:
     quarantine_reasons: dict[str, int] = field(default_factory=dict)
     opted_out: dict[str, int] = field(default_factory=dict)  # opt-out kind -> new records it matches
     recorded: bool = True  # False: nothing new, so no batch was recorded
-    skipped: list[str] = field(default_factory=list)  # documentation files (README, LICENSE, ...) passed over
+    skipped: list[str] = field(default_factory=list)  # documentation files (README, LICENSE, ...), images, videos passed over
 
     @property
     def n_new(self) -> int:
@@ -327,6 +330,10 @@ def _ingest_file(path: Path, writer: _BatchWriter, opts: IngestOptions, summary:
     try:
         if adapter is None and _DOC_NAME.match(path.name):  # a folder's README or LICENSE: not a bad record
             fs.error = "skipped: a documentation file, not a trajectory"
+            summary.skipped.append(fs.path)
+            return fs
+        if adapter is None and compression is None and _MEDIA.match(head):  # a screenshot or a screen recording
+            fs.error = "skipped: an image or a video (a screenshot or a recording beside trajectories), not a trajectory"
             summary.skipped.append(fs.path)
             return fs
         if compression in CONTAINERS and (broken := container_unreadable(path, compression, head)):

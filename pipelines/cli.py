@@ -142,7 +142,7 @@ def ingest(paths: tuple[str, ...], source: str, license_: str | None, format_: s
             f"— {len(s.files)} files, {render.human_bytes(s.bytes_read)} in {dt:.1f} s "
             f"({render.human_bytes(s.bytes_read / max(dt, 1e-9))}/s)")
     if s.skipped:
-        c.print(escape(f"skipped {len(s.skipped)} documentation file(s), not trajectories: "
+        c.print(escape(f"skipped {len(s.skipped)} file(s) that are not trajectories (documentation, images, video): "
                        + ", ".join(Path(p).name for p in s.skipped[:5]) + (" ..." if len(s.skipped) > 5 else "")))
     if s.opted_out:
         c.print("[yellow]opt-outs match new records[/] (kept out of training and release from the next build): "

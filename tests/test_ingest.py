@@ -221,13 +221,20 @@ def test_normalize_workers_write_rows_and_a_key_two_tasks_hold_is_kept_first(tmp
     assert kept == 1  # the first line's record holds the key
 
 
-def test_documentation_files_are_skipped_not_quarantined(wh, cases, tmp_path):
+def test_documentation_and_media_files_are_skipped_not_quarantined(wh, cases, tmp_path):
     folder = tmp_path / "release"
     folder.mkdir()
     (folder / "README.md").write_text("# My dataset\n\nTrajectories of an agent.\n")
     (folder / "LICENSE").write_text("MIT License\n")
     (folder / "notes.txt").write_text("meeting notes, not a trajectory\n")
     (folder / "eps.jsonl").write_bytes((cases / "two_episodes.jsonl").read_bytes())
+    # a computer-use run's screenshots and its recording: images and video, not trajectories
+    (folder / "step_1_20250312@141502.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(40))
+    (folder / "step_2.jpg").write_bytes(b"\xff\xd8\xff\xe0\x00\x10JFIF" + bytes(40))
+    (folder / "recording.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42" + bytes(40))
+    (folder / "fake.png").write_bytes(b"not an image at all\n")  # its name says image, its bytes do not
     s = ingest_paths(wh, [folder], IngestOptions(source="release"))
-    assert s.n_new == 2 and sorted(Path(p).name for p in s.skipped) == ["LICENSE", "README.md"]
-    assert s.quarantine_reasons == {"unknown_format": 1}  # an unknown file that is not documentation still is
+    assert s.n_new == 2 and sorted(Path(p).name for p in s.skipped) == [
+        "LICENSE", "README.md", "recording.mp4", "step_1_20250312@141502.png", "step_2.jpg"]
+    # an unknown file that is not documentation or media still is quarantined
+    assert s.quarantine_reasons == {"unknown_format": 2}
