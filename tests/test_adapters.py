@@ -903,6 +903,16 @@ def test_browser_use_histories(wh, tmp_path, cases):
     assert episode_evidence(ep) == ("llm_judge", None)
     outcome = classify_outcome(ep, judged)
     assert (outcome.cause, outcome.policy_failure) == ("environment_failure", False)
+    # the list of steps saved alone, each step's state first: the same run
+    doc = json.loads((src / "agent_history_v01.json").read_text())
+    alone = tmp_path / "alone" / "steps.json"
+    alone.parent.mkdir()
+    alone.write_text(json.dumps([{"state": h["state"], **h} for h in doc["history"]], indent=2))
+    assert detect(str(alone), read_head(alone)).name == "browser-use"
+    ingest_paths(wh, [alone], IngestOptions(source="alone"))
+    normalize_warehouse(wh, run_id="t2")
+    [same] = rows(wh, "SELECT n_steps, exit_status, tokens_in FROM episodes WHERE source_episode_id = 'steps'")
+    assert (same["n_steps"], same["exit_status"], same["tokens_in"]) == (12, "submitted", 18390)
 
 
 def test_osworld_run_folders(wh, tmp_path, cases):
@@ -944,6 +954,26 @@ def test_osworld_run_folders(wh, tmp_path, cases):
                 [timed_out["trajectory_key"]])
     assert last[0]["action_object"] == "CLICK 41,312" and last[-1]["author"] == "harness"
     assert classify_outcome(timed_out, last).cause == "budget_exhausted"
+    # a runner that logs the reset as an __init__ action and the task on every line, in trajectory.jsonl
+    run = tmp_path / "other" / "os" / "94d95f96-9699-4208-98ba-3c3119edf9c2"
+    run.mkdir(parents=True)
+    lines = [{"step_num": 0, "action_timestamp": "20251105@143022", "action": "__init__", "reward": 0.0, "done": False,
+              "info": {}, "screenshot_file": "step_0_20251105@143022.png", "instruction": "Install the spotify app"},
+             {"step_num": 1, "action_timestamp": "20251105@143035", "action": "pyautogui.click(100, 200)", "reward": 0.0,
+              "done": False, "info": {}, "instruction": "Install the spotify app"},
+             {"step_num": 2, "action_timestamp": "20251105@143048", "action": "DONE", "reward": 1.0, "done": True,
+              "info": {}, "instruction": "Install the spotify app"}]
+    (run / "trajectory.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (run / "result.txt").write_text("1.0")
+    ingest_paths(wh, [tmp_path / "other"], IngestOptions(source="osworld"))
+    normalize_warehouse(wh, run_id="t2")
+    [ep] = rows(wh, "SELECT task_text, resolved, exit_status, trajectory_key FROM episodes WHERE instance_id = ?",
+                [run.name])
+    assert (ep["task_text"], ep["resolved"], ep["exit_status"]) == ("Install the spotify app", True, "submitted")
+    got = rows(wh, "SELECT author, action_kind FROM steps WHERE trajectory_key = ? ORDER BY step_index",
+               [ep["trajectory_key"]])
+    assert [(x["author"], x["action_kind"]) for x in got] == [
+        ("environment", None), ("model", "browse"), ("environment", None), ("model", "submit"), ("environment", None)]
 
 
 def test_agentbench_runs(wh, tmp_path, cases):

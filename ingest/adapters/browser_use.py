@@ -1,4 +1,5 @@
-"""browser-use agent histories (``AgentHistoryList.save_to_file``: ``{"history": [...]}``).
+"""browser-use agent histories (``AgentHistoryList.save_to_file``: ``{"history": [...]}``, or the
+list of steps saved alone).
 
 browser-use drives a browser with a model: each step the model sees the page (its URL, title,
 tabs, the interactive elements and, with vision, a screenshot) and answers with its state of mind
@@ -36,6 +37,7 @@ import re
 from pathlib import PurePath
 from typing import Any
 
+import orjson
 from trajwh.ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
 from trajwh.ingest.adapters.common import (
     count_of,
@@ -49,6 +51,7 @@ from trajwh.ingest.adapters.common import (
 )
 
 _HEAD = re.compile(rb'\A\s*\{\s*"history"\s*:\s*\[')
+_BARE = re.compile(rb'\A\s*\[\s*\{\s*"(?:model_output|state|result|metadata)"\s*:')
 _BRAIN = (("evaluation_previous_goal", "Evaluation of the previous goal"), ("memory", "Memory"), ("next_goal", "Next goal"))
 #: names a run's history file is saved under that say nothing about the run
 _GENERIC = {"history", "agent_history", "agenthistory", "agent-history", "trajectory", "run", "output", "result"}
@@ -114,7 +117,15 @@ class BrowserUseAdapter(Adapter):
     description = "browser-use agent history (AgentHistoryList.save_to_file: history of model_output, result, state)"
 
     def sniff(self, path: str, head: bytes) -> bool:
-        return bool(_HEAD.match(head)) and b'"model_output"' in head and (b'"result"' in head or b'"state"' in head)
+        if _HEAD.match(head):
+            return (b'"model_output"' in head or b'"interacted_element"' in head) and (
+                b'"result"' in head or b'"state"' in head)
+        # the history's list saved alone (``history.model_dump()["history"]``)
+        return bool(_BARE.match(head)) and b'"model_output"' in head and b'"interacted_element"' in head
+
+    def decode(self, data: bytes) -> Any:
+        obj = orjson.loads(data)
+        return {"history": obj} if isinstance(obj, list) else obj
 
     def check_record(self, obj: Any) -> str | None:
         if not isinstance(obj, dict) or not isinstance(obj.get("history"), list):

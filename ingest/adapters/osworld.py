@@ -10,7 +10,9 @@ computer-use agents on a desktop. Its runner writes one folder per task,
   ``{"action_type": "CLICK", "x": 10, "y": 20}``, or ``DONE`` / ``FAIL`` / ``WAIT``), the
   model's ``response`` for that turn (some runners leave it out), ``reward``, ``done``, ``info``
   and ``screenshot_file`` (the screen after the action: named, never kept). A run that failed
-  writes ``{"Error": "..."}`` (a time limit, an exception).
+  writes ``{"Error": "..."}`` (a time limit, an exception). Some runners add the task
+  (``instruction``) to every line and log the environment's reset as an ``__init__`` action (the
+  first screen, the environment's). The file may be named otherwise (``trajectory.jsonl``).
 - ``result.txt``: the evaluator's score (a number; 1 is success), written when the run ended:
   the episode's verdict (``osworld-evaluator``, a checker of the final state, not a model).
 - ``instruction.txt``: the task, written by some runners. Both are companions (``osworld-result``,
@@ -120,6 +122,10 @@ class OsworldAdapter(JsonlSessionAdapter):
                 owner = None
                 continue
             when = _when(line.get("action_timestamp"))
+            if line.get("action") == "__init__":  # some runners log the environment's reset: the first screen
+                steps.append(step("user", "environment", observation=_outcome(line), started_at=when,
+                                  metadata={"initial_state": True}))
+                continue
             call_id = f"action-{n}"
             if owner is None or line.get("step_num", f"line {n}") != turn:  # a new turn of the model
                 turn = line.get("step_num", f"line {n}")
@@ -142,7 +148,8 @@ class OsworldAdapter(JsonlSessionAdapter):
         facts = ctx.facts("dir", folder)
         score = facts.get("osworld_result")
         run, task, example, model = _layout(ctx.file_path)
-        acted = [x for x in lines if "step_num" in x]
+        acted = [x for x in lines if "step_num" in x and x.get("action") != "__init__"]
+        said = next((x["instruction"] for x in lines if isinstance(x.get("instruction"), str) and x["instruction"]), None)
         last = acted[-1] if acted else {}
         answer = last.get("action").strip().upper() if isinstance(last.get("action"), str) else None
         exit_status = termination = None
@@ -154,7 +161,7 @@ class OsworldAdapter(JsonlSessionAdapter):
             exit_status = "done"
         times = [s[k] for s in steps for k in ("started_at", "ended_at") if s.get(k)]
         ep = episode(
-            source_episode_id=run, task_id=task, instance_id=example, task_text=facts.get("osworld_instruction"),
+            source_episode_id=run, task_id=task, instance_id=example, task_text=facts.get("osworld_instruction") or said,
             harness_name="osworld", policy_name=model, started_at=min(times) if times else None,
             ended_at=max(times) if times else None, exit_status=exit_status, termination_reason=termination,
             resolved=None if score is None else score >= 1.0, reward=score,
