@@ -1054,6 +1054,31 @@ def test_goose_sessions(wh, tmp_path, cases):
     assert got[3]["observation"] == "The file /home/dev/site/static/logo.svg has been edited"
 
 
+def test_harbor_trial_results_give_atif_trajectories_their_verdict(wh, cases):
+    """A Harbor job (Terminal-Bench 2): each trial's result.json is a companion of the ATIF
+    trajectory in its agent/ folder: the verifier's reward is the verdict, the agent's tokens and
+    cost and the trial's times fill what the trajectory lacks, and the exception that ended the
+    trial (an agent timeout: a budget) is the termination."""
+    from trajwh.fragments.outcomes import classify_outcome
+
+    src = cases / "harbor"
+    got = {f.name: detect(str(f), read_head(f)).name for f in src.rglob("*.json")}
+    assert got == {"result.json": "harbor-trial-result", "trajectory.json": "atif"}
+    s = ingest_paths(wh, [src], IngestOptions(source="harbor"))
+    summary = normalize_warehouse(wh, run_id="t")
+    assert (s.n_new, s.n_quarantined, summary.companions) == (4, 0, 2)
+    eps = {e["task_id"]: e for e in rows(
+        wh, "SELECT task_id, resolved, reward, verifier_name, exit_status, termination_reason, tokens_in, tokens_out, "
+            "cost_usd, started_at, ended_at FROM episodes")}
+    ok, timed_out = eps["hello-world"], eps["fix-permissions"]
+    assert (ok["resolved"], ok["reward"], ok["verifier_name"], ok["exit_status"]) == (True, 1.0, "harbor:terminal-bench", None)
+    assert (ok["tokens_in"], ok["tokens_out"], ok["cost_usd"]) == (5120, 410, 0.021)
+    assert (ok["ended_at"] - ok["started_at"]).total_seconds() == 190
+    assert (timed_out["resolved"], timed_out["reward"], timed_out["exit_status"]) == (False, 0.0, "error")
+    assert timed_out["termination_reason"].startswith("AgentTimeoutError: Agent execution timed out")
+    assert classify_outcome(timed_out, []).cause == "budget_exhausted"
+
+
 def test_claude_code_headless_stream(wh, tmp_path, cases):
     """A headless Claude Code run (stream-json): the init line names the model and tools (not a step),
     a streamed message's tokens are counted once at their largest, a subagent's messages carry the Task

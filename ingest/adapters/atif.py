@@ -5,7 +5,9 @@ Steps have a ``source`` (``user`` / ``agent`` / ``system``), a ``message``, opti
 (``tool_call_id`` / ``function_name`` / ``observation.results[].source_call_id``) and the
 home-made one seen in the corpus (``id`` / ``name`` / ``"Tool result for <id>"`` messages).
 Results may come before the call that caused them (the corpus file does this): the order is
-kept and the link is the call id. A ``metrics.json`` beside the trajectory is a companion.
+kept and the link is the call id. A ``metrics.json`` beside the trajectory is a companion, and so is
+Harbor's trial ``result.json`` (in the folder above ``agent/trajectory.json``): the verifier's reward
+is the verdict (resolved at 1), the exception that ended the trial the termination.
 
 Authorship: agent steps are ``model``; a system step carrying a tool result is ``environment``;
 other system steps are ``harness``; the user message that is the benchmark's instruction is
@@ -20,6 +22,7 @@ from typing import Any
 
 from trajwh.ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
 from trajwh.ingest.adapters.common import (
+    count_of,
     episode,
     exit_code_in,
     json_text,
@@ -58,7 +61,7 @@ def _observations(s: dict[str, Any]) -> list[tuple[str | None, str | None, dict[
 
 class AtifAdapter(Adapter):
     name = "atif"
-    version = "1.1.0"
+    version = "1.2.0"  # 1.2: Harbor's trial result.json (verdict, exception) read
     framing = "jsonl"  # a pretty-printed trajectory.json is one document; `trajwh export` writes JSONL
     description = "ATIF trajectory.json (Harbor / Terminal-Bench style, schema 1.x)"
     consumes_facts = True
@@ -105,22 +108,31 @@ class AtifAdapter(Adapter):
         number_steps(steps)
         agent = obj.get("agent") if isinstance(obj.get("agent"), dict) else {}
         final = obj.get("final_metrics") if isinstance(obj.get("final_metrics"), dict) else {}
-        companion = ctx.facts("dir", str(PurePath(ctx.file_path).parent)).get("atif_metrics", {})
+        facts = ctx.facts("dir", str(PurePath(ctx.file_path).parent))
+        companion = facts.get("atif_metrics", {})
+        trial = facts.get("harbor_trial", {})  # Harbor's trial result.json: the verifier's reward, the exception
         tokens = companion.get("tokens") or {}
         times = [s["started_at"] for s in steps if s.get("started_at")]
         first_user = next((s["text"] for s in steps if s["role"] == "user"), None)
         success = extra.get("success", companion.get("success"))
+        reward = trial.get("reward")
         ep = episode(
             source_episode_id=obj.get("session_id"), task_text=instruction or first_user,
-            harness_name=agent.get("name"), harness_version=agent.get("version"),
-            policy_name=agent.get("model") or agent.get("model_name"), task_id=extra.get("task_id"),
-            resolved=extra.get("resolved"),
-            started_at=ts(extra.get("start_time") or companion.get("start_time")) or (min(times) if times else None),
-            ended_at=ts(extra.get("end_time") or companion.get("end_time")) or (max(times) if times else None),
-            tokens_in=final.get("total_prompt_tokens", tokens.get("input")),
-            tokens_out=final.get("total_completion_tokens", tokens.get("output")),
-            cost_usd=final.get("total_cost_usd", companion.get("cost")),
-            exit_status=extra.get("exit_status") or (None if success is None else ("success" if success else "failure")),
+            harness_name=agent.get("name") or trial.get("agent"), harness_version=agent.get("version"),
+            policy_name=agent.get("model") or agent.get("model_name") or trial.get("model"),
+            task_id=extra.get("task_id") or trial.get("task_name"),
+            resolved=extra.get("resolved") if reward is None else reward >= 1, reward=reward,
+            verifier_name=f"harbor:{trial.get('source') or 'verifier'}" if reward is not None else None,
+            started_at=ts(extra.get("start_time") or companion.get("start_time") or trial.get("started_at"))
+            or (min(times) if times else None),
+            ended_at=ts(extra.get("end_time") or companion.get("end_time") or trial.get("finished_at"))
+            or (max(times) if times else None),
+            tokens_in=final.get("total_prompt_tokens", tokens.get("input", trial.get("tokens_in"))),
+            tokens_out=final.get("total_completion_tokens", tokens.get("output", trial.get("tokens_out"))),
+            cost_usd=final.get("total_cost_usd", companion.get("cost", trial.get("cost_usd"))),
+            termination_reason=trial.get("exception"),
+            exit_status=extra.get("exit_status") or ("error" if trial.get("exception") else None)
+            or (None if success is None else ("success" if success else "failure")),
             metadata={"schema_version": obj.get("schema_version"), "provider": agent.get("provider"),
                       "agent_reported_success": success, "turns": companion.get("turns"),
                       "cache_read_tokens": tokens.get("cache_read"), **counts},
@@ -134,6 +146,55 @@ class AtifAdapter(Adapter):
         call_id, content, _ = results[0] if results else (None, None, {})
         return [step(ours["role"], ours["author"], text=s.get("message") or None, tool_calls=_calls(s.get("tool_calls")),
                      tool_call_id=call_id, observation=content, started_at=when)]
+
+
+def _trial_facts(obj: dict[str, Any]) -> dict[str, Any]:
+    """What a Harbor trial's ``result.json`` says about its trajectory: the verifier's reward (the
+    ``reward`` key of ``verifier_result.rewards``, else its only value), the agent and model, the
+    tokens and cost, the times, and the exception that ended the trial (its type and message)."""
+    verdict = obj.get("verifier_result") if isinstance(obj.get("verifier_result"), dict) else {}
+    rewards = verdict.get("rewards") if isinstance(verdict.get("rewards"), dict) else {}
+    numbers = {k: v for k, v in rewards.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    reward = numbers.get("reward", next(iter(numbers.values())) if len(numbers) == 1 else None)
+    agent = obj.get("agent_info") if isinstance(obj.get("agent_info"), dict) else {}
+    model = agent.get("model_info") if isinstance(agent.get("model_info"), dict) else {}
+    result = obj.get("agent_result") if isinstance(obj.get("agent_result"), dict) else {}
+    exc = obj.get("exception_info") if isinstance(obj.get("exception_info"), dict) else None
+    said = f"{exc.get('exception_type') or 'exception'}: {exc.get('exception_message') or ''}".strip(": ") if exc else None
+    return {k: v for k, v in {
+        "reward": float(reward) if reward is not None else None, "task_name": obj.get("task_name"),
+        "source": obj.get("source"), "agent": agent.get("name"), "model": model.get("name"),
+        "tokens_in": count_of(result.get("n_input_tokens")), "tokens_out": count_of(result.get("n_output_tokens")),
+        "cost_usd": result.get("cost_usd") if isinstance(result.get("cost_usd"), int | float) else None,
+        "started_at": obj.get("started_at"), "finished_at": obj.get("finished_at"),
+        "exception": said[:300] if said else None}.items() if v is not None}
+
+
+class HarborTrialResultAdapter(Adapter):
+    """Harbor's ``<job>/<trial>/result.json`` (Terminal-Bench 2 and the other Harbor datasets): the
+    trial's outcome beside ``agent/trajectory.json`` (ATIF). A companion: its facts are the
+    trial folder's and its ``agent`` folder's (where the trajectory is)."""
+
+    name = "harbor-trial-result"
+    version = "1.0.0"
+    framing = "document"
+    description = "Harbor trial result.json (the verifier's reward, the agent, tokens, the exception)"
+    companion = True
+
+    def sniff(self, path: str, head: bytes) -> bool:
+        return (head.lstrip()[:1] == b"{" and b'"trial_name"' in head and b'"task_name"' in head
+                and (b'"verifier_result"' in head or b'"agent_info"' in head))
+
+    def check_record(self, obj: Any) -> str | None:
+        return None if isinstance(obj, dict) and "trial_name" in obj else "expected a Harbor trial result object"
+
+    def parse(self, obj: Any, ctx: RecordContext) -> list[ParsedEpisode]:
+        return []
+
+    def facts(self, obj: Any, ctx: RecordContext) -> list[tuple[str, str, dict[str, Any]]]:
+        folder = PurePath(ctx.file_path).parent
+        said = {"harbor_trial": _trial_facts(obj)}
+        return [("dir", str(folder), said), ("dir", str(folder / "agent"), said)]
 
 
 class AtifMetricsAdapter(Adapter):

@@ -58,6 +58,7 @@ BUILTIN: tuple[Adapter, ...] = (
     # carry an instance id and a patch, as SWE-bench predictions do)
     chat_messages.ChatMessagesAdapter(),
     atif.AtifMetricsAdapter(),
+    atif.HarborTrialResultAdapter(),
     swebench.SwebenchReportAdapter(),
     swebench.SwebenchSummaryAdapter(),
     swebench.SwebenchPredictionsAdapter(),
