@@ -1058,15 +1058,18 @@ def test_harbor_trial_results_give_atif_trajectories_their_verdict(wh, cases):
     """A Harbor job (Terminal-Bench 2): each trial's result.json is a companion of the ATIF
     trajectory in its agent/ folder: the verifier's reward is the verdict, the agent's tokens and
     cost and the trial's times fill what the trajectory lacks, and the exception that ended the
-    trial (an agent timeout: a budget) is the termination."""
+    trial (an agent timeout: a budget) is the termination. A model call's LiteLLM log beside them
+    is kept, never read as an episode."""
     from trajwh.fragments.outcomes import classify_outcome
 
     src = cases / "harbor"
     got = {f.name: detect(str(f), read_head(f)).name for f in src.rglob("*.json")}
-    assert got == {"result.json": "harbor-trial-result", "trajectory.json": "atif"}
+    assert got == {"result.json": "harbor-trial-result", "trajectory.json": "atif", "debug.json": "litellm-call-log"}
     s = ingest_paths(wh, [src], IngestOptions(source="harbor"))
     summary = normalize_warehouse(wh, run_id="t")
-    assert (s.n_new, s.n_quarantined, summary.companions) == (4, 0, 2)
+    # a model call's log (Terminus' episode-0/debug.json) is kept, not read as a partial conversation
+    assert (s.n_new, s.n_quarantined, summary.companions) == (5, 0, 3)
+    assert rows(wh, "SELECT count(*) AS n FROM episodes") == [{"n": 2}]
     eps = {e["task_id"]: e for e in rows(
         wh, "SELECT task_id, resolved, reward, verifier_name, exit_status, termination_reason, tokens_in, tokens_out, "
             "cost_usd, started_at, ended_at FROM episodes")}

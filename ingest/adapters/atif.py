@@ -20,7 +20,7 @@ import re
 from pathlib import PurePath
 from typing import Any
 
-from trajwh.ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
+from trajwh.ingest.adapters.base import Adapter, KeptFile, ParsedEpisode, RecordContext
 from trajwh.ingest.adapters.common import (
     count_of,
     episode,
@@ -195,6 +195,24 @@ class HarborTrialResultAdapter(Adapter):
         folder = PurePath(ctx.file_path).parent
         said = {"harbor_trial": _trial_facts(obj)}
         return [("dir", str(folder), said), ("dir", str(folder / "agent"), said)]
+
+
+class LiteLLMCallLogAdapter(KeptFile):
+    """A model call's log as LiteLLM's ``logger_fn`` hands it over (``model``, ``messages``,
+    ``litellm_params``, ``additional_args``, ``log_event_type``, ``original_response``): what
+    Terminus and other Harbor / Terminal-Bench agents write as ``episode-<n>/debug.json`` beside
+    their trajectory. Each holds the conversation so far, so read as messages it would be one
+    spurious partial episode per call: it is kept, not read (the trajectory is the episode)."""
+
+    name = "litellm-call-log"
+    description = "a model call's LiteLLM log (Terminus' episode-<n>/debug.json; kept, not read)"
+
+    def sniff(self, path: str, head: bytes) -> bool:
+        return head.lstrip()[:1] == b"{" and b'"log_event_type"' in head and (
+            b'"litellm_params"' in head or b'"litellm_call_id"' in head or b'"additional_args"' in head)
+
+    def check_record(self, obj: Any) -> str | None:
+        return None if isinstance(obj, dict) and "log_event_type" in obj else "expected a LiteLLM call log object"
 
 
 class AtifMetricsAdapter(Adapter):

@@ -122,6 +122,20 @@ class Adapter(ABC):
         return f"{self.name}@{self.version}"
 
 
+class KeptFile(Adapter, ABC):
+    """A file that lives beside trajectories and is none (a UI log, a model call's log): kept in
+    ``raw`` and read by no one, a companion with no facts, so it is neither quarantined as an
+    unknown format nor read as an episode, and its arrival rebuilds nothing."""
+
+    version: ClassVar[str] = "1.0.0"
+    framing: ClassVar[Literal["jsonl", "document"]] = "document"
+    companion: ClassVar[bool] = True
+    gives_facts: ClassVar[bool] = False
+
+    def parse(self, obj: Any, ctx: RecordContext) -> list[ParsedEpisode]:
+        return []
+
+
 class JsonlSessionAdapter(Adapter, ABC):
     """A format where one file of JSON lines is one session (one record, one episode)."""
 

@@ -17,24 +17,12 @@ import re
 from pathlib import PurePath
 from typing import Any
 
-from trajwh.ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
+from trajwh.ingest.adapters.base import KeptFile
 
 _UI_ROW = re.compile(rb'\{\s*"ts"\s*:\s*\d{10,}\s*,\s*"type"\s*:\s*"(?:say|ask)"')
 
 
-class _KeptFile(Adapter):
-    """A file of the task folder kept in ``raw`` and read by no one: a companion with no facts."""
-
-    version = "1.0.0"
-    framing = "document"
-    companion = True
-    gives_facts = False
-
-    def parse(self, obj: Any, ctx: RecordContext) -> list[ParsedEpisode]:
-        return []
-
-
-class ClineUiMessagesAdapter(_KeptFile):
+class ClineUiMessagesAdapter(KeptFile):
     name = "cline-ui-messages"
     description = "Cline / Roo Code ui_messages.json beside a task's api_conversation_history.json (kept, not read)"
 
@@ -46,7 +34,7 @@ class ClineUiMessagesAdapter(_KeptFile):
         return None if ok else "expected an array of UI messages (ts, type say / ask)"
 
 
-class ClineTaskMetadataAdapter(_KeptFile):
+class ClineTaskMetadataAdapter(KeptFile):
     name = "cline-task-metadata"
     description = "Cline / Roo Code task_metadata.json (files in context, models used; kept, not read)"
 
