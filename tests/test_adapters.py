@@ -1063,12 +1063,14 @@ def test_harbor_trial_results_give_atif_trajectories_their_verdict(wh, cases):
     from trajwh.fragments.outcomes import classify_outcome
 
     src = cases / "harbor"
-    got = {f.name: detect(str(f), read_head(f)).name for f in src.rglob("*.json")}
-    assert got == {"result.json": "harbor-trial-result", "trajectory.json": "atif", "debug.json": "litellm-call-log"}
+    got = {f.name: detect(str(f), read_head(f)).name for f in src.rglob("*.*")}
+    assert got == {"result.json": "harbor-trial-result", "trajectory.json": "atif", "debug.json": "litellm-call-log",
+                   "prompt.txt": "harbor-trial-file", "response.txt": "harbor-trial-file", "reward.txt": "harbor-trial-file"}
     s = ingest_paths(wh, [src], IngestOptions(source="harbor"))
     summary = normalize_warehouse(wh, run_id="t")
-    # a model call's log (Terminus' episode-0/debug.json) is kept, not read as a partial conversation
-    assert (s.n_new, s.n_quarantined, summary.companions) == (5, 0, 3)
+    # a model call's log (Terminus' episode-0/debug.json), its prompt and response and the verifier's reward
+    # file are kept, not read as partial conversations nor quarantined as unknown
+    assert (s.n_new, s.n_quarantined, summary.companions) == (8, 0, 6)
     assert rows(wh, "SELECT count(*) AS n FROM episodes") == [{"n": 2}]
     eps = {e["task_id"]: e for e in rows(
         wh, "SELECT task_id, resolved, reward, verifier_name, exit_status, termination_reason, tokens_in, tokens_out, "

@@ -215,6 +215,33 @@ class LiteLLMCallLogAdapter(KeptFile):
         return None if isinstance(obj, dict) and "log_event_type" in obj else "expected a LiteLLM call log object"
 
 
+#: a Harbor trial's other files, by their place in the trial folder: an agent's per-call prompt and
+#: response, its terminal pane, the verifier's reward and test output
+_HARBOR_FILE = re.compile(r"(?:^|[/\\])(?:agent[/\\]episode-\d+[/\\](?:prompt\.txt|response\.txt|response\.json)|"
+                          r"agent[/\\][\w.-]+\.pane|verifier[/\\](?:reward\.txt|reward\.json|test-stdout\.txt|"
+                          r"test-stderr\.txt))$")
+
+
+class HarborTrialFileAdapter(KeptFile):
+    """The text files a Harbor trial keeps beside ``result.json`` and ``agent/trajectory.json``:
+    ``agent/episode-<n>/prompt.txt`` and ``response.txt`` (each call's prompt and answer, which the
+    trajectory holds), ``agent/<agent>.pane`` (the terminal), ``verifier/reward.txt`` and
+    ``test-stdout.txt`` (the result and the tests' output, which ``result.json`` sums up). Known by
+    their place in the trial folder; kept, read by no one."""
+
+    name = "harbor-trial-file"
+    description = "a Harbor trial's per-call prompt / response, pane and verifier output files (kept, not read)"
+
+    def sniff(self, path: str, head: bytes) -> bool:
+        return bool(_HARBOR_FILE.search(path)) and b"\x00" not in head
+
+    def decode(self, data: bytes) -> Any:
+        return data.decode("utf-8")
+
+    def check_record(self, obj: Any) -> str | None:
+        return None
+
+
 class AtifMetricsAdapter(Adapter):
     name = "atif-metrics"
     version = "1.0.0"

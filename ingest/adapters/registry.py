@@ -54,6 +54,7 @@ BUILTIN: tuple[Adapter, ...] = (
     # a Cline task folder's other files: kept, read by no one (the conversation is its history, a chat-messages file)
     cline.ClineUiMessagesAdapter(),
     cline.ClineTaskMetadataAdapter(),
+    atif.HarborTrialFileAdapter(),  # by its place in a trial folder, before any format reads its text
     atif.LiteLLMCallLogAdapter(),  # a model call's log holds "messages": kept before the message rows read it
     # generic message rows after every harness's own format, before the companions (a row may
     # carry an instance id and a patch, as SWE-bench predictions do)
