@@ -1063,14 +1063,18 @@ def test_harbor_trial_results_give_atif_trajectories_their_verdict(wh, cases):
     from trajwh.fragments.outcomes import classify_outcome
 
     src = cases / "harbor"
-    got = {f.name: detect(str(f), read_head(f)).name for f in src.rglob("*.*")}
-    assert got == {"result.json": "harbor-trial-result", "trajectory.json": "atif", "debug.json": "litellm-call-log",
-                   "prompt.txt": "harbor-trial-file", "response.txt": "harbor-trial-file", "reward.txt": "harbor-trial-file"}
+    trials = src / "2025-11-20__10-00-00"
+    got = {str(f.relative_to(trials)): detect(str(f), read_head(f)).name for f in trials.rglob("*.*")}
+    kept = {"hello-world__abc123/agent/episode-0/prompt.txt", "hello-world__abc123/agent/episode-0/response.txt",
+            "hello-world__abc123/verifier/reward.txt", "hello-world__abc123/trial.log", "hello-world__abc123/config.json",
+            "config.json", "result.json"}  # the job's config and its result (counts), the trial's config and log
+    assert {k for k, v in got.items() if v == "harbor-trial-file"} == kept
+    assert {v for k, v in got.items() if k not in kept} == {"harbor-trial-result", "atif", "litellm-call-log"}
     s = ingest_paths(wh, [src], IngestOptions(source="harbor"))
     summary = normalize_warehouse(wh, run_id="t")
-    # a model call's log (Terminus' episode-0/debug.json), its prompt and response and the verifier's reward
-    # file are kept, not read as partial conversations nor quarantined as unknown
-    assert (s.n_new, s.n_quarantined, summary.companions) == (8, 0, 6)
+    # a model call's log (Terminus' episode-0/debug.json), its prompt and response, the verifier's reward file,
+    # the logs and configurations are kept, not read as partial conversations nor quarantined as unknown
+    assert (s.n_new, s.n_quarantined, summary.companions) == (12, 0, 10)
     assert rows(wh, "SELECT count(*) AS n FROM episodes") == [{"n": 2}]
     eps = {e["task_id"]: e for e in rows(
         wh, "SELECT task_id, resolved, reward, verifier_name, exit_status, termination_reason, tokens_in, tokens_out, "

@@ -226,14 +226,23 @@ class HarborTrialFileAdapter(KeptFile):
     """The text files a Harbor trial keeps beside ``result.json`` and ``agent/trajectory.json``:
     ``agent/episode-<n>/prompt.txt`` and ``response.txt`` (each call's prompt and answer, which the
     trajectory holds), ``agent/<agent>.pane`` (the terminal), ``verifier/reward.txt`` and
-    ``test-stdout.txt`` (the result and the tests' output, which ``result.json`` sums up). Known by
-    their place in the trial folder; kept, read by no one."""
+    ``test-stdout.txt`` (the result and the tests' output, which ``result.json`` sums up), known by
+    their place in the trial folder; ``trial.log`` and ``job.log``; and the job's and the trial's
+    ``config.json`` and the job's ``result.json`` (its counts), known by their keys. Kept, read by
+    no one."""
 
     name = "harbor-trial-file"
-    description = "a Harbor trial's per-call prompt / response, pane and verifier output files (kept, not read)"
+    description = "a Harbor job's other files: per-call prompts and responses, panes, verifier output, logs, configs (kept, not read)"
 
     def sniff(self, path: str, head: bytes) -> bool:
-        return bool(_HARBOR_FILE.search(path)) and b"\x00" not in head
+        if b"\x00" in head:
+            return False
+        if _HARBOR_FILE.search(path) or PurePath(path).name in ("trial.log", "job.log"):
+            return True
+        # the job's and the trial's configuration and the job's result (its counts): JSON objects
+        return head.lstrip()[:1] == b"{" and b'"task_name"' not in head and (
+            b'"n_total_trials"' in head or (b'"job_name"' in head and b'"jobs_dir"' in head)
+            or (b'"trial_name"' in head and b'"trials_dir"' in head))
 
     def decode(self, data: bytes) -> Any:
         return data.decode("utf-8")
