@@ -5,6 +5,7 @@ Each returns a dict of counts; a check passes when every ``*_violations`` count 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Callable
@@ -122,8 +123,18 @@ def passed(result: dict[str, Any]) -> bool:
 CHECKS_DIR = "checks"
 
 
+#: the longest file-name stem a check's cache takes as it is (a file name holds 255 bytes at most, and a
+#: name such as the reconcile check's, which lists the companion formats, grows with the formats)
+_MAX_STEM = 150
+
+
 def _cache_path(wh: Warehouse, name: str) -> Path:
-    return wh.root / "_cache" / CHECKS_DIR / f"{quote(name, safe='')}.json"
+    """The cache file of a check: its name, quoted; a long name's first characters and the digest
+    of the whole (the start stays readable, and ``stored_result`` still finds it by a prefix)."""
+    stem = quote(name, safe="")
+    if len(stem) > _MAX_STEM:
+        stem = f"{quote(name[:60], safe='')}~{hashlib.sha256(name.encode()).hexdigest()[:16]}"
+    return wh.root / "_cache" / CHECKS_DIR / f"{stem}.json"
 
 
 def _read_entry(path: Path) -> Any:

@@ -924,10 +924,11 @@ def test_osworld_run_folders(wh, tmp_path, cases):
 
     src = cases / "osworld"
     got = {f.name: detect(str(f), read_head(f)).name for f in src.rglob("*.*")}
-    assert got == {"traj.jsonl": "osworld", "result.txt": "osworld-result", "instruction.txt": "osworld-instruction"}
+    assert got == {"traj.jsonl": "osworld", "result.txt": "osworld-result", "instruction.txt": "osworld-instruction",
+                   "runtime.log": "osworld-runtime-log"}
     s = ingest_paths(wh, [src], IngestOptions(source="osworld"))
     summary = normalize_warehouse(wh, run_id="t")
-    assert (s.n_new, s.n_quarantined, summary.companions) == (5, 0, 3)
+    assert (s.n_new, s.n_quarantined, summary.companions) == (6, 0, 4)
     eps = {e["policy_name"]: e for e in rows(
         wh, "SELECT source_episode_id, task_id, instance_id, task_text, policy_name, resolved, reward, verifier_name, "
             "exit_status, termination_reason, started_at, ended_at, trajectory_key, metadata FROM episodes")}

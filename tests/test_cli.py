@@ -83,11 +83,11 @@ def test_build_status_and_trace(built):
     # + chat_messages/: 26 records (and a row quarantined at ingest), one quarantined at normalize (a role
     # nobody knows), one an array of two rows: 26 episodes; + gemini/: two sessions; + inspect_ai/: one
     # JSON log of two samples; + browser_use/: two histories; + osworld/: two runs' traj.jsonl, with two
-    # result.txt and one instruction.txt (companions: 3 records, no episode); + agentbench/: three samples;
+    # result.txt, one instruction.txt and one runtime.log (companions: 4 records, no episode); + agentbench/: three samples;
     # + goose/: two sessions; + harbor/: two trials (an ATIF trajectory and its result.json, a companion),
     # and a model call's log, its prompt and response, a verifier's reward file, logs and configs (kept, no episode)
     assert rows["episodes"] == 150 + 11 + 2 + 2 + 1 + 3 + 8 + 1 + 1 + 2 + 1 + 7 + 26 + 2 + 2 + 1 + 1 + 1 + 2 + 2 + 3 + 2 + 2
-    assert rows["raw_records"] == (150 + 13 + 2 + 2 + 1 + 4 + 8 + 1 + 1 + 2 + 1 + 7 + 26 + 2 + 1 + 2 + 1 + 1 + 1 + 2 + 5 + 3
+    assert rows["raw_records"] == (150 + 13 + 2 + 2 + 1 + 4 + 8 + 1 + 1 + 2 + 1 + 7 + 26 + 2 + 1 + 2 + 1 + 1 + 1 + 2 + 6 + 3
                                    + 2 + 12)
     assert rows["redacted_episodes"] == rows["episodes"] and rows["redacted_steps"] == rows["steps"]
     reasons = {(q["stage"], q["reason_code"]): q["n"] for q in st["quarantine"]}

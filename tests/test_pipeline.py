@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from trajwh.ingest.adapters.native import NativeAdapter
 from trajwh.ingest.raw_store import IngestOptions, ingest_paths
-from trajwh.lineage.checks import lineage_gaps, passed
+from trajwh.lineage.checks import cached, lineage_gaps, passed, stored_result
 from trajwh.pipelines.checks import ALL_CHECKS
 from trajwh.pipelines.definitions import (
     ASSETS,
@@ -25,6 +25,22 @@ from trajwh.pipelines.resources import WarehouseResource
 
 def checks_of(result) -> dict[str, bool]:
     return {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+
+
+def test_a_check_with_a_long_name_is_cached_in_a_file_the_file_system_takes(wh, cases):
+    """A check's cache file is named after the check; a name longer than a file name may be (the
+    reconcile check lists every companion format, and the list grows) is cut and digested, still
+    found by its prefix. (A build failed with "File name too long" once the formats grew.)"""
+    ingest_paths(wh, [cases / "two_episodes.jsonl"], IngestOptions(source="cases"))
+    name = "reconcile:" + ",".join(f"companion-format-{i}" for i in range(40))
+    calls = []
+    first = cached(wh, name, ["raw_records"], lambda: calls.append(1) or {"x_violations": 0, "n": 3})
+    again = cached(wh, name, ["raw_records"], lambda: calls.append(1) or {"x_violations": 0, "n": 3})
+    assert (first["cached"], again["cached"], len(calls)) == (False, True, 1)
+    assert stored_result(wh, "reconcile:companion-format-0") == {"x_violations": 0, "n": 3}
+    assert max(len(p.name) for p in (wh.root / "_cache" / "checks").iterdir()) < 255
+    other = cached(wh, name + ",one-more", ["raw_records"], lambda: calls.append(1) or {"n": 4})
+    assert (other["cached"], other["n"], len(calls)) == (False, 4, 2)  # another long name: another file
 
 
 def test_definitions_load():

@@ -17,6 +17,8 @@ computer-use agents on a desktop. Its runner writes one folder per task,
   the episode's verdict (``osworld-evaluator``, a checker of the final state, not a model).
 - ``instruction.txt``: the task, written by some runners. Both are companions (``osworld-result``,
   ``osworld-instruction``): facts for the trajectory in the same folder, no episode.
+- ``runtime.log`` (the runner's log: kept, read by no one), the screenshots and ``recording.mp4``
+  (images and video: skipped at ingest).
 
 The model's turn is one model step (its response as text, its actions as calls of ``computer``;
 ``DONE`` is the agent's submit, ``FAIL`` its claim that the task cannot be done, a submit too),
@@ -32,7 +34,13 @@ from datetime import UTC, datetime
 from pathlib import PurePath
 from typing import Any
 
-from trajwh.ingest.adapters.base import Adapter, JsonlSessionAdapter, ParsedEpisode, RecordContext
+from trajwh.ingest.adapters.base import (
+    Adapter,
+    JsonlSessionAdapter,
+    KeptFile,
+    ParsedEpisode,
+    RecordContext,
+)
 from trajwh.ingest.adapters.common import (
     episode,
     json_text,
@@ -221,3 +229,19 @@ class OsworldInstructionAdapter(_FolderFile):
 
     def check_record(self, obj: Any) -> str | None:
         return None if obj.strip() else "an empty instruction"
+
+
+class OsworldRuntimeLogAdapter(KeptFile):
+    """``runtime.log``, the runner's log of one task beside ``traj.jsonl``: kept, read by no one."""
+
+    name = "osworld-runtime-log"
+    description = "runtime.log beside an OSWorld traj.jsonl (the runner's log; kept, not read)"
+
+    def sniff(self, path: str, head: bytes) -> bool:
+        return PurePath(path).name == "runtime.log" and b"\x00" not in head
+
+    def decode(self, data: bytes) -> Any:
+        return data.decode("utf-8", "replace")
+
+    def check_record(self, obj: Any) -> str | None:
+        return None

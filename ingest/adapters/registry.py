@@ -66,6 +66,7 @@ BUILTIN: tuple[Adapter, ...] = (
     swebench.SwebenchPredictionsAdapter(),
     osworld.OsworldResultAdapter(),
     osworld.OsworldInstructionAdapter(),
+    osworld.OsworldRuntimeLogAdapter(),
 )
 _REGISTRY: dict[str, Adapter] = {a.name: a for a in BUILTIN}
 
