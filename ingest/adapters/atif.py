@@ -20,7 +20,13 @@ import re
 from pathlib import PurePath
 from typing import Any
 
-from trajwh.ingest.adapters.base import Adapter, KeptFile, ParsedEpisode, RecordContext
+from trajwh.ingest.adapters.base import (
+    Adapter,
+    KeptFile,
+    KeptTextFile,
+    ParsedEpisode,
+    RecordContext,
+)
 from trajwh.ingest.adapters.common import (
     count_of,
     episode,
@@ -222,7 +228,7 @@ _HARBOR_FILE = re.compile(r"(?:^|[/\\])(?:agent[/\\]episode-\d+[/\\](?:prompt\.t
                           r"test-stderr\.txt))$")
 
 
-class HarborTrialFileAdapter(KeptFile):
+class HarborTrialFileAdapter(KeptTextFile):
     """The text files a Harbor trial keeps beside ``result.json`` and ``agent/trajectory.json``:
     ``agent/episode-<n>/prompt.txt`` and ``response.txt`` (each call's prompt and answer, which the
     trajectory holds), ``agent/<agent>.pane`` (the terminal), ``verifier/reward.txt`` and
@@ -244,11 +250,6 @@ class HarborTrialFileAdapter(KeptFile):
             b'"n_total_trials"' in head or (b'"job_name"' in head and b'"jobs_dir"' in head)
             or (b'"trial_name"' in head and b'"trials_dir"' in head))
 
-    def decode(self, data: bytes) -> Any:
-        return data.decode("utf-8")
-
-    def check_record(self, obj: Any) -> str | None:
-        return None
 
 
 class AtifMetricsAdapter(Adapter):

@@ -136,6 +136,16 @@ class KeptFile(Adapter, ABC):
         return []
 
 
+class KeptTextFile(KeptFile, ABC):
+    """A kept file of text (a log, a prompt), known by its name or place: any text is one."""
+
+    def decode(self, data: bytes) -> Any:
+        return data.decode("utf-8", "replace")
+
+    def check_record(self, obj: Any) -> str | None:
+        return None
+
+
 class JsonlSessionAdapter(Adapter, ABC):
     """A format where one file of JSON lines is one session (one record, one episode)."""
 

@@ -37,7 +37,7 @@ from typing import Any
 from trajwh.ingest.adapters.base import (
     Adapter,
     JsonlSessionAdapter,
-    KeptFile,
+    KeptTextFile,
     ParsedEpisode,
     RecordContext,
 )
@@ -231,7 +231,7 @@ class OsworldInstructionAdapter(_FolderFile):
         return None if obj.strip() else "an empty instruction"
 
 
-class OsworldRuntimeLogAdapter(KeptFile):
+class OsworldRuntimeLogAdapter(KeptTextFile):
     """``runtime.log``, the runner's log of one task beside ``traj.jsonl``: kept, read by no one."""
 
     name = "osworld-runtime-log"
@@ -239,9 +239,3 @@ class OsworldRuntimeLogAdapter(KeptFile):
 
     def sniff(self, path: str, head: bytes) -> bool:
         return PurePath(path).name == "runtime.log" and b"\x00" not in head
-
-    def decode(self, data: bytes) -> Any:
-        return data.decode("utf-8", "replace")
-
-    def check_record(self, obj: Any) -> str | None:
-        return None
