@@ -37,7 +37,6 @@ import re
 from pathlib import PurePath
 from typing import Any
 
-import orjson
 from trajwh.ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
 from trajwh.ingest.adapters.common import (
     count_of,
@@ -100,6 +99,13 @@ def _result_text(r: dict[str, Any]) -> str | None:
     return "\n".join([*said, *([error] if error else [])]) or None
 
 
+def _history(obj: Any) -> list[Any] | None:
+    """The steps of a record: ``history`` of a dumped list, or the list saved alone."""
+    if isinstance(obj, dict):
+        return obj["history"] if isinstance(obj.get("history"), list) else None
+    return obj if isinstance(obj, list) else None
+
+
 def _episode_id(path: str) -> str | None:
     p = PurePath(path)
     stem = p.name.split(".", 1)[0]
@@ -123,22 +129,18 @@ class BrowserUseAdapter(Adapter):
         # the history's list saved alone (``history.model_dump()["history"]``)
         return bool(_BARE.match(head)) and b'"model_output"' in head and b'"interacted_element"' in head
 
-    def decode(self, data: bytes) -> Any:
-        obj = orjson.loads(data)
-        return {"history": obj} if isinstance(obj, list) else obj
-
     def check_record(self, obj: Any) -> str | None:
-        if not isinstance(obj, dict) or not isinstance(obj.get("history"), list):
-            return "expected a browser-use history object with a 'history' list"
-        items = obj["history"]
+        items = _history(obj)
+        if items is None:
+            return "expected a browser-use history object with a 'history' list (or the list of its steps)"
         if not items:
             return "a browser-use history with no steps"
         if not all(isinstance(h, dict) and ("model_output" in h or "result" in h) for h in items):
             return "a browser-use history whose items are not steps (each has 'model_output' and 'result')"
         return None
 
-    def parse(self, obj: dict[str, Any], ctx: RecordContext) -> list[ParsedEpisode]:
-        items = [h for h in obj["history"] if isinstance(h, dict)]
+    def parse(self, obj: Any, ctx: RecordContext) -> list[ParsedEpisode]:
+        items = [h for h in _history(obj) or [] if isinstance(h, dict)]
         steps: list[dict[str, Any]] = []
         errors = 0
         urls: list[str] = []
@@ -192,7 +194,7 @@ class BrowserUseAdapter(Adapter):
                 termination = (f"environment: the judge found {why}: "
                                f"{str(judgement.get('failure_reason') or '').strip()}").strip()[:300]
         # the run's usage, when the list was dumped with it (``AgentHistoryList.usage``, 0.6+: a ``UsageSummary``)
-        usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else {}
+        usage = obj.get("usage") if isinstance(obj, dict) and isinstance(obj.get("usage"), dict) else {}
         cost = usage.get("total_cost")
         first = next((s["started_at"] for s in steps if s.get("started_at")), None)
         ends = [s["ended_at"] for s in steps if s.get("ended_at")]

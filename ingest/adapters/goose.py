@@ -30,6 +30,7 @@ import re
 from pathlib import PurePath
 from typing import Any
 
+import orjson
 from trajwh.ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
 from trajwh.ingest.adapters.common import (
     count_of,
@@ -49,6 +50,11 @@ _HARNESS_ITEMS = {"toolConfirmationRequest", "actionRequired", "frontendToolRequ
                   "contextLengthExceeded", "summarizationRequested"}
 
 
+def _image(c: dict[str, Any]) -> str:
+    """An image item named, never kept."""
+    return f"[image {c.get('mimeType') or ''}]".replace(" ]", "]")
+
+
 def _content_text(items: Any) -> str | None:
     """The text of MCP content items (text; a resource's text; an image named)."""
     out = []
@@ -61,7 +67,7 @@ def _content_text(items: Any) -> str | None:
         if c.get("type") == "text" and isinstance(c.get("text"), str):
             out.append(c["text"])
         elif c.get("type") == "image":
-            out.append(f"[image {c.get('mimeType') or ''}]".replace(" ]", "]"))
+            out.append(_image(c))
         elif c.get("type") == "resource" and isinstance(c.get("resource"), dict):
             res = c["resource"]
             out.append(res["text"] if isinstance(res.get("text"), str) else f"[resource {res.get('uri') or ''}]")
@@ -92,7 +98,7 @@ def _message_steps(m: dict[str, Any]) -> list[dict[str, Any]]:
         if kind == "text" and isinstance(c.get("text"), str):
             texts.append(c["text"])
         elif kind == "image":
-            texts.append(f"[image {c.get('mimeType') or ''}]".replace(" ]", "]"))
+            texts.append(_image(c))
         elif kind == "toolRequest":
             call = c.get("toolCall") if isinstance(c.get("toolCall"), dict) else {}
             value = call.get("value") if isinstance(call.get("value"), dict) else None
@@ -121,6 +127,26 @@ def _message_steps(m: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+#: items that make a step of the model's, the person's or a tool's (a later one means the session went on)
+_WORK_ITEMS = {"text", "image", "toolRequest", "toolResponse", "thinking", "redactedThinking"}
+
+
+def _out_of_context(messages: list[dict[str, Any]]) -> str | None:
+    """The message of a ``contextLengthExceeded`` notice that no later work followed (text the agent
+    alone sees is the harness's, not work), or None."""
+    notice = None
+    for m in messages:
+        meta = m.get("metadata") if isinstance(m.get("metadata"), dict) else {}
+        hidden = m.get("role") != "assistant" and meta.get("userVisible") is False
+        for c in m.get("content") or []:
+            kind = c.get("type") if isinstance(c, dict) else None
+            if kind == "contextLengthExceeded":
+                notice = str(c.get("msg") or c.get("message") or "")
+            elif kind in _WORK_ITEMS and not (hidden and kind in ("text", "image")):
+                notice = None
+    return notice
+
+
 class GooseAdapter(Adapter):
     name = "goose"
     version = "1.0.0"
@@ -134,8 +160,6 @@ class GooseAdapter(Adapter):
         return head.lstrip()[:1] == b"{" and b'"created"' in head and (b'"toolRequest"' in head or b'"toolResponse"' in head)
 
     def decode(self, data: bytes) -> Any:
-        import orjson
-
         try:
             return orjson.loads(data)  # an export: one object
         except orjson.JSONDecodeError:
@@ -174,11 +198,10 @@ class GooseAdapter(Adapter):
         times = [s["started_at"] for s in steps if s.get("started_at")]
         stem = PurePath(ctx.file_path).name.split(".", 1)[0]
         sid = meta.get("id") if isinstance(meta.get("id"), str) else (stem if stem and not stem.startswith("<") else None)
-        ended = next((s for s in reversed(steps) if s["author"] != "harness" or "contextLengthExceeded" in (s["metadata"] or "")),
-                     None)
         exit_status = termination = None
-        if ended is not None and "contextLengthExceeded" in (ended["metadata"] or ""):  # the session ran out of context
-            exit_status, termination = "context_length_exceeded", f"context length exceeded: {ended['text'] or ''}"[:300]
+        notice = _out_of_context(messages)
+        if notice is not None:  # the session ran out of context
+            exit_status, termination = "context_length_exceeded", f"context length exceeded: {notice}"[:300]
         ep = episode(
             source_episode_id=sid, task_text=task, harness_name="goose", exit_status=exit_status,
             termination_reason=termination,
