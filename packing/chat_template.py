@@ -29,7 +29,7 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from trajwh.packing.render import Rendered, role_of, step_content
+from trajwh.packing.render import Rendered, rendered_calls, role_of, step_content, trained_step
 from trajwh.schemas.errors import ConfigError
 
 _SENT = "\u27e6trajwh:{}\u27e7"
@@ -74,7 +74,7 @@ def _messages(steps: list[dict[str, Any]], skeleton: bool, without_calls: int | 
         role = role_of(step)
         content = step_content(step)
         m: dict[str, Any] = {"role": role, "content": _SENT.format(k) if skeleton and content else content}
-        calls = step.get("tool_calls") or [] if role == "assistant" else []
+        calls = rendered_calls(step) if role == "assistant" else []
         if calls and k != without_calls:
             m["tool_calls"] = [{"type": "function", "id": f"call_{k}_{j}", "function": {
                 "name": c.get("name"), "arguments": _SENT.format(f"{k}.{j}") if skeleton else _arguments(c)}}
@@ -106,7 +106,7 @@ def render_template(steps: list[dict[str, Any]], span: set[str], tok: Any,
     skel = run(_messages(steps, True))
     regions: dict[int, tuple[int, int]] = {}  # model step -> its calls' region in the skeleton
     for k, step in enumerate(steps):
-        if role_of(step) == "assistant" and step.get("tool_calls"):
+        if role_of(step) == "assistant" and rendered_calls(step):
             wo = run(_messages(steps, True, without_calls=k))
             suffix = len(os.path.commonprefix([skel[::-1], wo[::-1]]))
             start = len(wo) - suffix
@@ -129,7 +129,7 @@ def render_template(steps: list[dict[str, Any]], span: set[str], tok: Any,
         if m is not None and m.end() == b:
             k = int(m.group(1))
             step = steps[k]
-            trained = role_of(step) == "assistant" and step["step_id"] in span
+            trained = trained_step(step, span)
             out.current = step["step_id"]
             if m.group(2) is None:
                 text = step_content(step)
@@ -138,7 +138,7 @@ def render_template(steps: list[dict[str, Any]], span: set[str], tok: Any,
                 out.add(tok.encode(text), trained, text, source)
             else:
                 j = int(m.group(2))
-                args = _arguments(step["tool_calls"][j])
+                args = _arguments(rendered_calls(step)[j])
                 text = _tojson(args) if m.group(0).startswith('"') else str(args)
                 out.add(tok.encode(text), trained, text, f"tool_calls[{j}]")
             continue
@@ -146,7 +146,7 @@ def render_template(steps: list[dict[str, Any]], span: set[str], tok: Any,
         if in_region is not None:
             step = steps[in_region]
             out.current = step["step_id"]
-            out.add(tok.markup(text), step["step_id"] in span, text, "tool_calls")
+            out.add(tok.markup(text), trained_step(step, span), text, "tool_calls")
         else:
             k = owner(a)
             out.current = steps[k]["step_id"] if k is not None else None

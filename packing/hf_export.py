@@ -8,7 +8,8 @@ data_dir=DIR + "/data")`` finds the splits by file name; ``DIR/manifest.json`` l
 A message is ``{role, content, tool_calls, tool_call_id}`` with roles as the packed layer renders
 them (``packing.render.role_of``: model steps are ``assistant``, environment and tool output
 ``tool``, the system prompt ``system``, anything else ``user``); a tool call is ``{id, type:
-"function", function: {name, arguments}}`` with the arguments as the JSON string the model emitted.
+"function", function: {name, arguments}}`` with the arguments as the JSON string the model emitted
+(a model that wrote its calls in its text has them in its ``content`` only, as it wrote them).
 Episode rows carry ``trajectory_key``, ``split``, ``dedup_weight``, ``cluster_id``, outcome and
 cause, task, repository, harness and policy, and ``tools`` (the function schemas the model was
 shown, JSON). Fragment rows (``unit="fragments"``) carry the fragment's kind and span, its
@@ -34,10 +35,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from trajwh.lineage.catalog import Warehouse, now_utc
 from trajwh.lineage.storage import write_bytes_atomic
-from trajwh.packing.render import arguments_json, role_of, step_content
+from trajwh.packing.render import (
+    arguments_json,
+    rendered_calls,
+    role_of,
+    step_content,
+    trained_step,
+)
 from trajwh.schemas.errors import ConfigError
 
-HF_EXPORT_VERSION = "1.0.0"
+HF_EXPORT_VERSION = "1.1.0"  # 1.1: calls a model wrote in its text stay in its text (no tool_calls); a simulated user is a user
 UNITS = ("episodes", "fragments")
 SPLIT_FILE_NAMES = {"train": "train", "valid": "validation", "test": "test", "held_out": "held_out"}
 
@@ -63,7 +70,7 @@ def to_messages(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
         role = role_of(s)
         calls = [{"id": c.get("id") or f"call_{k}_{j}", "type": "function",
                   "function": {"name": c.get("name"), "arguments": arguments_json(c)}}
-                 for j, c in enumerate(s.get("tool_calls") or [])] if role == "assistant" else []
+                 for j, c in enumerate(rendered_calls(s))] if role == "assistant" else []
         out.append({"role": role, "content": step_content(s), "tool_calls": calls or None,
                     "tool_call_id": s.get("tool_call_id") if role == "tool" else None})
     return out
@@ -114,7 +121,7 @@ def _rows(wh: Warehouse, unit: str, split: str, where: str, exclude: set[str], t
                 chosen = [by_id[i] for i in r.pop("step_ids") if i in by_id]
                 span = set(r.pop("span_step_ids"))
                 r["messages"] = to_messages(chosen)
-                r["trained"] = [s["step_id"] in span and role_of(s) == "assistant" for s in chosen]
+                r["trained"] = [trained_step(s, span) for s in chosen]
             yield r
 
 

@@ -189,7 +189,7 @@ def episode_tools(wh: Warehouse, trajectory_key: str) -> list[dict] | None:
     """The tool definitions an episode's model was shown, as rendered in its packs."""
     return next(iter(tools_by_digest(wh, trajectory_key).values()), None)
 _STEPS_SQL = """
-    SELECT trajectory_key, step_id, step_index, author, role, text, observation, tool_calls FROM {steps}
+    SELECT trajectory_key, step_id, step_index, author, role, text, observation, tool_calls, metadata FROM {steps}
     WHERE trajectory_key IN (SELECT trajectory_key FROM ({units}) WHERE {dedup}) ORDER BY trajectory_key, step_index"""
 
 

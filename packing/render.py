@@ -28,7 +28,7 @@ import xxhash
 from trajwh.packing.tokenizers import Tokenizer
 
 TEMPLATE = "chatml-qwen2.5"
-TEMPLATE_VERSION = "1.1.0"
+TEMPLATE_VERSION = "1.2.0"  # 1.2: calls the model wrote in its text are not written again; a simulated user speaks as the user; the harness's assistant turns are assistant turns
 #: the exact text layout ``render`` writes; the template id is its digest, so any change to it is a new id
 TOOLS_PROSE = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
                "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
@@ -38,7 +38,10 @@ TOOLS_CLOSING = ("\n</tools>\n\nFor each function call, return a json object wit
 TEMPLATE_SPEC = f"""{TEMPLATE} {TEMPLATE_VERSION}
 turn: <|im_start|>{{role}}\n{{content}}<|im_end|>\n
 roles: system -> system; model -> assistant; environment or tool -> user; other -> user
-assistant content: {{text}} then per tool call ("\n" first unless it opens the turn):
+  (the environment speaking as the user, in text: a simulated user's reply, is a plain user turn;
+  a turn the harness wrote as the agent's, role assistant, is an assistant turn, never trained)
+assistant content: {{text}} then per tool call ("\n" first unless it opens the turn), unless the
+  model wrote its calls in its text (step metadata calls_in_text): then the text alone
   <tool_call>\n{{"name": NAME, "arguments": ARGUMENTS}}\n</tool_call> (JSON arguments verbatim, as
   emitted; other arguments as a JSON string)
 tool content: <tool_response>\n{{observation}}\n</tool_response>
@@ -141,6 +144,10 @@ def role_of(step: dict[str, Any]) -> str:
     author = step.get("author")
     if author in MODEL_AUTHORS:
         return "assistant"
+    if author == "harness" and step.get("role") == "assistant":
+        return "assistant"  # a turn the harness wrote as the agent's (a demonstration, a fixed greeting): never trained
+    if author == "environment" and step.get("role") == "user" and step.get("text") and not step.get("observation"):
+        return "user"  # a simulated user's reply (τ-bench): what it says, not a tool's output
     if author == "environment" or step.get("role") == "tool":
         return "tool"
     return "system" if step.get("role") == "system" else "user"
@@ -163,12 +170,39 @@ def tool_call_text(call: dict[str, Any]) -> str:
     return '{"name": ' + json.dumps(call.get("name"), ensure_ascii=False) + ', "arguments": ' + arguments_json(call) + "}"
 
 
+def trained_step(step: dict[str, Any], span: set[str]) -> bool:
+    """Is this step's content trained: a model step of the span (a harness turn written as the
+    agent's is context, whatever its role)."""
+    return step.get("author") in MODEL_AUTHORS and step["step_id"] in span
+
+
+def calls_in_text(step: dict[str, Any]) -> bool:
+    """Did the model write its calls in its text (a ReAct ``Action:``, a fenced command the harness
+    ran, Hermes ``<tool_call>`` written as text)? The adapter says so (step metadata
+    ``calls_in_text``); the calls are then read from the text for analysis, and the text alone is
+    what the model wrote."""
+    meta = step.get("metadata")
+    if not meta or "calls_in_text" not in meta:
+        return False
+    try:
+        return orjson.loads(meta).get("calls_in_text") is True
+    except (orjson.JSONDecodeError, AttributeError):
+        return False
+
+
+def rendered_calls(step: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tool calls a model turn writes as calls: none when they are in its text already."""
+    calls = step.get("tool_calls") or []
+    return [] if calls and calls_in_text(step) else calls
+
+
 def model_content(step: dict[str, Any]) -> list[tuple[str, str | None]]:
-    """A model step's content as (text, special token around it): its text, then each tool call."""
+    """A model step's content as (text, special token around it): its text, then each tool call
+    (``rendered_calls``)."""
     parts: list[tuple[str, str | None]] = []
     if step.get("text"):
         parts.append((step["text"], None))
-    for call in step.get("tool_calls") or []:
+    for call in rendered_calls(step):
         parts.append((tool_call_text(call), "<tool_call>"))
     return parts
 
@@ -228,7 +262,7 @@ def render(steps: list[dict[str, Any]], span: set[str], tok: Tokenizer, *,
         role = role_of(step)
         first = len(out.ids)
         out.current = step["step_id"]
-        trained = role == "assistant" and step["step_id"] in span
+        trained = trained_step(step, span)
         if role == "tool":
             turn("user\n<tool_response>\n")
             plain(step.get("observation") or step.get("text") or "", False,
@@ -269,7 +303,7 @@ def trained_text(steps: list[dict[str, Any]], span: set[str], tok: Tokenizer,
         return "".join(t for t, trained in zip(r.pieces, r.trained_pieces, strict=True) if trained)
     parts = []
     for step in steps:
-        if role_of(step) != "assistant" or step["step_id"] not in span:
+        if not trained_step(step, span):
             continue
         for i, (text, special) in enumerate(model_content(step)):
             if special is None:

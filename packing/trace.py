@@ -74,7 +74,7 @@ def trace_token(wh: Warehouse, pack_id: str, offset: int) -> TokenTrace:
         raise ConfigError(f"segment {seg['fragment_id']} of {p['pack_id']} has no fragment or evaluation episode now "
                           "(the layers changed since packing)", valid="rebuild the packs: trajwh pack")
     u = unit[0]
-    steps = wh.query("SELECT step_id, step_index, author, role, text, observation, tool_calls FROM redacted_steps "
+    steps = wh.query("SELECT step_id, step_index, author, role, text, observation, tool_calls, metadata FROM redacted_steps "
                      "WHERE trajectory_key = ? ORDER BY step_index", [u["trajectory_key"]]).to_pylist()
     by_id = {s["step_id"]: s for s in steps}
     order = u["step_ids"] if u["step_ids"] is not None else [s["step_id"] for s in steps]

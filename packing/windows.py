@@ -70,7 +70,8 @@ WINDOWED_SQL = """
 #: the steps of the trajectories to render, in order (``k``: trajectory key -> order key; ``steps``: where
 #: they are, ``Warehouse.rows_of``)
 RENDER_STEPS_SQL = """
-    SELECT k.ord_key AS chunk_key, s.trajectory_key, s.step_id, s.step_index, s.author, s.role, s.text, s.observation, s.tool_calls
+    SELECT k.ord_key AS chunk_key, s.trajectory_key, s.step_id, s.step_index, s.author, s.role, s.text, s.observation, s.tool_calls,
+      s.metadata
     FROM {steps} s JOIN (SELECT unnest(?::VARCHAR[]) AS trajectory_key, unnest(?::VARCHAR[]) AS ord_key) k
     USING (trajectory_key) ORDER BY k.ord_key, s.step_index"""
 _REDACTED = ["redacted_episodes", "redacted_steps", "redacted_tool_schemas"]

@@ -1016,6 +1016,96 @@ def test_agentbench_runs(wh, tmp_path, cases):
     assert classify_outcome(failed, []).cause == "resource_exhausted"
 
 
+def test_tau_bench_runs(wh, tmp_path, cases):
+    """τ-bench results (a JSON array per run, tool-calling and ReAct agents) and τ²-bench results
+    (info, tasks, simulations): the simulated user's turns are the environment's and render as user
+    turns; a ReAct agent's actions are calls read from its text (rendered once, as written) and the
+    next "API output:" turn their result; the orchestrator's greeting is the harness's; the user's
+    own device calls stay out of the agent's steps; the reward is the verdict; τ²'s max_steps a
+    budget; the domain and the model come from the policy heading, the file name or the run's info."""
+    from trajwh.fragments.outcomes import classify_outcome
+    from trajwh.packing.render import model_content, role_of
+
+    src = cases / "tau_bench"
+    assert {f.name: detect(str(f), read_head(f)).name for f in src.rglob("*.json")
+            if detect(str(f), read_head(f)).name != "tau-bench"} == {
+        "results.json": "tau2-results", "0b7e2f6c-4a11-4f0e-9b9d-6d2c1a7e3333.json": "tau2-simulation"}
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "tool-calling-x-0.0_range_0-1_user-y-llm_0101010101.json").write_text(json.dumps(
+        [{"task_id": 1, "reward": 1.0, "info": {}, "traj": [{"role": "user", "content": "hi"}], "trial": 0},
+         {"task_id": 2, "reward": 0.0, "info": {}, "trial": 0}]))
+    s = ingest_paths(wh, [src, bad], IngestOptions(source="tau"))
+    assert (s.n_new, s.n_quarantined) == (5, 1)
+    [q] = rows(wh, "SELECT reason FROM quarantine")
+    assert "row 1: expected a τ-bench result" in q["reason"]
+    normalize_warehouse(wh, run_id="t")
+    eps = {e["source_episode_id"]: e for e in rows(
+        wh, "SELECT source_episode_id, task_id, task_text, policy_name, harness_name, resolved, reward, attempt, "
+            "exit_status, termination_reason, verifier_name, tokens_in, tokens_out, cost_usd, trajectory_key, "
+            "tool_schema_digest FROM episodes")}
+    run = "tool-calling-gpt-4o-0.0_range_0-2_user-gpt-4o-llm_1205143010"
+    ok, wrong = eps[f"{run}/3#0"], eps[f"{run}/3#1"]
+    assert (ok["task_id"], ok["policy_name"], ok["harness_name"], ok["resolved"], ok["attempt"], ok["verifier_name"]) == (
+        "retail/3", "gpt-4o", "tau-bench", True, 0, "tau-bench:retail")
+    assert ok["task_text"].startswith("You are Yusuf Rossi")  # the user's hidden instruction, not their first words
+    assert (wrong["resolved"], wrong["attempt"], classify_outcome(wrong, []).cause) == (False, 1, "tests_failed")
+    # a run that raised (here the model's rate limit) recorded reward 0 and no conversation: no verdict, not the policy's
+    raised = eps[f"{run}/4#0"]
+    assert (raised["resolved"], raised["reward"], raised["exit_status"]) == (None, None, "error")
+    assert raised["termination_reason"].startswith("provider quota") and classify_outcome(raised, []).cause == "resource_exhausted"
+
+    def steps_of(ep):
+        return rows(wh, "SELECT step_id, author, role, text, observation, tool_calls, tool_call_id, action_kind, metadata "
+                        "FROM steps WHERE trajectory_key = ? ORDER BY step_index", [ep["trajectory_key"]])
+
+    got = steps_of(ok)
+    assert [(x["author"], x["role"]) for x in got] == [
+        ("harness", "system"), ("environment", "user"), ("model", "assistant"), ("environment", "tool"),
+        ("model", "assistant"), ("environment", "user")]
+    assert got[3]["tool_call_id"] == got[2]["tool_calls"][0]["id"] == "call_kQ1"
+    assert orjson.loads(got[1]["metadata"])["simulated_user"] and role_of(got[1]) == "user" and role_of(got[3]) == "tool"
+    # a ReAct agent: actions in its text, results as "API output:" user turns, "respond" talks to the user
+    react = eps["react-claude-3-5-sonnet-20240620-0.0_range_0--1_user-gpt-4o-llm_1207091500/12#0"]
+    assert (react["task_id"], react["policy_name"], react["resolved"]) == ("airline/12", "claude-3-5-sonnet-20240620", False)
+    got = steps_of(react)
+    assert [(x["author"], x["role"]) for x in got] == [
+        ("harness", "system"), ("environment", "user"), ("model", "assistant"), ("environment", "tool"),
+        ("model", "assistant"), ("environment", "user"), ("model", "assistant"), ("environment", "tool")]
+    assert [c["name"] for c in got[2]["tool_calls"]] == ["get_reservation_details"] and not got[4]["tool_calls"]
+    assert got[3]["tool_call_id"] == got[2]["tool_calls"][0]["id"] and got[3]["observation"].startswith('{"reservation_id"')
+    assert got[7]["observation"] == "Transfer successful"
+    assert [special for _, special in model_content(got[2])] == [None]  # the action is written once: in the text
+    assert [special for _, special in model_content(steps_of(ok)[2])] == ["<tool_call>"]  # a native call stays a call
+    # τ²-bench: one run's results, two simulations
+    done, cut = eps["5f0c2b9e-1d2a-4c51-9a07-3b8e51f0a111"], eps["9d41e7aa-7c0e-4f0b-8a55-0c2f6f9b2222"]
+    assert (done["task_id"], done["policy_name"], done["harness_name"], done["resolved"], done["exit_status"]) == (
+        "telecom/[roaming_disabled]airplane_mode_on", "gpt-4.1", "tau2-bench", True, "user_stop")
+    assert (done["tokens_in"], done["tokens_out"], done["cost_usd"]) == (6800, 73, 0.0312)
+    assert "reason_for_call: Your phone has no mobile data in France." in done["task_text"]
+    [tools] = rows(wh, "SELECT tool_names FROM tool_schemas WHERE tool_schema_digest = ?", [done["tool_schema_digest"]])
+    assert tools["tool_names"] == ["get_customer_by_phone", "enable_roaming"]
+    got = steps_of(done)
+    assert [(x["author"], x["role"]) for x in got] == [
+        ("harness", "system"), ("harness", "assistant"), ("environment", "user"), ("model", "assistant"),
+        ("environment", "tool"), ("model", "assistant"), ("environment", "tool"), ("model", "assistant"),
+        ("environment", "user"), ("environment", "user")]
+    assert got[0]["text"].startswith("# Telecom Agent Policy") and got[1]["text"] == "Hi! How can I help you today?"
+    assert orjson.loads(got[6]["metadata"])["is_error"] is True
+    device = orjson.loads(got[8]["metadata"])  # the user's own tool call and its result: not the agent's steps
+    assert device["user_tool_calls"][0]["name"] == "toggle_airplane_mode"
+    assert device["user_tool_results"] == [{"id": "call_U1", "content": "Airplane mode is now OFF.", "error": False}]
+    assert (cut["resolved"], cut["attempt"], cut["exit_status"]) == (False, 1, "max_steps")
+    assert classify_outcome(cut, []).cause == "budget_exhausted"
+    # a run saved as a folder: results.json (info and tasks, a companion) and a file per simulation
+    alone = eps["0b7e2f6c-4a11-4f0e-9b9d-6d2c1a7e3333"]
+    assert (alone["task_id"], alone["policy_name"], alone["verifier_name"], alone["exit_status"]) == (
+        "retail/7", "claude-sonnet-4-20250514", "tau2-bench:retail", "agent_error")
+    assert alone["task_text"].startswith("You are Noah Brown") and classify_outcome(alone, []).cause == "harness_crash"
+    assert [(x["author"], x["role"]) for x in steps_of(alone)] == [
+        ("harness", "system"), ("harness", "assistant"), ("environment", "user")]
+
+
 def test_goose_sessions(wh, tmp_path, cases):
     """Goose sessions, as the JSON lines it kept (a metadata line, then messages) and as an export:
     the person's text is human (text written for the agent alone the harness's), tool requests are

@@ -732,6 +732,36 @@ def _qwen_jinja(messages: list[dict], tools: list[dict] | None) -> str:
                                                                                            tools=tools)
 
 
+def test_calls_written_in_text_are_trained_once_and_a_simulated_user_speaks_as_a_user(hf_folder: Path):
+    """A model that acts in text (a ReAct ``Action:``, a fenced command) wrote its call once, in its
+    text: the calls read from it (step metadata ``calls_in_text``) are not written again as
+    ``<tool_call>`` blocks, by the built-in template or a folder's own; the trained tokens are the
+    text as written. A simulated user's reply (the environment speaking, in text) is a user turn,
+    not a tool response; a turn the harness wrote as the agent's is an assistant turn, never
+    trained. A native call is still written as a call."""
+    action = 'Thought: look it up.\nAction:\n{"name": "get_order", "arguments": {"id": "7"}}'
+    steps = [{"step_id": "s", "author": "harness", "role": "system", "text": "You are an agent."},
+             {"step_id": "g", "author": "harness", "role": "assistant", "text": "Hi! How can I help you today?"},
+             {"step_id": "u", "author": "environment", "role": "user", "text": "Where is my order 7?",
+              "metadata": '{"simulated_user":true}'},
+             {"step_id": "m", "author": "model", "role": "assistant", "text": action,
+              "tool_calls": [{"name": "get_order", "arguments": '{"id": "7"}'}], "metadata": '{"calls_in_text":true}'},
+             {"step_id": "o", "author": "environment", "role": "tool", "observation": '{"status": "shipped"}'}]
+    msgs = [{"role": "system", "content": "You are an agent."},
+            {"role": "assistant", "content": "Hi! How can I help you today?"},
+            {"role": "user", "content": "Where is my order 7?"},
+            {"role": "assistant", "content": action}, {"role": "tool", "content": '{"status": "shipped"}'}]
+    for tok in (get_tokenizer(), get_tokenizer(str(hf_folder))):
+        # the harness's greeting is an assistant turn, in the span yet never trained
+        r = render(steps, {"g", "m"}, tok)
+        assert r.text == _qwen_jinja(msgs, None) == tok.decode(r.ids)
+        assert tok.decode([t for t, m in zip(r.ids, r.mask, strict=True) if m]) == action
+        _check(r, steps, {"g", "m"}, tok)
+    native = {**steps[3], "metadata": None}
+    r = render([*steps[:3], native, steps[4]], {"m"}, get_tokenizer())
+    assert r.text.count("<tool_call>") == 1 and "Where is my order 7?<|im_end|>" in r.text
+
+
 def test_builtin_template_writes_what_qwen_writes_tools_included():
     """The built-in ChatML is Qwen2.5's template: same text, tool definitions in the system turn
     (never trained), tool-call arguments verbatim as the model emitted them."""

@@ -592,7 +592,7 @@ def _meta(m: dict[str, Any]) -> dict[str, Any]:
 
 class ChatMessagesAdapter(Adapter):
     name = "chat-messages"
-    version = "1.4.0"  # 1.1: Cline results and calls in text, the Responses API's built-in tools; 1.2: what a person typed in Cline is human; 1.3: smolagents messages and memory steps; 1.4: tokens and cost of model messages, Cline's task id, start and model
+    version = "1.5.0"  # 1.5: calls read from a model's text are marked so (rendered once); 1.1: Cline results and calls in text, the Responses API's built-in tools; 1.2: what a person typed in Cline is human; 1.3: smolagents messages and memory steps; 1.4: tokens and cost of model messages, Cline's task id, start and model
     framing = "jsonl"  # a row per line; a pretty-printed row or an array of rows is one document
     row_arrays = True  # an array of rows too large for one record: a record per row
     description = "chat-message rows: OpenAI messages or ShareGPT conversations (agent SFT datasets)"
@@ -714,6 +714,8 @@ class ChatMessagesAdapter(Adapter):
                 tin, tout, cost = _usage(m)
                 totals = [a + (b or 0) for a, b in zip(totals, (tin, tout, cost), strict=True)]
                 seen_usage |= any(v is not None for v in (tin, tout, cost))
+                if p.calls and p.from_text and text:  # its calls are in its text: rendered once, as written
+                    meta["calls_in_text"] = True
                 steps.append(step("assistant", "model", text=text, tool_calls=p.calls,
                                   action_command=None if p.calls or not text_acting else command_in_text(text),
                                   started_at=when, tokens_in=tin, tokens_out=tout,

@@ -65,7 +65,7 @@ def _tool_result(message: dict[str, Any], text: str | None) -> dict[str, Any]:
 
 class MiniSweAgentAdapter(Adapter):
     name = "mini-swe-agent"
-    version = "1.1.0"
+    version = "1.2.0"  # 1.2: 1.x commands copied to extra.actions are marked as written in the text
     framing = "document"
     description = "mini-swe-agent .traj.json (+ SWE-bench report.json / results_summary.json)"
     consumes_facts = True
@@ -94,9 +94,12 @@ class MiniSweAgentAdapter(Adapter):
             elif role == "assistant":
                 t_in, t_out, created = _usage(m.get("extra"))
                 calls = _calls(m)
+                # 1.x: the commands the harness copied to extra.actions are the ones the model wrote in its text
+                in_text = bool(calls) and not m.get("tool_calls") and bool(text)
                 steps.append(step("assistant", "model", text=text, tool_calls=calls,
                                   action_command=None if calls else command_in_text(text),
-                                  tokens_in=t_in, tokens_out=t_out, started_at=created))
+                                  tokens_in=t_in, tokens_out=t_out, started_at=created,
+                                  metadata={"calls_in_text": True} if in_text else None))
             elif role == "tool":
                 steps.append(_tool_result(m, text))
             elif role == "exit":  # 2.x: the harness closes the run with the submission

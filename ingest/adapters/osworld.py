@@ -101,7 +101,7 @@ def _layout(path: str) -> tuple[str | None, str | None, str | None, str | None]:
 
 class OsworldAdapter(JsonlSessionAdapter):
     name = "osworld"
-    version = "1.0.0"
+    version = "1.1.0"  # 1.1: a response's actions are marked as written in its text
     description = "OSWorld runner's traj.jsonl (a computer-use agent's actions, with result.txt's score beside it)"
     consumes_facts = True
 
@@ -139,8 +139,9 @@ class OsworldAdapter(JsonlSessionAdapter):
                 turn = line.get("step_num", f"line {n}")
                 response = line.get("response")
                 text = response if isinstance(response, str) else json_text(response) if response else None
+                # the response holds the actions the runner parsed from it: written once, in the text
                 owner = step("assistant", "model", text=text, tool_calls=[_call(line.get("action"), call_id)],
-                             started_at=when, metadata={"step_num": turn})
+                             started_at=when, metadata={"step_num": turn, **({"calls_in_text": True} if text else {})})
                 steps.append(owner)
             else:  # another action of the same turn: a call of the turn's model step
                 owner["tool_calls"].append(_call(line.get("action"), call_id))

@@ -25,6 +25,7 @@ from trajwh.ingest.adapters import (
     osworld,
     swe_agent,
     swebench,
+    tau_bench,
     trae_agent,
 )
 from trajwh.ingest.adapters.base import Adapter
@@ -51,6 +52,9 @@ BUILTIN: tuple[Adapter, ...] = (
     osworld.OsworldAdapter(),
     agentbench.AgentBenchAdapter(),
     goose.GooseAdapter(),
+    tau_bench.Tau2RunAdapter(),  # a results.json beside simulations/: before the results documents it looks like
+    tau_bench.Tau2SimulationAdapter(),
+    tau_bench.TauBenchAdapter(),
     # a Cline task folder's other files: kept, read by no one (the conversation is its history, a chat-messages file)
     cline.ClineUiMessagesAdapter(),
     cline.ClineTaskMetadataAdapter(),
