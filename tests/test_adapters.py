@@ -1179,6 +1179,38 @@ def test_harbor_trial_results_give_atif_trajectories_their_verdict(wh, cases):
     assert classify_outcome(timed_out, []).cause == "budget_exhausted"
 
 
+def test_an_agents_own_logs_beside_harbors_trajectory_are_kept_not_read_again(wh, tmp_path, cases):
+    """A Harbor trial's agent/ folder holds the run as Harbor's ATIF trajectory.json and again as the
+    agent's own logs (Claude Code's stream-json claude-code.txt and its sessions/ files): with the
+    trajectory beside them they are kept, so the trial is one episode, not three. A trial without
+    trajectory.json (an agent Harbor does not convert) has its logs read."""
+    import shutil
+
+    src = tmp_path / "job"
+    shutil.copytree(cases / "harbor" / "2025-11-20__10-00-00", src)
+    stream = (cases / "claude_headless" / "stream.jsonl").read_bytes()
+    session = (cases / "claude" / "5b1f0c2e-7a41-4c55-9d0e-1a2b3c4d5e6f.jsonl").read_bytes()
+    agent = src / "fix-permissions__d41e07" / "agent"
+    (agent / "claude-code.txt").write_bytes(stream)
+    (agent / "sessions" / "projects" / "-app").mkdir(parents=True)
+    (agent / "sessions" / "projects" / "-app" / "5b1f0c2e-7a41-4c55-9d0e-1a2b3c4d5e6f.jsonl").write_bytes(session)
+    bare = src / "no-trajectory__e5f6a7" / "agent"  # Harbor did not convert this agent's run
+    bare.mkdir(parents=True)
+    (bare.parent / "result.json").write_bytes((src / "fix-permissions__d41e07" / "result.json").read_bytes().replace(
+        b"fix-permissions__d41e07", b"no-trajectory__e5f6a7"))
+    (bare / "claude-code.txt").write_bytes(stream.replace(b"9a1b2c3d-0000", b"9a1b2c3d-1111"))  # another run
+    names = {str(f.relative_to(src)): detect(str(f), read_head(f)).name for f in src.rglob("*.*")}
+    assert names["fix-permissions__d41e07/agent/claude-code.txt"] == "harbor-agent-log"
+    assert names["fix-permissions__d41e07/agent/sessions/projects/-app/5b1f0c2e-7a41-4c55-9d0e-1a2b3c4d5e6f.jsonl"] \
+        == "harbor-agent-log"
+    assert names["no-trajectory__e5f6a7/agent/claude-code.txt"] == "claude-code"
+    assert names["fix-permissions__d41e07/agent/trajectory.json"] == "atif"
+    s = ingest_paths(wh, [src], IngestOptions(source="harbor"))
+    normalize_warehouse(wh, run_id="t")
+    assert (s.n_new, s.n_quarantined) == (16, 0)
+    assert sorted(r["format"] for r in rows(wh, "SELECT format FROM episodes")) == ["atif", "atif", "claude-code"]
+
+
 def test_claude_code_headless_stream(wh, tmp_path, cases):
     """A headless Claude Code run (stream-json): the init line names the model and tools (not a step),
     a streamed message's tokens are counted once at their largest, a subagent's messages carry the Task

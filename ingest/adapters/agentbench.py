@@ -29,14 +29,13 @@ from typing import Any
 import orjson
 from trajwh.ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
 from trajwh.ingest.adapters.chat_messages import ChatMessagesAdapter
-from trajwh.ingest.adapters.common import json_text, ts
+from trajwh.ingest.adapters.common import RATE_LIMIT, json_text, ts
 
 _HEAD = re.compile(rb'\A\s*\{\s*"index"\s*:')
 #: AgentBench's sample statuses, as the outcome rules read them
 _STATUS = {"task limit reached": "max turns reached (AgentBench: task limit reached)",
            "agent context limit": "context length exceeded (AgentBench: agent context limit)",
            "task error": "environment: the task server failed (AgentBench: task error)"}
-_RATE_LIMIT = re.compile(r"rate.?limit|too many requests|\b429\b", re.I)
 _VERDICT_KEYS = ("result", "is_correct", "correct", "success")
 
 
@@ -58,7 +57,7 @@ def _verdict(result: Any) -> tuple[bool | None, float | None]:
 
 class AgentBenchAdapter(Adapter):
     name = "agentbench"
-    version = "1.0.0"
+    version = "1.0.1"  # 1.0.1: an error naming a quota is the provider's too (common.RATE_LIMIT)
     framing = "jsonl"
     description = "AgentBench runs.jsonl / error.jsonl (a sample per line: its status, result and user/agent history)"
 
@@ -88,7 +87,7 @@ class AgentBenchAdapter(Adapter):
         termination = _STATUS.get(status or "")
         if obj.get("error"):  # the task client's failure (starting, the network, the model's API): not the policy's
             status, info = "error", str(obj.get("info") or "")
-            kind = "provider quota" if _RATE_LIMIT.search(info) else "infrastructure"
+            kind = "provider quota" if RATE_LIMIT.search(info) else "infrastructure"
             termination = f"{kind} ({obj['error']}): {info}".rstrip(": ")[:300]
         when = obj.get("time") if isinstance(obj.get("time"), dict) else {}
         ep = parsed.episode

@@ -17,7 +17,7 @@ other system steps are ``harness``; the user message that is the benchmark's ins
 from __future__ import annotations
 
 import re
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import Any
 
 from trajwh.ingest.adapters.base import (
@@ -250,6 +250,40 @@ class HarborTrialFileAdapter(KeptTextFile):
             b'"n_total_trials"' in head or (b'"job_name"' in head and b'"jobs_dir"' in head)
             or (b'"trial_name"' in head and b'"trials_dir"' in head))
 
+
+
+def _trial_agent_folder(path: str) -> Path | None:
+    """The ``agent/`` folder of a Harbor trial that holds ``path`` (at any depth), when that folder
+    has Harbor's ``trajectory.json`` and the trial its ``result.json``; else None."""
+    parts = PurePath(path).parts
+    if "agent" not in parts[:-1]:
+        return None
+    i = len(parts) - 2 - parts[:-1][::-1].index("agent")
+    agent = Path(*parts[:i + 1])
+    try:
+        return agent if (agent / "trajectory.json").is_file() and (agent.parent / "result.json").is_file() else None
+    except OSError:
+        return None
+
+
+class HarborAgentLogAdapter(KeptTextFile):
+    """An installed agent's own logs in a Harbor trial's ``agent/`` folder, when Harbor converted
+    the run to ``agent/trajectory.json`` beside them: Claude Code's ``claude-code.txt`` (its
+    stream-json output) and ``sessions/`` (its session files), Codex's ``codex.txt`` and rollouts,
+    the setup commands' output. They hold the same run as the trajectory: read as episodes too, one
+    trial would be two or three episodes (each attempt counted again in the task statistics). They
+    are kept, read by no one; the trial is its trajectory, with the verdict of its ``result.json``.
+    In a trial without ``trajectory.json`` (an agent Harbor does not convert) they are read."""
+
+    name = "harbor-agent-log"
+    description = "an agent's own logs beside a Harbor trial's trajectory.json (the same run: kept, not read)"
+
+    def sniff(self, path: str, head: bytes) -> bool:
+        name = PurePath(path).name
+        if b"\x00" in head or name.startswith("trajectory") or name in ("metrics.json", "debug.json") \
+                or _HARBOR_FILE.search(path):
+            return False
+        return _trial_agent_folder(path) is not None
 
 
 class AtifMetricsAdapter(Adapter):

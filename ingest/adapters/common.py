@@ -10,6 +10,9 @@ from typing import Any
 import orjson
 from trajwh.schemas import ids
 
+#: an error text that names the model provider's rate limit or quota (a run it ended is the provider's, not the policy's)
+RATE_LIMIT = re.compile(r"rate.?limit|too many requests|\b429\b|quota", re.I)
+
 
 def ts(value: Any) -> datetime | None:
     """A timestamp from ISO text (with or without zone; no zone means UTC as the harnesses

@@ -36,6 +36,7 @@ from trajwh.schemas.errors import ConfigError
 BUILTIN: tuple[Adapter, ...] = (
     native.NativeAdapter(),
     atif.AtifAdapter(),
+    atif.HarborAgentLogAdapter(),  # an agent's own logs beside Harbor's trajectory.json: before the formats that read them
     inspect_ai.InspectAdapter(),  # declares itself (an 'eval' header with run and task ids)
     swe_agent.SweAgentAdapter(),
     mini_swe_agent.MiniSweAgentAdapter(),

@@ -54,6 +54,7 @@ from typing import Any
 import orjson
 from trajwh.ingest.adapters.base import Adapter, ParsedEpisode, RecordContext
 from trajwh.ingest.adapters.common import (
+    RATE_LIMIT,
     episode,
     id_text,
     json_text,
@@ -75,7 +76,6 @@ _RUN_NAME = re.compile(r"^(?P<strategy>orchestrated-tool-calling|tool-calling|ac
 _POLICY_HEADING = re.compile(r"^\s*#\s*([A-Za-z][\w ]*?)\s+agent\s+policy", re.I)
 _RESPOND = "respond"
 _SUCCESS = 1.0 - 1e-6
-_RATE_LIMIT = re.compile(r"rate.?limit|too many requests|\b429\b|quota", re.I)
 #: τ²-bench's termination reasons, as the outcome rules read them (user_stop / agent_stop end normally)
 _TERMINATION = {
     "max_steps": "max steps reached (tau2-bench: max_steps)",
@@ -283,7 +283,7 @@ def _v1_episode(row: dict[str, Any], ctx: RecordContext, index: int | None) -> P
     termination = None
     if failure is not None:  # the run raised (the model's API, the user simulator, the harness): no verdict
         steps.append(step("system", "harness", text=str(info.get("traceback") or failure), metadata={"error": failure}))
-        kind = "provider quota" if _RATE_LIMIT.search(failure) else "harness exception"
+        kind = "provider quota" if RATE_LIMIT.search(failure) else "harness exception"
         termination = f"{kind} (tau-bench: the run raised): {failure}"[:300]
     counts = link_observations(steps)
     number_steps(steps)
