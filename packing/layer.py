@@ -13,6 +13,7 @@ window, not the layer. Which fragments: trainable ones of every split that gives
 from __future__ import annotations
 
 import dataclasses
+import re
 import uuid
 from array import array
 from collections.abc import Callable, Iterable, Iterator
@@ -239,15 +240,25 @@ def _config_rules(cfg: PackConfig, tok: Any) -> str:
             f"dedup={cfg.dedup};packer={cfg.packer};evaluation={cfg.evaluation};window={cfg.window}")
 
 
+def _upgrade_neutral(rules: str) -> str:
+    """A configuration's rules with the built-in template's id reduced to its name: an earlier
+    version of the built-in template is the same configuration made by older code (a folder's
+    own template is the user's choice, and its id stays)."""
+    from trajwh.packing.render import TEMPLATE
+
+    return re.sub(rf"template={re.escape(TEMPLATE)}@[0-9a-f]+", f"template={TEMPLATE}", rules)
+
+
 def _outdated_sets(wh: Warehouse, cfg: PackConfig, tok: Any) -> list[dict[str, Any]]:
-    """The files (layouts and token rows) of the sets an earlier packing version made from this
-    configuration: the build of the current version replaces them (an upgrade never leaves the old
-    set beside the new)."""
+    """The files (layouts and token rows) of the sets an earlier packing version, or an earlier
+    version of the built-in template, made from this configuration: the build of the current
+    version replaces them (an upgrade never leaves the old set beside the new)."""
+    current = f"{TRANSFORM}@{PACKS_VERSION};set={pack_set_id(cfg, tok)};"
+    want = [_upgrade_neutral(_config_rules(cfg, tok))]
     return [r for r in wh.query(
         "SELECT path, transform_version FROM table_files WHERE table_name IN ('packs', 'pack_tokens', ?) AND "
-        "NOT starts_with(transform_version, ?)",
-        [STAGED, f"{TRANSFORM}@{PACKS_VERSION};"]).to_pylist()
-        if r["transform_version"].split(";inputs=")[0].split(";", 2)[2:] == [_config_rules(cfg, tok)]]
+        "NOT starts_with(transform_version, ?)", [STAGED, current]).to_pylist()
+        if [_upgrade_neutral(x) for x in r["transform_version"].split(";inputs=")[0].split(";", 2)[2:]] == want]
 
 
 def _forget_caches(wh: Warehouse, outdated: list[dict[str, Any]]) -> None:

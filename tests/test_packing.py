@@ -305,9 +305,9 @@ def test_packs_table_per_split_beside_other_pack_sets(built: Warehouse):
 
 
 def test_a_new_packing_version_replaces_its_configurations_old_set(built: Warehouse, tmp_path: Path, monkeypatch):
-    """A set an earlier packing version made leaves when the current version builds the same
-    configuration (an upgrade never leaves two sets of one configuration); a set of another
-    configuration stays. Token columns are stored int32 / int8, without dictionaries."""
+    """A set an earlier packing version (or an earlier version of the built-in template) made leaves
+    when the current version builds the same configuration (an upgrade never leaves two sets of one
+    configuration); a set of another configuration stays. Token columns are stored int32 / int8, without dictionaries."""
     import shutil
 
     import pyarrow.parquet as pq
@@ -350,6 +350,16 @@ def test_a_new_packing_version_replaces_its_configurations_old_set(built: Wareho
     for name in ("input_ids.list.element", "loss_mask.list.element"):
         assert not columns[name].has_dictionary_page, name
     assert columns["pack_set"].has_dictionary_page  # the other columns keep theirs
+    # a set an earlier version of the built-in template made is this configuration's too: it leaves
+    from trajwh.packing import render as render_module
+
+    with monkeypatch.context() as m:
+        m.setattr(render_module, "TEMPLATE_ID", "chatml-qwen2.5@0123456789abcdef")
+        older = build_packs(wh, run_id="template-old", cfg=cfg)
+    assert older.pack_set != new.pack_set
+    assert build_packs(wh, run_id="template-new", cfg=cfg).pack_set == new.pack_set
+    sets = set(wh.query("SELECT DISTINCT pack_set FROM packs").column(0).to_pylist())
+    assert older.pack_set not in sets and {new.pack_set, kept.pack_set} <= sets
 
 
 def _assembled(wh: Warehouse, where: str = "true", params: list | None = None) -> list[dict]:
