@@ -1211,6 +1211,45 @@ def test_an_agents_own_logs_beside_harbors_trajectory_are_kept_not_read_again(wh
     assert sorted(r["format"] for r in rows(wh, "SELECT format FROM episodes")) == ["atif", "atif", "claude-code"]
 
 
+def test_qwen_code_sessions(wh, tmp_path, cases):
+    """Qwen Code's session lines share Claude Code's keys (uuid, parentUuid, sessionId, type) but
+    hold Gemini-style messages (role and parts): read as Claude Code they were empty messages. They
+    are read as Qwen Code: the branch that ends at the last record (a rewound branch and a subagent's
+    records left out, counted), calls and their results by id (a failed one flagged), thinking as
+    reasoning, a chat compression as the harness's step, tokens summed. A file whose lines look like
+    Claude Code's but hold no Claude message is quarantined, never read as empty steps."""
+    src = cases / "qwen_code"
+    [f] = src.iterdir()
+    assert detect(str(f), read_head(f)).name == "qwen-code"
+    odd = tmp_path / "odd" / "9e8d7c6b-0000-4000-8000-000000000000.jsonl"
+    odd.parent.mkdir()
+    odd.write_text(json.dumps({"uuid": "x", "parentUuid": None, "sessionId": "s", "type": "user",
+                               "message": {"parts": [{"text": "hi"}]}}) + "\n")
+    assert detect(str(odd), read_head(odd)).name == "claude-code"
+    s = ingest_paths(wh, [src, odd.parent], IngestOptions(source="qwen"))
+    assert (s.n_new, s.n_quarantined) == (1, 1)
+    [q] = rows(wh, "SELECT reason FROM quarantine")
+    assert "no user or assistant line holds a Claude message" in q["reason"]
+    normalize_warehouse(wh, run_id="t")
+    [ep] = rows(wh, "SELECT source_episode_id, harness_name, harness_version, policy_name, task_text, tokens_in, tokens_out, "
+                    "trajectory_key, metadata FROM episodes")
+    assert (ep["source_episode_id"], ep["harness_name"], ep["harness_version"], ep["policy_name"]) == (
+        "3c2b1a09-5e4d-4f3a-9b2c-1d0e9f8a7b6c", "qwen-code", "0.0.11", "qwen3-coder-plus")
+    assert ep["task_text"].startswith("csvcut drops the last column") and (ep["tokens_in"], ep["tokens_out"]) == (17500, 80)
+    meta = orjson.loads(ep["metadata"])
+    assert (meta["records_off_branch"], meta["sidechain_records"], meta["system_records"]) == (
+        1, 1, {"rewind": 1, "chat_compression": 1})
+    got = rows(wh, "SELECT author, action_kind, text, observation, tool_call_id, metadata FROM steps "
+                   "WHERE trajectory_key = ? ORDER BY step_index", [ep["trajectory_key"]])
+    assert [(x["author"], x["action_kind"], x["tool_call_id"]) for x in got] == [
+        ("human", None, None), ("model", "search", None), ("environment", None, "call_a"), ("model", "read", None),
+        ("environment", None, "call_c"), ("harness", None, None), ("model", None, None)]
+    assert orjson.loads(got[1]["metadata"])["reasoning"] == "I should find where the header is split."
+    assert got[1]["text"] == "Let me search for the header parser."  # the thought is not the model's text
+    assert orjson.loads(got[4]["metadata"])["is_error"] and got[4]["observation"].startswith("File not found")
+    assert not any("rm -rf" in (x["text"] or "") + (x["observation"] or "") for x in got)  # the rewound branch
+
+
 def test_claude_code_headless_stream(wh, tmp_path, cases):
     """A headless Claude Code run (stream-json): the init line names the model and tools (not a step),
     a streamed message's tokens are counted once at their largest, a subagent's messages carry the Task

@@ -87,10 +87,10 @@ def test_build_status_and_trace(built):
     # + goose/: two sessions; + harbor/: two trials (an ATIF trajectory and its result.json, a companion),
     # and a model call's log, its prompt and response, a verifier's reward file, logs and configs (kept, no episode);
     # + tau_bench/: two τ-bench runs (3 and 1 results), a τ²-bench run of two simulations, and a τ² run saved as a
-    # folder (its results.json, a companion, and one simulation file): 7 episodes from 5 records
-    assert rows["episodes"] == 150 + 11 + 2 + 2 + 1 + 3 + 8 + 1 + 1 + 2 + 1 + 7 + 26 + 2 + 2 + 1 + 1 + 1 + 2 + 2 + 3 + 2 + 2 + 7
+    # folder (its results.json, a companion, and one simulation file): 7 episodes from 5 records; + qwen_code/: one session
+    assert rows["episodes"] == 150 + 11 + 2 + 2 + 1 + 3 + 8 + 1 + 1 + 2 + 1 + 7 + 26 + 2 + 2 + 1 + 1 + 1 + 2 + 2 + 3 + 2 + 2 + 7 + 1
     assert rows["raw_records"] == (150 + 13 + 2 + 2 + 1 + 4 + 8 + 1 + 1 + 2 + 1 + 7 + 26 + 2 + 1 + 2 + 1 + 1 + 1 + 2 + 6 + 3
-                                   + 2 + 12 + 5)
+                                   + 2 + 12 + 5 + 1)
     assert rows["redacted_episodes"] == rows["episodes"] and rows["redacted_steps"] == rows["steps"]
     reasons = {(q["stage"], q["reason_code"]): q["n"] for q in st["quarantine"]}
     assert reasons[("normalize", "invalid_record")] == 4

@@ -315,7 +315,7 @@ def test_damaged_message_rows_and_the_newer_formats_never_raise_out_of_a_build(t
                      *(cases / "cline_task").iterdir(), *(cases / "browser_use").rglob("*.json"),
                      *(cases / "osworld").rglob("*.*"), *(cases / "agentbench").rglob("*.jsonl"),
                      *(cases / "goose").iterdir(), *(cases / "harbor").rglob("*.json"),
-                     *(cases / "tau_bench").rglob("*.json")]):
+                     *(cases / "tau_bench").rglob("*.json"), *(cases / "qwen_code").iterdir()]):
         for i, blob in enumerate(_mutations(p.read_bytes(), rng)):
             (d / f"{i}-{p.name}").write_bytes(blob)
     odd = [{"id": 7, "messages": [{"role": "user", "content": {"text": "hi"}},

@@ -132,8 +132,14 @@ class ClaudeCodeAdapter(JsonlSessionAdapter):
 
     def check_record(self, obj: Any) -> str | None:
         entries = obj.get("entries", [])
-        if not any(e.get("type") in ("user", "assistant") for e in entries):
+        said = [e for e in entries if e.get("type") in ("user", "assistant")]
+        if not said:
             return "no user or assistant lines"
+        messages = [e["message"] for e in said if isinstance(e.get("message"), dict)]
+        if messages and not any("content" in m for m in messages):  # read as Claude's, every message would be empty
+            keys = sorted({k for m in messages for k in m})[:8]
+            return (f"no user or assistant line holds a Claude message (message.content); its messages have "
+                    f"{', '.join(keys)}: another harness's session lines (Qwen Code's have role and parts)")
         return None
 
     def parse(self, obj: dict[str, Any], ctx: RecordContext) -> list[ParsedEpisode]:

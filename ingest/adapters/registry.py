@@ -23,6 +23,7 @@ from trajwh.ingest.adapters import (
     native,
     openhands,
     osworld,
+    qwen_code,
     swe_agent,
     swebench,
     tau_bench,
@@ -43,6 +44,7 @@ BUILTIN: tuple[Adapter, ...] = (
     openhands.OpenHandsOutputAdapter(),
     openhands.OpenHandsFileStoreAdapter(),  # before the event stream: its cache pages are arrays too
     openhands.OpenHandsEventStreamAdapter(),
+    qwen_code.QwenCodeAdapter(),  # before Gemini CLI (its fork) and Claude Code (whose line keys it shares)
     gemini_cli.GeminiCliAdapter(),  # before Claude Code: both write "sessionId" and "type": "user"
     claude_code.ClaudeCodeAdapter(),
     codex.CodexAdapter(),
