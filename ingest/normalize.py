@@ -52,7 +52,7 @@ from trajwh.schemas.tables import (
 )
 from trajwh.schemas.values import bad_value
 
-NORMALIZE_VERSION = "1.0.3"  # 1.0.1: action kinds of smolagents (python_interpreter, final_answer) and of code given as plain-text arguments; 1.0.2: of Trae Agent and codex exec tools, and of commands wrapped in bash -lc; 1.0.3: browser-use actions (browse; done a submit), a ReAct action's argument as its object, an MCP tool's name read without its server (developer__shell)
+NORMALIZE_VERSION = "1.0.4"  # 1.0.4: an episode whose model steps are all empty is quarantined (no_content); 1.0.1: action kinds of smolagents (python_interpreter, final_answer) and of code given as plain-text arguments; 1.0.2: of Trae Agent and codex exec tools, and of commands wrapped in bash -lc; 1.0.3: browser-use actions (browse; done a submit), a ReAct action's argument as its object, an MCP tool's name read without its server (developer__shell)
 FLUSH_STEPS = 20_000
 FLUSH_QUARANTINE_BYTES = 32 << 20  # quarantined payloads buffered before a write
 _RAW_COLUMNS = ["record_id", "source", "license", "file_path", "line_no", "byte_offset", "format", "payload"]
@@ -136,6 +136,18 @@ def _facts_lookup(index: dict) -> Callable[[str], Any]:
     return lambda source: (lambda kind, key: index.get((source, kind, key), {}))
 
 
+def _no_model_content(steps: list[dict[str, Any]]) -> str | None:
+    """Why an episode's model steps hold nothing (no text, call, command or reasoning in any of
+    them), or None. An adapter that meets a newer version of its format, or another harness's lines
+    that look like its own, can read every message as empty: that is lost content, not an episode."""
+    model = [s for s in steps if s.get("author") == "model"]
+    if not model or any(s.get("text") or s.get("tool_calls") or s.get("action_command")
+                        or any(k in (s.get("metadata") or "") for k in ('"reasoning"', '"thinking":"')) for s in model):
+        return None
+    return (f"its {len(model)} model step(s) are all empty (no text, call, command or reasoning): the adapter read "
+            "none of their content; another harness's format, or a version of this one it does not know?")
+
+
 def prepare_record(rec: dict[str, Any], facts: Callable[[str], Any], parts: list[bytes] | None = None) -> tuple:
     """The work on one record that needs nothing but the record (and the facts of companions):
     decode, parse, check values, compute trajectory keys, annotate steps. Runs in worker
@@ -162,6 +174,10 @@ def prepare_record(rec: dict[str, Any], facts: Callable[[str], Any], parts: list
             or bad_value(pe.tool_schemas, "tool_schemas")
         if problem:  # a value no table can hold: this episode is quarantined, the batch goes on
             out.append((index, None, None, None, None, problem))
+            continue
+        empty = _no_model_content(pe.steps)
+        if empty:  # the adapter found none of what the model did: never an episode of empty turns
+            out.append((index, None, None, None, None, ("no_content", empty)))
             continue
         if pe.tool_schemas and not pe.episode.get("tool_schema_digest"):
             pe.episode["tool_schema_digest"] = ids.digest(pe.tool_schemas["schema_text"])
@@ -509,7 +525,8 @@ class _BatchNormalizer:
         kept, keys = [], []
         for ordinal, index, key, problem, n_steps in episodes:
             if problem:
-                self.reject(rec, "invalid_value", f"episode {index} of this record: {problem}")
+                code, said = problem if isinstance(problem, tuple) else ("invalid_value", problem)
+                self.reject(rec, code, f"episode {index} of this record: {said}")
                 continue
             owner = self.keys.get(key)
             if key in keys or (owner is not None and owner != rec["record_id"]):

@@ -370,3 +370,22 @@ def test_a_build_after_an_ingest_whose_every_record_was_quarantined(wh, tmp_path
     assert result.success
     checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
     assert checks["redacted_layer_has_no_secrets"] and checks["normalized_reconciles_with_raw"]
+
+
+def test_an_episode_whose_model_steps_read_empty_is_quarantined_not_kept(wh, tmp_path):
+    """An adapter that reads every model turn of an episode as empty (a format version it does not
+    know, another harness's look-alike lines) lost the content: the episode is quarantined as
+    no_content with the count, the record stays in raw, and the batch's other episodes land."""
+    rows = [{"id": "ok", "messages": [{"role": "user", "content": "fix it"}, {"role": "assistant", "content": "done"}]},
+            {"id": "lost", "messages": [{"role": "user", "content": "fix it"},
+                                        {"role": "assistant", "content": [{"type": "future_block", "value": "x"}]},
+                                        {"role": "assistant", "content": None}]}]
+    (tmp_path / "rows.jsonl").write_bytes(b"\n".join(orjson.dumps(r) for r in rows) + b"\n")
+    s = ingest_paths(wh, [tmp_path / "rows.jsonl"], IngestOptions(source="hostile"))
+    assert s.n_new == 2
+    summary = normalize_warehouse(wh, run_id="t")
+    assert (summary.episodes, summary.quarantine_reasons) == (1, {"no_content": 1})
+    [q] = wh.query("SELECT reason FROM quarantine WHERE stage = 'normalize'").to_pylist()
+    assert "2 model step(s) are all empty" in q["reason"]
+    assert wh.query("SELECT source_episode_id FROM episodes").column(0).to_pylist() == ["ok"]
+    assert wh.query("SELECT count(*) FROM raw_records").column(0)[0].as_py() == 2
