@@ -1089,12 +1089,13 @@ def test_tau_bench_runs(wh, tmp_path, cases):
     assert [(x["author"], x["role"]) for x in got] == [
         ("harness", "system"), ("harness", "assistant"), ("environment", "user"), ("model", "assistant"),
         ("environment", "tool"), ("model", "assistant"), ("environment", "tool"), ("model", "assistant"),
-        ("environment", "user"), ("environment", "user")]
+        ("environment", "user")]
     assert got[0]["text"].startswith("# Telecom Agent Policy") and got[1]["text"] == "Hi! How can I help you today?"
     assert orjson.loads(got[6]["metadata"])["is_error"] is True
-    device = orjson.loads(got[8]["metadata"])  # the user's own tool call and its result: not the agent's steps
-    assert device["user_tool_calls"][0]["name"] == "toggle_airplane_mode"
-    assert device["user_tool_results"] == [{"id": "call_U1", "content": "Airplane mode is now OFF.", "error": False}]
+    # the user's own tool call and its result, which the agent never saw: no step, kept with the user's next message
+    [call, result] = orjson.loads(got[8]["metadata"])["user_device_actions"]
+    assert call["call"]["name"] == "toggle_airplane_mode" and got[8]["text"].startswith("I turned airplane mode off")
+    assert result["result"] == {"id": "call_U1", "content": "Airplane mode is now OFF.", "error": False}
     assert (cut["resolved"], cut["attempt"], cut["exit_status"]) == (False, 1, "max_steps")
     assert classify_outcome(cut, []).cause == "budget_exhausted"
     # a run saved as a folder: results.json (info and tasks, a companion) and a file per simulation

@@ -29,7 +29,8 @@ agent never sees.
   orchestrator opens every conversation with a fixed greeting written as the agent's (no usage,
   no cost, before any user turn): it is the harness's, not the model's. In the telecom domain the
   user acts on their own device with tools (``requestor: user``); the agent never sees those calls
-  or their results: they are kept in the user step's metadata, not as steps.
+  or their results: they are kept in the metadata of the user's next message (``user_device_actions``),
+  not as steps.
 
 A τ² run saved in the ``dir`` format (the default for voice runs) is ``results.json`` (info and
 tasks, no simulations: the companion ``tau2-results``, told by the ``simulations/`` folder beside
@@ -314,7 +315,7 @@ def _v1_episode(row: dict[str, Any], ctx: RecordContext, index: int | None) -> P
 
 
 def _v2_calls(m: dict[str, Any]) -> list[dict[str, Any]]:
-    return [tool_call(str(c.get("name") or ""), c.get("arguments"), id_text(c.get("id")))
+    return [tool_call(str(c.get("name") or "unknown"), c.get("arguments"), id_text(c.get("id")))
             for c in m.get("tool_calls") or [] if isinstance(c, dict)]
 
 
@@ -360,7 +361,8 @@ def _v2_episode(sim: dict[str, Any], task_text: str | None, common: dict[str, An
     steps: list[dict[str, Any]] = []
     if isinstance(common["policy"], str) and common["policy"]:
         steps.append(step("system", "harness", text=common["policy"], metadata={"from": "info.environment_info.policy"}))
-    user_side: dict[str, dict[str, Any]] = {}  # the user's own tool calls by id, answered out of the agent's sight
+    device: list[dict[str, Any]] = []  # the user's own tool calls and their results, out of the agent's sight
+    user_side: set[str] = set()
     tokens = [0, 0]
     seen_usage = False
     spoke = False  # has the user said anything yet (the greeting before it is the orchestrator's)
@@ -384,24 +386,20 @@ def _v2_episode(sim: dict[str, Any], task_text: str | None, common: dict[str, An
         elif role == "user":
             spoke = True
             calls = _v2_calls(m)
-            for c in calls:
-                user_side[c["id"] or ""] = c
-            steps.append(step("user", "environment", text=text, started_at=when,
-                              metadata={**meta, "simulated_user": True,
-                                        **({"user_tool_calls": calls} if calls else {})}))
+            user_side.update(c["id"] or "" for c in calls)
+            device += [{"call": c} for c in calls]
+            if text:  # what the user says; the device actions before it (the agent saw none of them) go with it
+                steps.append(step("user", "environment", text=text, started_at=when,
+                                  metadata={**meta, "simulated_user": True,
+                                            **({"user_device_actions": device} if device else {})}))
+                device = []
         elif role == "tool":
             for t in _tool_messages(m):
                 cid = id_text(t.get("id") or t.get("tool_call_id"))
                 output = text_of(t.get("content"))
                 if t.get("requestor") == "user" or (cid in user_side and t.get("requestor") != "assistant"):
-                    # the user's device answering the user: the agent never sees it
-                    host = next((s for s in reversed(steps) if s["author"] == "environment" and s["role"] == "user"), None)
-                    if host is not None:
-                        host_meta = orjson.loads(host["metadata"]) if host["metadata"] else {}
-                        host_meta.setdefault("user_tool_results", []).append(
-                            {"id": cid, "content": output, "error": bool(t.get("error"))})
-                        host["metadata"] = json_text(host_meta)
-                    continue
+                    device.append({"result": {"id": cid, "content": output, "error": bool(t.get("error"))}})
+                    continue  # the user's device answering the user: the agent never sees it
                 steps.append(step("tool", "environment", observation=output, tool_call_id=cid,
                                   started_at=ts(t.get("timestamp")) or when,
                                   metadata={"is_error": True} if t.get("error") is True else None))
@@ -431,7 +429,7 @@ def _v2_episode(sim: dict[str, Any], task_text: str | None, common: dict[str, An
         termination_reason=_TERMINATION.get(reason or ""),
         tokens_in=tokens[0] if seen_usage else None, tokens_out=tokens[1] if seen_usage else None,
         cost_usd=_number(sim.get("agent_cost")),
-        metadata={**common["meta"], "domain": domain, "seed": sim.get("seed"), "user_cost_usd": _number(sim.get("user_cost")),
+        metadata={**common["meta"], "domain": domain, "user_device_actions_at_end": device or None, "seed": sim.get("seed"), "user_cost_usd": _number(sim.get("user_cost")),
                   "reward_basis": json_text(basis), "reward_info": json_text(reward_info or None),
                   "llm_judged": bool(isinstance(basis, list) and "NL_ASSERTION" in basis) or None, **counts})
     return ParsedEpisode(ep, steps, common["tools"])
