@@ -175,7 +175,7 @@ def prepare_record(rec: dict[str, Any], facts: Callable[[str], Any], parts: list
         if problem:  # a value no table can hold: this episode is quarantined, the batch goes on
             out.append((index, None, None, None, None, problem))
             continue
-        empty = _no_model_content(pe.steps)
+        empty = None if adapter.exact_schema else _no_model_content(pe.steps)
         if empty:  # the adapter found none of what the model did: never an episode of empty turns
             out.append((index, None, None, None, None, ("no_content", empty)))
             continue

@@ -82,6 +82,9 @@ class Adapter(ABC):
     #: a document that is a JSON array of rows (an episode each) and too large to be one record is read
     #: as one record per element instead of being refused (ingest/reader.py ``iter_array_elements``)
     row_arrays: ClassVar[bool] = False
+    #: the format is validated against a schema of its own (native): every field is read or refused,
+    #: so an empty model turn is the data's, never content the adapter missed (normalize's no_content guard)
+    exact_schema: ClassVar[bool] = False
     #: one session is many files (one per event, or cache pages): their records are assembled into
     #: one episode (``session_of`` names the session, ``combine`` joins the parts; ingest/sessions.py)
     assembled: ClassVar[bool] = False

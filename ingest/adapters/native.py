@@ -77,6 +77,7 @@ class NativeAdapter(Adapter):
     version = "1.1.0"
     framing = "jsonl"
     description = "trajwh native JSONL, one episode per line"
+    exact_schema = True  # validated by schemas.native: an empty model turn is the record's own
 
     def sniff(self, path: str, head: bytes) -> bool:
         first = head.lstrip()[:1]
