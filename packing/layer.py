@@ -37,7 +37,7 @@ from trajwh.lineage.parallel import (
 from trajwh.lineage.rebuild import inputs_fingerprint, joined_by_key, mark_running, run_row
 from trajwh.lineage.storage import WrittenFile, data_root, ensure_dir
 from trajwh.packing.pack import PACKERS, POLICIES, Segment
-from trajwh.packing.render import render, truncate_context
+from trajwh.packing.render import TEMPLATE, render, truncate_context
 from trajwh.packing.tokenizers import DEFAULT_TOKENIZER, get_tokenizer
 from trajwh.packing.windows import (
     CHUNK,
@@ -244,8 +244,6 @@ def _upgrade_neutral(rules: str) -> str:
     """A configuration's rules with the built-in template's id reduced to its name: an earlier
     version of the built-in template is the same configuration made by older code (a folder's
     own template is the user's choice, and its id stays)."""
-    from trajwh.packing.render import TEMPLATE
-
     return re.sub(rf"template={re.escape(TEMPLATE)}@[0-9a-f]+", f"template={TEMPLATE}", rules)
 
 
