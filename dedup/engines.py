@@ -24,6 +24,8 @@ from trajwh.schemas.config import ENGINES
 
 DEFAULT_ENGINE = ENGINES[0]
 MAX_ROUNDS = 64
+#: a bucket of more documents is linked as a star on its smallest document, not pair by pair
+BIG_BUCKET = 64
 
 # each edge once, smaller end first; self-loops dropped
 _NORMALIZE = """SELECT DISTINCT CASE WHEN a < b THEN a ELSE b END AS a, CASE WHEN a < b THEN b ELSE a END AS b
@@ -187,12 +189,13 @@ def band_components(eng: Engine, n: int, bands: pa.Table, *, max_rounds: int = M
         eng.drop(edges)
 
 
-def band_table(sigs: np.ndarray, bands: int, rows: int) -> pa.Table:
-    """(doc, band, key): each document's band of ``rows`` MinHash values as one 64-bit key (a
-    multiply-and-mix chain of the values with murmur3's fmix64 finalizer: fixed by this code, not by
-    a library). Two different bands share a key with probability 2**-64, and a candidate pair is
-    verified on the signatures anyway. (An integer key, not the band's bytes: Daft 0.6 neither
-    sorts nor reliably joins on binary columns; measured, it paired documents of different keys.)"""
+def band_keys(sigs: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """Each document's bands of ``rows`` MinHash values as 64-bit keys, an ``int64`` matrix (documents x
+    bands): a multiply-and-mix chain of the values with murmur3's fmix64 finalizer, fixed by this code,
+    not by a library. Two different bands share a key with probability 2**-64, and a candidate pair is
+    verified on the signatures anyway. (An integer key, not the band's bytes: Daft 0.6 neither sorts
+    nor reliably joins on binary columns; measured, it paired documents of different keys.) Computed
+    once per batch with the signatures and stored (``episode_features``)."""
     n = len(sigs)
     # every band at once, a value of each per step (rows steps over n x bands, not bands x rows
     # over n: 108,000 documents, 9 x 13: 0.30 -> 0.17 s; the same keys)
@@ -201,8 +204,19 @@ def band_table(sigs: np.ndarray, bands: int, rows: int) -> pa.Table:
         keys = np.broadcast_to(np.arange(1, bands + 1, dtype=np.uint64), (n, bands)).copy()
         for j in range(rows):
             keys = _fmix64(keys * np.uint64(0x9E3779B97F4A7C15) + values[:, :, j])
+    return keys.view(np.int64)
+
+
+def band_rows(keys: np.ndarray) -> pa.Table:
+    """The band table (doc, band, key) of a band-key matrix (``band_keys``), documents numbered by row."""
+    n, bands = keys.shape
     return pa.table({"doc": np.repeat(np.arange(n, dtype=np.int64), bands),
-                     "band": np.tile(np.arange(bands, dtype=np.int64), n), "key": keys.view(np.int64).ravel()})
+                     "band": np.tile(np.arange(bands, dtype=np.int64), n), "key": keys.ravel()})
+
+
+def band_table(sigs: np.ndarray, bands: int, rows: int) -> pa.Table:
+    """(doc, band, key): each document's bands as keys (``band_keys``), one row per band."""
+    return band_rows(band_keys(sigs, bands, rows))
 
 
 def _fmix64(h: np.ndarray) -> np.ndarray:
@@ -218,17 +232,58 @@ def lsh_candidates(eng: Engine, sigs: np.ndarray, bands: int, rows: int) -> np.n
     of ``minhash.lsh_pairs`` run on ``eng`` (verification is the caller's, on the signatures)."""
     if len(sigs) < 2:
         return np.empty((0, 2), dtype=np.int64)
-    table = band_table(sigs, bands, rows)
+    return bucket_candidates(eng, band_table(sigs, bands, rows))
+
+
+def bucket_candidates(eng: Engine, table: Any) -> np.ndarray:
+    """The candidate pairs a band table's buckets make (every pair of a bucket of at most 64
+    documents, a star on the smallest document of a bigger one), sorted. ``table``: an Arrow table
+    or an earlier result of ``eng``. The pairs of a bucket depend on its members alone, so the
+    rows of some buckets give exactly those buckets' pairs (``touched_candidates``)."""
     buckets = eng.sql(_BUCKETS, bands=table)
     members = eng.sql(_MEMBERS, bands=table, buckets=buckets)
     small = eng.sql(_SMALL_BUCKET_PAIRS, members=members)
-    stars = eng.sql(_HUB_EDGES.format(min_size=64), members=members)
+    stars = eng.sql(_HUB_EDGES.format(min_size=BIG_BUCKET), members=members)
     result = eng.sql(_CANDIDATES, small=small, stars=stars)
     pairs = eng.arrow(result)
     for done in (buckets, members, small, stars, result):
         eng.drop(done)
     out = np.stack([pairs.column("a").to_numpy(), pairs.column("b").to_numpy()], axis=1).astype(np.int64)
     return out[np.lexsort((out[:, 1], out[:, 0]))]
+
+
+# the buckets of the documents that changed, and of the big buckets named; their every row
+_TOUCHED = """SELECT DISTINCT tb, tk FROM (SELECT band AS tb, key AS tk FROM bands JOIN changed ON doc = cd
+UNION ALL SELECT bb AS tb, bk AS tk FROM big)"""
+_TOUCHED_ROWS = """SELECT doc, band, key FROM bands JOIN touched ON band = tb AND key = tk"""
+_BIG_BUCKETS = """SELECT sb AS band, sk AS key, m, hub FROM buckets WHERE m > {min_size}"""
+
+
+def big_buckets(eng: Engine, table: pa.Table) -> pa.Table:
+    """The buckets of more than ``BIG_BUCKET`` documents (band, key, members, smallest document):
+    their pairs are a star on that document, so they change when it or their size does."""
+    buckets = eng.sql(_BUCKETS, bands=table)
+    big = eng.sql(_BIG_BUCKETS.format(min_size=BIG_BUCKET), buckets=buckets)
+    out = eng.arrow(big)
+    for done in (buckets, big):
+        eng.drop(done)
+    return out
+
+
+def touched_candidates(eng: Engine, table: pa.Table, changed: np.ndarray, big: tuple[np.ndarray, np.ndarray]
+                       ) -> np.ndarray:
+    """The candidate pairs of the buckets that hold a ``changed`` document or are named in ``big``
+    (band, key arrays), with all their members: the pairs that may differ from an earlier
+    population's where documents were added or changed (``dedup.layer``: the incremental update)."""
+    changed_t = pa.table({"cd": np.asarray(changed, dtype=np.int64)})
+    big_t = pa.table({"bb": np.asarray(big[0], dtype=np.int64), "bk": np.asarray(big[1], dtype=np.int64)})
+    touched = eng.sql(_TOUCHED, bands=table, changed=changed_t, big=big_t)
+    rows = eng.sql(_TOUCHED_ROWS, bands=table, touched=touched)
+    eng.drop(touched)
+    try:
+        return bucket_candidates(eng, rows)
+    finally:
+        eng.drop(rows)
 
 
 def _star_loop(eng: Engine, n: int, edges: Any, max_rounds: int) -> tuple[np.ndarray, int]:

@@ -26,6 +26,7 @@ SCHEMA = {
     "touched_files": pl.List(pl.String), "patch_symbols": pl.List(pl.String), "issue_created_at": _TIME,
     "fix_merged_at": _TIME, "started_at": _TIME, "resolved": pl.Boolean, "n_steps": pl.Int64,
     "exact_digest": pl.String, "action_signature": pl.Binary, "text_signature": pl.Binary,
+    "action_bands": pl.List(pl.Int64), "text_bands": pl.List(pl.Int64),
 }
 
 
@@ -46,7 +47,8 @@ def feature_frame(features: Iterable[EpisodeFeatures]) -> pl.DataFrame:
                      ("issue_created_at", f.issue_created_at), ("fix_merged_at", f.fix_merged_at),
                      ("started_at", f.started_at), ("resolved", f.resolved), ("n_steps", f.n_steps),
                      ("exact_digest", f.exact), ("action_signature", sig_bytes(f.action_sig)),
-                     ("text_signature", sig_bytes(f.text_sig))):
+                     ("text_signature", sig_bytes(f.text_sig)), ("action_bands", f.action_bands),
+                     ("text_bands", f.text_bands)):
             cols[c].append(v)
     return conform(pl.DataFrame(cols, schema=SCHEMA))
 

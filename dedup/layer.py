@@ -22,12 +22,13 @@ import numpy as np
 import orjson
 import polars as pl
 import pyarrow as pa
-from trajwh.dedup.engines import DEFAULT_ENGINE, Engine, engine, lsh_candidates, star_components
+from trajwh.dedup.clusters import ClusterInfo, ClusterState, cluster_frame
+from trajwh.dedup.engines import DEFAULT_ENGINE, band_keys
 from trajwh.dedup.features import EpisodeFeatures, action_shingles, stream_features, text_shingles
-from trajwh.dedup.frame import conform, feature_frame, sig_bytes, signature_matrix
+from trajwh.dedup.frame import conform, feature_frame, sig_bytes
 from trajwh.dedup.groups import GroupConfig, group_frame, patch_symbols
 from trajwh.dedup.leaks import RULE_VERSION, LeakFlag, episode_leaks
-from trajwh.dedup.minhash import MinHashParams, pair_similarity, signatures
+from trajwh.dedup.minhash import MinHashParams, signatures
 from trajwh.dedup.splits import SPLIT_VERSION, SplitConfig, split_frame
 from trajwh.lineage.catalog import Warehouse, now_utc, write_table_file
 from trajwh.lineage.parallel import (
@@ -58,7 +59,7 @@ from trajwh.schemas.tables import (
 )
 
 TRANSFORM = "curate"
-CURATE_VERSION = "2.1.0"  # 2.0: capped weak merges, held-out rules; 2.1: group id from its first task
+CURATE_VERSION = "2.2.0"  # 2.2: clusters keep their links, updated from the last state; 2.0: capped weak merges, held-out rules; 2.1: group id from its first task
 
 
 @dataclass(frozen=True)
@@ -89,9 +90,11 @@ class Clusters:
 
 def sign(features: list[EpisodeFeatures], cfg: CurateConfig = CurateConfig()) -> None:
     """Fill what near-duplicate search and grouping need from an episode's text, once: the exact
-    digest, the MinHash signatures of its action and text shingles, the patch's symbols. The
+    digest, the MinHash signatures of its action and text shingles and their LSH band keys, the
+    patch's symbols. The
     curate stage stores them per batch (``episode_features``), so a new batch signs only itself."""
     todo = [f for f in features if not f.signed]
+    bands, rows = cfg.minhash.bands
     for f in todo:
         f.exact = ids.digest([f.actions, f.text]) if f.actions or f.text else None
         if f.symbols is None:
@@ -103,81 +106,18 @@ def sign(features: list[EpisodeFeatures], cfg: CurateConfig = CurateConfig()) ->
     ):
         present = [i for i, d in enumerate(docs) if d]  # empty documents are nobody's duplicate
         sigs = signatures([docs[i] for i in present], cfg.minhash)
+        keys = band_keys(sigs, bands, rows) if len(present) else np.empty((0, bands), dtype=np.int64)
         for row, i in enumerate(present):
             setattr(todo[i], attr, sigs[row])
+            setattr(todo[i], attr.replace("_sig", "_bands"), keys[row].tolist())
     for f in todo:
         f.signed = True
-
-
-_SIGNALS = ("actions", "exact", "text")  # what links two episodes, coded in the order of the names
-
-
-def cluster_frame(df: pl.DataFrame, cfg: CurateConfig = CurateConfig()) -> pl.DataFrame:
-    """Exact duplicates, near-duplicate action sequences and near-duplicate text, as clusters: one
-    row per episode of ``df`` (a ``dedup.frame``), in its order, with the cluster's id and size,
-    whether the episode is its representative, its weight, the signals that linked it and its
-    highest similarity to a linked episode. The banding and the components run on the engine
-    ``cfg.engine`` (``dedup.engines``); the candidate pairs are verified on the signatures here."""
-    eng = engine(cfg.engine)
-    try:
-        return _cluster_frame(df, cfg, eng)
-    finally:
-        eng.close()
-
-
-def _cluster_frame(df: pl.DataFrame, cfg: CurateConfig, eng: Engine) -> pl.DataFrame:
-    n = df.height
-    a_parts, b_parts, signal_parts, sim_parts = [], [], [], []
-    exact = (df.select(pl.int_range(n, dtype=pl.Int64).alias("i"), "exact_digest").drop_nulls("exact_digest")
-             .with_columns(pl.col("i").min().over("exact_digest").alias("first")).filter(pl.col("i") != pl.col("first")))
-    a_parts.append(exact["first"].to_numpy())
-    b_parts.append(exact["i"].to_numpy())
-    signal_parts.append(np.full(exact.height, _SIGNALS.index("exact"), dtype=np.int8))
-    sim_parts.append(np.ones(exact.height))
-    for signal, col in ((_SIGNALS.index("actions"), "action_signature"), (_SIGNALS.index("text"), "text_signature")):
-        present, sigs = signature_matrix(df, col, cfg.minhash.num_perm)
-        if len(present) < 2:
-            continue
-        candidates = lsh_candidates(eng, sigs, *cfg.minhash.bands)  # the banding on the engine
-        sim = pair_similarity(sigs, candidates)  # verified here, on the signatures
-        keep = sim >= cfg.minhash.threshold
-        pairs = candidates[keep]
-        a_parts.append(present[pairs[:, 0]])
-        b_parts.append(present[pairs[:, 1]])
-        signal_parts.append(np.full(len(pairs), signal, dtype=np.int8))
-        sim_parts.append(sim[keep])
-    a, b = np.concatenate(a_parts).astype(np.int64), np.concatenate(b_parts).astype(np.int64)
-    root = star_components(eng, n, a, b)[0]
-    keys = df["trajectory_key"]
-    roots = np.unique(root)
-    cluster_of_root = pl.DataFrame({"root": roots, "cluster_id": ["c-" + d[:16] for d in
-                                                                   ids.text_digests(keys.gather(roots).to_list())]})
-    signals = np.concatenate(signal_parts)
-    sims = np.concatenate(sim_parts)
-    linked = (pl.DataFrame({"i": np.concatenate([a, b]), "signal": np.concatenate([signals, signals]),
-                            "sim": np.concatenate([sims, sims])})
-              .group_by("i").agg(pl.col("signal").unique().sort()  # codes sort as the names do
-                                 .replace_strict(dict(enumerate(_SIGNALS)), return_dtype=pl.String).alias("linked_by"),
-                                 pl.col("sim").max().alias("max_similarity")))
-    out = (df.select("trajectory_key", "resolved", "n_steps", "started_at")
-           .with_columns(pl.int_range(n, dtype=pl.Int64).alias("i"), pl.Series("root", root))
-           .join(cluster_of_root, on="root", how="left")
-           .join(linked, on="i", how="left"))
-    # the representative: resolved first, then the fewest steps, then the earliest start, then the key
-    rep = (out.sort([pl.col("resolved").fill_null(False).not_(), "n_steps", "started_at", "trajectory_key"],
-                    nulls_last=True)
-           .group_by("root").agg(pl.col("i").first().alias("rep")))
-    out = out.join(rep, on="root", how="left").sort("i").with_columns(pl.len().over("root").alias("cluster_size"))
-    return out.select(
-        "trajectory_key", "cluster_id", "cluster_size", (pl.col("i") == pl.col("rep")).alias("is_representative"),
-        (1.0 / pl.col("cluster_size") if cfg.weight == "inverse_size" else pl.lit(1.0)).cast(pl.Float64).alias("weight"),
-        pl.col("linked_by").fill_null(pl.lit([], dtype=pl.List(pl.String))), "max_similarity")
 
 
 def near_duplicates(features: list[EpisodeFeatures], cfg: CurateConfig = CurateConfig()) -> Clusters:
     """Exact duplicates, near-duplicate action sequences and near-duplicate text, as clusters."""
     sign(features, cfg)
-    rows = cluster_frame(feature_frame(features), cfg)
+    rows = cluster_frame(feature_frame(features), cfg)[0]
     clusters = Clusters(dict(zip(rows["trajectory_key"].to_list(), rows["cluster_id"].to_list(), strict=True)))
     for key, linked, sim in rows.select("trajectory_key", "linked_by", "max_similarity").iter_rows():
         if linked:
@@ -193,10 +133,14 @@ def _leak_evidence(leaks: list[LeakFlag]) -> dict[str, list[str]]:
     return leaked
 
 
-def curate_frames(df: pl.DataFrame, leaks: list[LeakFlag], cfg: CurateConfig) -> dict[str, pl.DataFrame]:
+def curate_frames(df: pl.DataFrame, leaks: list[LeakFlag], cfg: CurateConfig, state: ClusterState | None = None,
+                  info: ClusterInfo | None = None) -> dict[str, pl.DataFrame]:
     """The four tables (without lineage columns) from a ``dedup.frame`` of every episode and the
-    leak flags: clusters, then groups (a cluster is a grouping key), then splits."""
-    clusters = cluster_frame(df, cfg)
+    leak flags: clusters (updated from ``state`` when given: ``dedup.clusters``; how it went in
+    ``info``), then groups (a cluster is a grouping key), then splits."""
+    clusters, how = cluster_frame(df, cfg, state)
+    if info is not None:
+        info.__dict__.update(how.__dict__)
     groups = group_frame(df, cfg.groups, clusters["cluster_id"], cutoff=cfg.splits.cutoff, engine=cfg.engine)
     g = groups.rows
     splits = split_frame(df.with_columns(g["group_id"], g["repository"], g["keys"]), cfg.splits, _leak_evidence(leaks),
@@ -255,9 +199,12 @@ class CurateSummary:
     batches_featurized: int = 0
     episodes_featurized: int = 0
     moved: dict[str, int] = field(default_factory=dict)  # "train->test": episodes that changed side
+    clusters_incremental: bool = False  # the clusters updated from the last curation's (dedup.clusters)
+    pairs_verified: int = 0  # candidate pairs whose signatures were compared
+    links_kept: int = 0  # earlier links between unchanged episodes that a bucket still makes
 
 
-FEATURES_VERSION = "1.1.0"  # 1.1: a redaction placeholder is its type, not its digest (features.typed_placeholders)
+FEATURES_VERSION = "1.2.0"  # 1.2: LSH band keys stored; 1.1: a redaction placeholder is its type, not its digest (features.typed_placeholders)
 
 
 def features_version(cfg: CurateConfig) -> str:
@@ -273,6 +220,7 @@ def feature_row(f: EpisodeFeatures, leaks: list[LeakFlag], lineage: dict[str, An
             "issue_created_at": f.issue_created_at, "fix_merged_at": f.fix_merged_at, "started_at": f.started_at,
             "resolved": f.resolved, "n_steps": f.n_steps, "exact_digest": f.exact,
             "action_signature": sig_bytes(f.action_sig), "text_signature": sig_bytes(f.text_sig),
+            "action_bands": f.action_bands, "text_bands": f.text_bands,
             "leaks": orjson.dumps([[x.step_id, x.step_index, x.kind, x.evidence] for x in leaks]).decode()
             if leaks else None, **lineage}
 
@@ -440,6 +388,46 @@ def count_moves(before: dict[str, str], after: dict[str, str]) -> dict[str, int]
     return dict(sorted(moved.items()))
 
 
+def cluster_version(cfg: CurateConfig) -> str:
+    """What the stored links and big buckets were computed with: an update needs the same."""
+    return (f"{TRANSFORM}@{CURATE_VERSION};{cfg.minhash.describe()};k={cfg.action_k}/{cfg.text_k};"
+            f"min_actions={cfg.min_actions};features@{FEATURES_VERSION}")
+
+
+def _feature_versions(wh: Warehouse) -> dict[str, str]:
+    """Each batch's ``episode_features`` version (its inputs' fingerprint included)."""
+    return {r["batch_id"]: r["v"] for r in wh.manifest_query(
+        "SELECT batch_id, any_value(transform_version) AS v FROM table_files WHERE table_name = 'episode_features' "
+        "GROUP BY batch_id ORDER BY batch_id").to_pylist()}
+
+
+def cluster_state(wh: Warehouse, cfg: CurateConfig, df: pl.DataFrame, basis: dict[str, str]) -> ClusterState | None:
+    """What the clusters of ``df`` (every episode's stored features) can be updated from: the links of
+    the stored ``near_dup_clusters``, and the big buckets and batch versions that the curation which
+    wrote them recorded; the rows whose features changed since (a new batch, a batch featurized
+    again, an episode that had no row). None when there is nothing to update, or it was made with
+    other settings or by a run without that record: the clusters are then computed in full."""
+    if not wh.manifest_query("SELECT count(*) FROM table_files WHERE table_name = 'near_dup_clusters'").column(0)[0].as_py():
+        return None
+    made_by = wh.query("SELECT DISTINCT _run_id FROM near_dup_clusters").column(0).to_pylist()
+    if len(made_by) != 1:
+        return None
+    params = wh.query("SELECT params FROM runs WHERE run_id = ? AND job = 'curate' AND status = 'succeeded'",
+                      [made_by[0]]).column(0).to_pylist()
+    near_dup = orjson.loads(params[0]).get("near_dup") if params and params[0] else None
+    if not near_dup or near_dup.get("version") != cluster_version(cfg):
+        return None
+    before = near_dup.get("basis", {})
+    redone = [b for b, v in basis.items() if before.get(b) != v]
+    links = pl.from_arrow(wh.query("SELECT trajectory_key, links FROM near_dup_clusters"))
+    keys = df["trajectory_key"]
+    changed = ~keys.is_in(links["trajectory_key"])
+    if redone:
+        again = wh.query("SELECT trajectory_key FROM episode_features WHERE list_contains(?, _batch_id)", [redone])
+        changed = changed | keys.is_in(pl.from_arrow(again.column(0)))
+    return ClusterState(links=links, big=near_dup.get("big", {}), changed=changed.to_numpy())
+
+
 def _previous_splits(wh: Warehouse) -> dict[str, str]:
     if not wh.manifest_query("SELECT count(*) FROM table_files WHERE table_name = 'splits'").column(0)[0].as_py():
         return {}
@@ -465,10 +453,14 @@ def curate_warehouse(wh: Warehouse, *, run_id: str, cfg: CurateConfig = CurateCo
         if progress:
             progress("reading stored features")
         df, leaks = stored_frame(wh)
+        basis = _feature_versions(wh)
+        state = None if full else cluster_state(wh, cfg, df, basis)
         if progress:
-            progress("clustering, grouping, splitting")
-        frames = curate_frames(df, leaks, cfg)
-        del df
+            progress("clustering (" + ("updating the last clusters" if state else "in full") + "), grouping, splitting")
+        info = ClusterInfo()
+        frames = curate_frames(df, leaks, cfg, state, info)
+        del df, state
+        summary.clusters_incremental, summary.pairs_verified, summary.links_kept = info.incremental, info.verified, info.kept
         splits = frames["splits"]
         summary.moved = count_moves(_previous_splits(wh), dict(zip(splits["trajectory_key"].to_list(),
                                                                    splits["split"].to_list(), strict=True)))
@@ -496,6 +488,8 @@ def curate_warehouse(wh: Warehouse, *, run_id: str, cfg: CurateConfig = CurateCo
         requested = {"fractions": {"train": sp.train, "valid": sp.valid, "test": sp.test},
                      "cutoff": sp.cutoff.isoformat() if sp.cutoff else None, "hold_out_leaks": sp.hold_out_leaks,
                      "max_group_share": cfg.groups.max_group_share, "config_digest": cfg.digest}
-        session.upsert_rows("runs", [run_row(run_id, "curate", started, params={"version": version, "requested": requested},
+        near_dup = {"version": cluster_version(cfg), "basis": basis, "big": info.big}  # what the next update starts from
+        session.upsert_rows("runs", [run_row(run_id, "curate", started, params={"version": version, "requested": requested,
+                                                                                "near_dup": near_dup},
                                              counts=summary.__dict__, code_version=f"{TRANSFORM}@{CURATE_VERSION}")])
     return summary

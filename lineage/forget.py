@@ -492,6 +492,12 @@ def _leftover_rows(wh: Warehouse, req: dict[str, Any], unchanged: frozenset[str]
                 if (m := _drop_mask(table, pq.read_table(path, schema=arrow_schema(PARQUET_TABLES[table])), s)) is not None)
         if n:
             left[table] = n
+    # a near-duplicate link of a staying episode to a forgotten one (the rebuild's clusters drop them)
+    clusters = _rows_sql(wh, "near_dup_clusters", unchanged)
+    linked = wh.query(f"SELECT count(*) FROM {clusters} WHERE list_has_any(list_transform(links, lambda x: x.trajectory_key), "
+                      "?::VARCHAR[])", [s["keys"].to_pylist()]).column(0)[0].as_py() if len(s["keys"]) else 0
+    if linked:
+        left["near_dup_clusters (links)"] = linked
     edges = _rows_sql(wh, "lineage_edges", unchanged)
     dangling = wh.query(f"""SELECT count(*) FROM {edges} WHERE
         (child_table = 'steps' AND child_id NOT IN (SELECT step_id FROM steps)) OR

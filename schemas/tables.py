@@ -347,11 +347,19 @@ class EpisodeFeatureRow(_Row):
     exact_digest: str | None = None  # actions + text; None when the episode has neither
     action_signature: bytes | None = None  # MinHash, num_perm little-endian uint32; None: too few actions
     text_signature: bytes | None = None  # None: no model text
+    action_bands: list[int] | None = None  # the action signature's LSH band keys (int64), None without it
+    text_bands: list[int] | None = None
     leaks: JsonText | None = None  # [[step_id, step_index, kind, evidence], ...]
     lin_batch_id: str = _lineage("_batch_id")
     lin_run_id: str = _lineage("_run_id")
     lin_transform: str = _lineage("_transform")
     lin_transform_version: str = _lineage("_transform_version")
+
+
+class NearDupLinkRow(_Row):
+    trajectory_key: str  # the other episode
+    signal: str  # actions | text: the MinHash signatures whose LSH buckets met and verified
+    similarity: float  # estimated Jaccard similarity of the two signatures
 
 
 class NearDupClusterRow(_Row):
@@ -362,6 +370,7 @@ class NearDupClusterRow(_Row):
     weight: float
     linked_by: list[str]  # exact | actions | text: the signals that joined it to its cluster
     max_similarity: float | None = None
+    links: list[NearDupLinkRow] = []  # its verified LSH links (exact duplicates share exact_digest instead)
     lin_run_id: str = _lineage("_run_id")
     lin_transform: str = _lineage("_transform")
     lin_transform_version: str = _lineage("_transform_version")

@@ -237,17 +237,32 @@ def test_tool_definitions_an_older_episode_shares_stay(tmp_path):
     assert wh.query("SELECT source FROM redacted_episodes").column(0).to_pylist() == ["a"]
 
 
-def test_a_representative_that_goes_is_replaced(wh):
+def test_a_representative_that_goes_is_replaced(wh, tmp_path):
+    import orjson
+    from trajwh.pipelines.definitions import build
+
     rows = wh.query("""SELECT cluster_id, trajectory_key FROM near_dup_clusters
-                       WHERE is_representative AND cluster_size > 1 ORDER BY cluster_id LIMIT 1""").to_pylist()
+                       WHERE is_representative AND cluster_size > 1 AND len(links) > 0
+                       ORDER BY cluster_id LIMIT 1""").to_pylist()
     if not rows:
-        pytest.skip("no near-duplicate cluster with more than one member in this corpus")
+        pytest.skip("no near-duplicate cluster linked by MinHash with more than one member in this corpus")
+    gone = rows[0]["trajectory_key"]
     members = wh.query("SELECT trajectory_key FROM near_dup_clusters WHERE cluster_id = ?",
                        [rows[0]["cluster_id"]]).column(0).to_pylist()
-    assert forget(wh, f"episode:{rows[0]['trajectory_key']}", "test").status == "verified"
+    assert forget(wh, f"episode:{gone}", "test").status == "verified"
     left = wh.query("SELECT is_representative FROM near_dup_clusters WHERE list_contains(?, trajectory_key)",
-                    [[m for m in members if m != rows[0]["trajectory_key"]]]).column(0).to_pylist()
+                    [[m for m in members if m != gone]]).column(0).to_pylist()
     assert left and sum(left) == 1
+    # the clusters were updated without the episode (its links gone), and equal a full rebuild's
+    counts = orjson.loads(wh.query("SELECT counts FROM runs WHERE job = 'curate' AND status = 'succeeded' "
+                                   "ORDER BY finished_at DESC LIMIT 1").column(0)[0].as_py())
+    assert counts["clusters_incremental"] and counts["links_kept"] > 0, counts
+    assert not wh.query("SELECT count(*) FROM near_dup_clusters WHERE list_contains(list_transform(links, lambda x: "
+                        "x.trajectory_key), ?)", [gone]).column(0)[0].as_py()
+    full = Warehouse(tmp_path / "full")
+    shutil.copytree(wh.root, full.root)
+    assert build(str(full.root), full=True).success
+    assert _hashes(wh, "near_dup_clusters", [], _LINEAGE) == _hashes(full, "near_dup_clusters", [], _LINEAGE)
 
 
 def test_vault_entries_of_the_episodes_go(wh, tmp_path, monkeypatch):

@@ -65,7 +65,10 @@ def test_incremental_build_redoes_only_the_new_batch_and_equals_a_full_rebuild(t
     assert new > 0
     features = run_counts(wh, "features")
     assert features["batches_featurized"] == 1 and features["episodes_featurized"] == new  # only the new batch
-    assert run_counts(wh, "curate")["batches_featurized"] == 0  # (the features step did them: a partitioned asset)
+    curate = run_counts(wh, "curate")
+    assert curate["batches_featurized"] == 0  # (the features step did them: a partitioned asset)
+    # the clusters were updated from the first build's links, not found again (dedup.clusters)
+    assert curate["clusters_incremental"] and curate["links_kept"] > 0, curate
     frag = run_counts(wh, "fragments")
     assert frag["rebuilt"] is not None and new <= frag["rebuilt"] < after  # not every episode again
     assert frag["episodes"] == after  # the summary still counts the whole table
@@ -92,6 +95,8 @@ def test_incremental_build_redoes_only_the_new_batch_and_equals_a_full_rebuild(t
     full = Warehouse(tmp_path / "full")
     shutil.copytree(wh.root, full.root)
     build(str(full.root), full=True)
+    rebuilt = run_counts(full, "curate")
+    assert not rebuilt["clusters_incremental"] and rebuilt["pairs_verified"] > curate["pairs_verified"], rebuilt
     for table in DERIVED:
         assert rows(wh, table) == rows(full, table), f"{table}: incremental build differs from a full rebuild"
 
