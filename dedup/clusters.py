@@ -45,7 +45,7 @@ from trajwh.dedup.engines import (
     star_components,
     touched_candidates,
 )
-from trajwh.dedup.frame import signature_matrix
+from trajwh.dedup.frame import fixed_matrix, signature_matrix
 from trajwh.dedup.minhash import pair_similarity
 from trajwh.schemas import ids
 
@@ -88,16 +88,9 @@ def _keys_matrix(df: pl.DataFrame, col: str, present: np.ndarray, sigs: np.ndarr
                  ) -> np.ndarray:
     """The stored band keys of the rows ``present`` (documents x bands); computed from the signatures
     when a frame has none (``curate``'s in-memory frames)."""
-    if col not in df.columns or not len(present):
+    if col not in df.columns or not len(present) or df[col].gather(present).null_count():
         return band_keys(sigs, bands, rows)
-    stored = df[col].gather(present)
-    if stored.null_count():
-        return band_keys(sigs, bands, rows)
-    flat = stored.explode().to_numpy()
-    if len(flat) != len(present) * bands:
-        raise ValueError(f"episode features: {col} holds {len(flat) // max(len(present), 1)} band keys an episode, "
-                         f"not {bands}: features of another MinHash setting; rebuild them with `trajwh build --full`")
-    return flat.astype(np.int64).reshape(len(present), bands)
+    return fixed_matrix(df, col, present, bands, "<i8", f"{bands} band keys")
 
 
 def _old_links(state: ClusterState, df: pl.DataFrame, signal: str, present: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -68,8 +68,8 @@ class EpisodeFeatures:
     exact: str | None = None  # digest of actions + text (exact duplicates); None when both are empty
     action_sig: Any = None  # MinHash signature (uint32 array) of the action shingles, or None
     text_sig: Any = None
-    action_bands: list[int] | None = None  # the signature's LSH band keys (``dedup.engines.band_keys``)
-    text_bands: list[int] | None = None
+    action_bands: bytes | None = None  # the signature's LSH band keys (``dedup.engines.band_keys``), int64 LE
+    text_bands: bytes | None = None
     signed: bool = False
 
 

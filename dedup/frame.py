@@ -26,7 +26,7 @@ SCHEMA = {
     "touched_files": pl.List(pl.String), "patch_symbols": pl.List(pl.String), "issue_created_at": _TIME,
     "fix_merged_at": _TIME, "started_at": _TIME, "resolved": pl.Boolean, "n_steps": pl.Int64,
     "exact_digest": pl.String, "action_signature": pl.Binary, "text_signature": pl.Binary,
-    "action_bands": pl.List(pl.Int64), "text_bands": pl.List(pl.Int64),
+    "action_bands": pl.Binary, "text_bands": pl.Binary,
 }
 
 
@@ -70,20 +70,25 @@ def nonblank(col: str) -> pl.Expr:
 def signature_matrix(df: pl.DataFrame, col: str, num_perm: int) -> tuple[np.ndarray, np.ndarray]:
     """(row numbers that have a signature in ``col``, their signatures as an ``uint32`` matrix)."""
     present = np.flatnonzero(df[col].is_not_null().to_numpy())
-    width = 4 * num_perm
+    return present, fixed_matrix(df, col, present, num_perm, "<u4", f"{num_perm} permutations")
+
+
+def fixed_matrix(df: pl.DataFrame, col: str, rows: np.ndarray, width: int, dtype: str, what: str) -> np.ndarray:
+    """The binary values of ``col`` at ``rows`` (none missing), each ``width`` numbers of ``dtype``, as
+    one matrix (rows x width); a clear error naming the episode when a value has another length."""
+    size = np.dtype(dtype).itemsize * width
     # the values' bytes as Arrow holds them, one after the other (no Python object per episode)
-    arr = df[col].gather(present).to_arrow()
+    arr = df[col].gather(rows).to_arrow()
     arr = (pa.concat_arrays(arr.chunks) if isinstance(arr, pa.ChunkedArray) else arr).cast(pa.large_binary())
     lengths = pc.binary_length(arr).to_numpy(zero_copy_only=False)
-    wrong = np.flatnonzero(lengths != width)
+    wrong = np.flatnonzero(lengths != size)
     if len(wrong):
-        row = int(present[wrong[0]])
+        row = int(rows[wrong[0]])
         raise ValueError(f"episode features: the {col} of {df['trajectory_key'][row]!r} holds {int(lengths[wrong[0]])} "
-                         f"bytes, not {width} ({num_perm} permutations): features of another MinHash setting; "
+                         f"bytes, not {size} ({what}): features of another MinHash setting; "
                          f"rebuild them with `trajwh build --full`")
-    if not len(present):
-        return present, np.empty((0, num_perm), dtype=np.uint32)
+    if not len(rows):
+        return np.empty((0, width), dtype=np.dtype(dtype).newbyteorder("="))
     start = int(np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset])
-    data = np.frombuffer(arr.buffers()[2], dtype=np.uint8)[start:start + width * len(present)]
-    matrix = data.view("<u4").reshape(len(present), num_perm).copy()
-    return present, matrix
+    data = np.frombuffer(arr.buffers()[2], dtype=np.uint8)[start:start + size * len(rows)]
+    return data.view(dtype).reshape(len(rows), width).astype(np.dtype(dtype).newbyteorder("="))

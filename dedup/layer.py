@@ -109,7 +109,7 @@ def sign(features: list[EpisodeFeatures], cfg: CurateConfig = CurateConfig()) ->
         keys = band_keys(sigs, bands, rows) if len(present) else np.empty((0, bands), dtype=np.int64)
         for row, i in enumerate(present):
             setattr(todo[i], attr, sigs[row])
-            setattr(todo[i], attr.replace("_sig", "_bands"), keys[row].tolist())
+            setattr(todo[i], attr.replace("_sig", "_bands"), keys[row].astype("<i8").tobytes())
     for f in todo:
         f.signed = True
 

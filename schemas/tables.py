@@ -347,8 +347,8 @@ class EpisodeFeatureRow(_Row):
     exact_digest: str | None = None  # actions + text; None when the episode has neither
     action_signature: bytes | None = None  # MinHash, num_perm little-endian uint32; None: too few actions
     text_signature: bytes | None = None  # None: no model text
-    action_bands: list[int] | None = None  # the action signature's LSH band keys (int64), None without it
-    text_bands: list[int] | None = None
+    action_bands: bytes | None = None  # the action signature's LSH band keys, little-endian int64; None without it
+    text_bands: bytes | None = None
     leaks: JsonText | None = None  # [[step_id, step_index, kind, evidence], ...]
     lin_batch_id: str = _lineage("_batch_id")
     lin_run_id: str = _lineage("_run_id")

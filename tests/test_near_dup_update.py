@@ -61,7 +61,7 @@ def _frame(episodes: dict[str, dict]) -> pl.DataFrame:
     rows = []
     for key in sorted(episodes):
         e = episodes[key]
-        bands = {c: (None if e[s] is None else band_keys(e[s][None, :], BANDS, ROWS)[0].tolist())
+        bands = {c: (None if e[s] is None else band_keys(e[s][None, :], BANDS, ROWS)[0].astype("<i8").tobytes())
                  for s, c in (("action_signature", "action_bands"), ("text_signature", "text_bands"))}
         rows.append({c: None for c in SCHEMA} | {
             "failing_tests": [], "touched_files": [], "patch_symbols": [], "trajectory_key": key,
