@@ -111,6 +111,12 @@ def _old_links(state: ClusterState, df: pl.DataFrame, signal: str, present: np.n
     return a[ok], b[ok], links["similarity"].to_numpy()[ok]
 
 
+def _bucket_arrays(buckets: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(bands, keys) of an iterable of (band, key) buckets."""
+    pairs = list(buckets)
+    return (np.array([b for b, _ in pairs], dtype=np.int64), np.array([k for _, k in pairs], dtype=np.int64))
+
+
 def _still_made(keys: np.ndarray, a: np.ndarray, b: np.ndarray, big: pa.Table) -> np.ndarray:
     """Whether a bucket still makes each pair (a, b): the two share a band's key, in a bucket of at
     most ``BIG_BUCKET`` documents or a big one whose smallest document is a or b."""
@@ -139,7 +145,10 @@ def _signal_links(df: pl.DataFrame, cfg: Any, eng: Engine, code: int, sig_col: s
         return empty
     keys = _keys_matrix(df, band_col, present, sigs, bands, rows)
     table = band_rows(keys)
-    big = big_buckets(eng, table)
+    changed = np.flatnonzero(state.changed[present]) if state is not None else None
+    before = {(bd, k): (m, d) for bd, k, m, d in state.big.get(signal, [])} if state is not None else {}
+    # the big buckets now: in an update, among the buckets of changed episodes and those big before
+    big = big_buckets(eng, table, None if state is None else (changed, _bucket_arrays(before)))
     hubs = big["hub"].to_numpy()
     info.big[signal] = [[int(bd), int(k), int(m), d] for bd, k, m, d in zip(
         big["band"].to_numpy(), big["key"].to_numpy(), big["m"].to_numpy(),
@@ -148,12 +157,9 @@ def _signal_links(df: pl.DataFrame, cfg: Any, eng: Engine, code: int, sig_col: s
         candidates = bucket_candidates(eng, table)
         kept = empty
     else:
-        before = {(bd, k): (m, d) for bd, k, m, d in state.big.get(signal, [])}
         now = {(bd, k): (m, d) for bd, k, m, d in info.big[signal]}
         moved = [bk for bk, v in now.items() if before.get(bk) != v] + [bk for bk in before if bk not in now]
-        changed = np.flatnonzero(state.changed[present])
-        candidates = touched_candidates(eng, table, changed, (np.array([b for b, _ in moved], dtype=np.int64),
-                                                              np.array([k for _, k in moved], dtype=np.int64)))
+        candidates = touched_candidates(eng, table, changed, _bucket_arrays(moved))
         a, b, sim = _old_links(state, df, signal, present)
         keep = _still_made(keys, a, b, big)
         kept = a[keep], b[keep], sim[keep]
@@ -206,27 +212,23 @@ def _cluster_frame(df: pl.DataFrame, cfg: Any, eng: Engine, state: ClusterState 
     roots = np.unique(root)
     cluster_of_root = pl.DataFrame({"root": roots, "cluster_id": ["c-" + d[:16] for d in
                                                                    ids.text_digests(keys.gather(roots).to_list())]})
-    signals = np.concatenate(signal_parts)
-    sims = np.concatenate(sim_parts)
-    linked = (pl.DataFrame({"i": np.concatenate([a, b]), "signal": np.concatenate([signals, signals]),
-                            "sim": np.concatenate([sims, sims])})
-              .group_by("i").agg(pl.col("signal").unique().sort()  # codes sort as the names do
-                                 .replace_strict(dict(enumerate(SIGNALS)), return_dtype=pl.String).alias("linked_by"),
-                                 pl.col("sim").max().alias("max_similarity")))
-    la, lb = np.concatenate(lsh_a).astype(np.int64), np.concatenate(lsh_b).astype(np.int64)
-    ls, lsim = np.concatenate(lsh_signal), np.concatenate(lsh_sim)
-    other = np.concatenate([lb, la])
-    links = (pl.DataFrame({"i": np.concatenate([la, lb]), "trajectory_key": keys.gather(other),
-                           "signal": np.concatenate([ls, ls]), "similarity": np.concatenate([lsim, lsim])})
-             .with_columns(pl.col("signal").replace_strict(dict(enumerate(SIGNALS)), return_dtype=pl.String))
-             .sort("i", "signal", "trajectory_key")
-             .group_by("i", maintain_order=True)
-             .agg(pl.struct("trajectory_key", "signal", "similarity").alias("links")))
+    ends = np.concatenate([a, b])
+    signals = np.tile(np.concatenate(signal_parts), 2)
+    sims = np.tile(np.concatenate(sim_parts), 2)
+    # per episode: the signals that linked it (a bit each) and its highest similarity, in array calls
+    mask = np.zeros(n, dtype=np.int8)
+    np.bitwise_or.at(mask, ends, (1 << signals).astype(np.int8))
+    best = np.full(n, np.nan)
+    if len(ends):
+        np.fmax.at(best, ends, sims)
+    by_mask = pl.DataFrame({"mask": np.arange(1 << len(SIGNALS), dtype=np.int8),
+                            "linked_by": [[name for c, name in enumerate(SIGNALS) if m >> c & 1]  # in name order
+                                          for m in range(1 << len(SIGNALS))]})
     out = (df.select("trajectory_key", "resolved", "n_steps", "started_at")
-           .with_columns(pl.int_range(n, dtype=pl.Int64).alias("i"), pl.Series("root", root))
+           .with_columns(pl.int_range(n, dtype=pl.Int64).alias("i"), pl.Series("root", root), pl.Series("mask", mask),
+                         pl.Series("max_similarity", best, nan_to_null=True))
            .join(cluster_of_root, on="root", how="left")
-           .join(linked, on="i", how="left")
-           .join(links, on="i", how="left"))
+           .join(by_mask, on="mask", how="left", maintain_order="left"))
     # the representative: resolved first, then the fewest steps, then the earliest start, then the key
     rep = (out.sort([pl.col("resolved").fill_null(False).not_(), "n_steps", "started_at", "trajectory_key"],
                     nulls_last=True)
@@ -235,9 +237,24 @@ def _cluster_frame(df: pl.DataFrame, cfg: Any, eng: Engine, state: ClusterState 
     frame = out.select(
         "trajectory_key", "cluster_id", "cluster_size", (pl.col("i") == pl.col("rep")).alias("is_representative"),
         (1.0 / pl.col("cluster_size") if cfg.weight == "inverse_size" else pl.lit(1.0)).cast(pl.Float64).alias("weight"),
-        pl.col("linked_by").fill_null(pl.lit([], dtype=pl.List(pl.String))), "max_similarity",
-        pl.col("links").cast(LINK_TYPE).fill_null(pl.lit([], dtype=LINK_TYPE)))
-    return frame, info
+        "linked_by", "max_similarity")
+    return frame.with_columns(pl.Series("links", _links(keys, np.concatenate(lsh_a), np.concatenate(lsh_b),
+                                                        np.concatenate(lsh_signal), np.concatenate(lsh_sim), n))), info
+
+
+def _links(keys: pl.Series, a: np.ndarray, b: np.ndarray, signal: np.ndarray, sim: np.ndarray, n: int) -> pa.Array:
+    """Each episode's LSH links as a list array (row i: the links of episode i), by signal then the
+    other's key (rows are in key order, so by its number), built from offsets without a group-by."""
+    i, other = np.concatenate([a, b]).astype(np.int64), np.concatenate([b, a]).astype(np.int64)
+    signal, sim = np.tile(signal, 2), np.tile(sim, 2)
+    order = np.lexsort((other, signal, i))
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(np.bincount(i, minlength=n), out=offsets[1:])
+    names = pa.array(SIGNALS, pa.string())
+    values = pa.StructArray.from_arrays(
+        [keys.to_arrow().take(pa.array(other[order])), names.take(pa.array(signal[order].astype(np.int64))),
+         pa.array(sim[order], pa.float64())], names=["trajectory_key", "signal", "similarity"])
+    return pa.ListArray.from_arrays(pa.array(offsets), values)
 
 
 __all__ = ["BIG_BUCKET", "ClusterInfo", "ClusterState", "LINK_TYPE", "SIGNALS", "cluster_frame"]

@@ -259,10 +259,18 @@ _TOUCHED_ROWS = """SELECT doc, band, key FROM bands JOIN touched ON band = tb AN
 _BIG_BUCKETS = """SELECT sb AS band, sk AS key, m, hub FROM buckets WHERE m > {min_size}"""
 
 
-def big_buckets(eng: Engine, table: pa.Table) -> pa.Table:
+def big_buckets(eng: Engine, table: pa.Table, among: tuple[np.ndarray, tuple[np.ndarray, np.ndarray]] | None = None
+                ) -> pa.Table:
     """The buckets of more than ``BIG_BUCKET`` documents (band, key, members, smallest document):
-    their pairs are a star on that document, so they change when it or their size does."""
-    buckets = eng.sql(_BUCKETS, bands=table)
+    their pairs are a star on that document, so they change when it or their size does. ``among``:
+    only the buckets of these documents and these (band, key) buckets (an update: a bucket that is
+    big now was big before or gained a document), without a group-by over every bucket."""
+    if among is not None:
+        rows = _touched_rows(eng, table, *among)
+        buckets = eng.sql(_BUCKETS, bands=rows)
+        eng.drop(rows)
+    else:
+        buckets = eng.sql(_BUCKETS, bands=table)
     big = eng.sql(_BIG_BUCKETS.format(min_size=BIG_BUCKET), buckets=buckets)
     out = eng.arrow(big)
     for done in (buckets, big):
@@ -270,16 +278,22 @@ def big_buckets(eng: Engine, table: pa.Table) -> pa.Table:
     return out
 
 
-def touched_candidates(eng: Engine, table: pa.Table, changed: np.ndarray, big: tuple[np.ndarray, np.ndarray]
-                       ) -> np.ndarray:
-    """The candidate pairs of the buckets that hold a ``changed`` document or are named in ``big``
-    (band, key arrays), with all their members: the pairs that may differ from an earlier
-    population's where documents were added or changed (``dedup.layer``: the incremental update)."""
+def _touched_rows(eng: Engine, table: Any, changed: np.ndarray, big: tuple[np.ndarray, np.ndarray]) -> Any:
+    """The band rows of the buckets that hold a ``changed`` document or are named in ``big``."""
     changed_t = pa.table({"cd": np.asarray(changed, dtype=np.int64)})
     big_t = pa.table({"bb": np.asarray(big[0], dtype=np.int64), "bk": np.asarray(big[1], dtype=np.int64)})
     touched = eng.sql(_TOUCHED, bands=table, changed=changed_t, big=big_t)
     rows = eng.sql(_TOUCHED_ROWS, bands=table, touched=touched)
     eng.drop(touched)
+    return rows
+
+
+def touched_candidates(eng: Engine, table: pa.Table, changed: np.ndarray, big: tuple[np.ndarray, np.ndarray]
+                       ) -> np.ndarray:
+    """The candidate pairs of the buckets that hold a ``changed`` document or are named in ``big``
+    (band, key arrays), with all their members: the pairs that may differ from an earlier
+    population's where documents were added or changed (``dedup.layer``: the incremental update)."""
+    rows = _touched_rows(eng, table, changed, big)
     try:
         return bucket_candidates(eng, rows)
     finally:
