@@ -470,6 +470,19 @@ def test_build_runs_the_curated_step_on_the_engine_asked(wh, small_corpus, monke
     assert wh.query("SELECT count(*) AS n FROM splits").to_pylist()[0]["n"] == 150
 
 
+def test_loaded_kernels_sign_a_small_call_compiled():
+    """A process that signs many documents in small chunks can load the compiled kernels first
+    (the MinHash benchmark does); every later call then uses them, however few its shingles (a fresh
+    process: other tests load them too)."""
+    import subprocess
+    import sys
+
+    code = ("from trajwh.dedup import minhash as m; before = m._compiled(10); m.load_kernels(); "
+            "print(before, m._compiled(10))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True"]
+
+
 def test_features_see_a_placeholder_as_its_type():
     """A placeholder's digest depends on the warehouse's salt and the scope: two copies of one
     trajectory redacted in two scopes (or two warehouses) must give the same features."""
