@@ -91,8 +91,8 @@ class Clusters:
 def sign(features: list[EpisodeFeatures], cfg: CurateConfig = CurateConfig()) -> None:
     """Fill what near-duplicate search and grouping need from an episode's text, once: the exact
     digest, the MinHash signatures of its action and text shingles and their LSH band keys, the
-    patch's symbols. The
-    curate stage stores them per batch (``episode_features``), so a new batch signs only itself."""
+    patch's symbols. The curate stage stores them per batch (``episode_features``), so a new batch
+    signs only itself."""
     todo = [f for f in features if not f.signed]
     bands, rows = cfg.minhash.bands
     for f in todo:
