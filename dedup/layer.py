@@ -415,17 +415,30 @@ def cluster_state(wh: Warehouse, cfg: CurateConfig, df: pl.DataFrame, basis: dic
     params = wh.query("SELECT params FROM runs WHERE run_id = ? AND job = 'curate' AND status = 'succeeded'",
                       [made_by[0]]).column(0).to_pylist()
     near_dup = orjson.loads(params[0]).get("near_dup") if params and params[0] else None
-    if not near_dup or near_dup.get("version") != cluster_version(cfg):
+    if not _state_fits(near_dup, cluster_version(cfg)):
         return None
-    before = near_dup.get("basis", {})
+    before = near_dup["basis"]
     redone = [b for b, v in basis.items() if before.get(b) != v]
     links = pl.from_arrow(wh.query("SELECT trajectory_key, links FROM near_dup_clusters"))
     keys = df["trajectory_key"]
-    changed = ~keys.is_in(links["trajectory_key"])
+    changed = ~keys.is_in(links["trajectory_key"].implode())
     if redone:
         again = wh.query("SELECT trajectory_key FROM episode_features WHERE list_contains(?, _batch_id)", [redone])
-        changed = changed | keys.is_in(pl.from_arrow(again.column(0)))
-    return ClusterState(links=links, big=near_dup.get("big", {}), changed=changed.to_numpy())
+        changed = changed | keys.is_in(pl.from_arrow(again.column(0)).implode())
+    return ClusterState(links=links, big=near_dup["big"], changed=changed.to_numpy())
+
+
+def _state_fits(near_dup: Any, version: str) -> bool:
+    """Whether a curate run's recorded cluster state is one this code can update from: made with
+    ``version``, a batch -> features version map, and per signal a list of [band, key, size, digest]
+    big buckets. Anything else (an older run, a row edited by hand) gives the full computation."""
+    if not isinstance(near_dup, dict) or near_dup.get("version") != version:
+        return False
+    basis, big = near_dup.get("basis"), near_dup.get("big")
+    return (isinstance(basis, dict) and all(isinstance(v, str) for v in basis.values()) and isinstance(big, dict)
+            and all(isinstance(rows, list) and all(isinstance(r, list) and len(r) == 4
+                                                   and all(isinstance(x, int) for x in r[:3]) and isinstance(r[3], str)
+                                                   for r in rows) for rows in big.values()))
 
 
 def _previous_splits(wh: Warehouse) -> dict[str, str]:

@@ -138,3 +138,19 @@ def test_a_big_bucket_links_as_a_star_and_its_update_follows_its_smallest_member
     updated, up = cluster_frame(df, CFG, state)
     assert up.verified > 0  # the new star's pairs were verified
     assert updated.to_dicts() == cluster_frame(df, CFG)[0].to_dicts()
+
+
+def test_a_recorded_state_that_does_not_fit_gives_the_full_computation():
+    """The state a curate run records is read back only in the shape it was written with, made with
+    the same settings; anything else (an older run, a row edited by hand) means a full computation."""
+    from trajwh.dedup.layer import _state_fits, cluster_version
+
+    version = cluster_version(CFG)
+    good = {"version": version, "basis": {"b1": "features@1.2.0;inputs=x"},
+            "big": {"actions": [[0, -5, 70, "d" * 16]], "text": []}}
+    assert _state_fits(good, version)
+    assert not _state_fits(good, cluster_version(CurateConfig(action_k=4)))  # other settings
+    for bad in (None, [], {**good, "version": None}, {**good, "basis": ["b1"]}, {**good, "basis": {"b1": 3}},
+                {**good, "big": []}, {**good, "big": {"actions": [[0, -5, 70]]}},
+                {**good, "big": {"actions": [[0, "k", 70, "d"]]}}, {**good, "big": {"actions": "x"}}):
+        assert not _state_fits(bad, version), bad
