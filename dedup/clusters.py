@@ -43,7 +43,7 @@ from trajwh.dedup.engines import (
     bucket_candidates,
     engine,
     star_components,
-    touched_candidates,
+    touched_rows,
 )
 from trajwh.dedup.frame import fixed_matrix, signature_matrix
 from trajwh.dedup.minhash import pair_similarity
@@ -53,7 +53,6 @@ SIGNALS = ("actions", "exact", "text")  # what links two episodes, coded in the 
 #: the LSH signals: (code, signature column, band-key column)
 _LSH = ((SIGNALS.index("actions"), "action_signature", "action_bands"),
         (SIGNALS.index("text"), "text_signature", "text_bands"))
-LINK_TYPE = pl.List(pl.Struct({"trajectory_key": pl.String, "signal": pl.String, "similarity": pl.Float64}))
 
 
 @dataclass
@@ -147,8 +146,10 @@ def _signal_links(df: pl.DataFrame, cfg: Any, eng: Engine, code: int, sig_col: s
     table = band_rows(keys)
     changed = np.flatnonzero(state.changed[present]) if state is not None else None
     before = {(bd, k): (m, d) for bd, k, m, d in state.big.get(signal, [])} if state is not None else {}
-    # the big buckets now: in an update, among the buckets of changed episodes and those big before
-    big = big_buckets(eng, table, None if state is None else (changed, _bucket_arrays(before)))
+    # in an update, the rows of the buckets of changed episodes and of those big before: the big buckets
+    # of now are among them, and so are the buckets whose pairs are made again (one scan of the table)
+    rows_in = table if state is None else touched_rows(eng, table, changed, _bucket_arrays(before))
+    big = big_buckets(eng, rows_in)
     hubs = big["hub"].to_numpy()
     info.big[signal] = [[int(bd), int(k), int(m), d] for bd, k, m, d in zip(
         big["band"].to_numpy(), big["key"].to_numpy(), big["m"].to_numpy(),
@@ -159,7 +160,10 @@ def _signal_links(df: pl.DataFrame, cfg: Any, eng: Engine, code: int, sig_col: s
     else:
         now = {(bd, k): (m, d) for bd, k, m, d in info.big[signal]}
         moved = [bk for bk, v in now.items() if before.get(bk) != v] + [bk for bk in before if bk not in now]
-        candidates = touched_candidates(eng, table, changed, _bucket_arrays(moved))
+        rows = touched_rows(eng, rows_in, changed, _bucket_arrays(moved))
+        candidates = bucket_candidates(eng, rows)
+        for done in (rows, rows_in):
+            eng.drop(done)
         a, b, sim = _old_links(state, df, signal, present)
         keep = _still_made(keys, a, b, big)
         kept = a[keep], b[keep], sim[keep]
@@ -257,4 +261,4 @@ def _links(keys: pl.Series, a: np.ndarray, b: np.ndarray, signal: np.ndarray, si
     return pa.ListArray.from_arrays(pa.array(offsets), values)
 
 
-__all__ = ["BIG_BUCKET", "ClusterInfo", "ClusterState", "LINK_TYPE", "SIGNALS", "cluster_frame"]
+__all__ = ["BIG_BUCKET", "ClusterInfo", "ClusterState", "SIGNALS", "cluster_frame"]

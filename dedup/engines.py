@@ -49,9 +49,9 @@ SELECT DISTINCT mv AS a, x AS b FROM x JOIN m ON xu = mu WHERE x <> mv"""
 # as a star
 _BUCKETS = """SELECT band AS sb, key AS sk, count(*) AS m, min(doc) AS hub FROM bands GROUP BY band, key HAVING count(*) > 1"""
 _MEMBERS = """SELECT doc, m, hub, band AS mb, key AS mk FROM bands JOIN buckets ON band = sb AND key = sk"""
-_SMALL_BUCKET_PAIRS = """SELECT d1 AS a, d2 AS b
-FROM (SELECT doc AS d1, mb AS b1, mk AS k1 FROM members WHERE m <= 64)
-JOIN (SELECT doc AS d2, mb AS b2, mk AS k2 FROM members WHERE m <= 64) ON b1 = b2 AND k1 = k2 WHERE d1 < d2"""
+_SMALL_BUCKET_PAIRS = f"""SELECT d1 AS a, d2 AS b
+FROM (SELECT doc AS d1, mb AS b1, mk AS k1 FROM members WHERE m <= {BIG_BUCKET})
+JOIN (SELECT doc AS d2, mb AS b2, mk AS k2 FROM members WHERE m <= {BIG_BUCKET}) ON b1 = b2 AND k1 = k2 WHERE d1 < d2"""
 _HUB_EDGES = """SELECT hub AS a, doc AS b FROM members WHERE m > {min_size} AND doc <> hub"""
 _CANDIDATES = """SELECT DISTINCT a, b FROM (SELECT a, b FROM small UNION ALL SELECT a, b FROM stars)"""
 
@@ -239,7 +239,7 @@ def bucket_candidates(eng: Engine, table: Any) -> np.ndarray:
     """The candidate pairs a band table's buckets make (every pair of a bucket of at most 64
     documents, a star on the smallest document of a bigger one), sorted. ``table``: an Arrow table
     or an earlier result of ``eng``. The pairs of a bucket depend on its members alone, so the
-    rows of some buckets give exactly those buckets' pairs (``touched_candidates``)."""
+    rows of some buckets give exactly those buckets' pairs (``touched_rows``)."""
     buckets = eng.sql(_BUCKETS, bands=table)
     members = eng.sql(_MEMBERS, bands=table, buckets=buckets)
     small = eng.sql(_SMALL_BUCKET_PAIRS, members=members)
@@ -259,18 +259,11 @@ _TOUCHED_ROWS = """SELECT doc, band, key FROM bands JOIN touched ON band = tb AN
 _BIG_BUCKETS = """SELECT sb AS band, sk AS key, m, hub FROM buckets WHERE m > {min_size}"""
 
 
-def big_buckets(eng: Engine, table: pa.Table, among: tuple[np.ndarray, tuple[np.ndarray, np.ndarray]] | None = None
-                ) -> pa.Table:
-    """The buckets of more than ``BIG_BUCKET`` documents (band, key, members, smallest document):
-    their pairs are a star on that document, so they change when it or their size does. ``among``:
-    only the buckets of these documents and these (band, key) buckets (an update: a bucket that is
-    big now was big before or gained a document), without a group-by over every bucket."""
-    if among is not None:
-        rows = _touched_rows(eng, table, *among)
-        buckets = eng.sql(_BUCKETS, bands=rows)
-        eng.drop(rows)
-    else:
-        buckets = eng.sql(_BUCKETS, bands=table)
+def big_buckets(eng: Engine, table: Any) -> pa.Table:
+    """The buckets of more than ``BIG_BUCKET`` documents of a band table or an engine result (band,
+    key, members, smallest document): their pairs are a star on that document, so they change when it
+    or their size does."""
+    buckets = eng.sql(_BUCKETS, bands=table)
     big = eng.sql(_BIG_BUCKETS.format(min_size=BIG_BUCKET), buckets=buckets)
     out = eng.arrow(big)
     for done in (buckets, big):
@@ -278,26 +271,16 @@ def big_buckets(eng: Engine, table: pa.Table, among: tuple[np.ndarray, tuple[np.
     return out
 
 
-def _touched_rows(eng: Engine, table: Any, changed: np.ndarray, big: tuple[np.ndarray, np.ndarray]) -> Any:
-    """The band rows of the buckets that hold a ``changed`` document or are named in ``big``."""
+def touched_rows(eng: Engine, table: Any, changed: np.ndarray, big: tuple[np.ndarray, np.ndarray]) -> Any:
+    """The band rows (an engine result) of the buckets that hold a ``changed`` document or are named in
+    ``big`` (band, key arrays), every member of each: the rows from which an update counts the big
+    buckets of now (a bucket becomes big only by gaining a document) and makes its candidate pairs."""
     changed_t = pa.table({"cd": np.asarray(changed, dtype=np.int64)})
     big_t = pa.table({"bb": np.asarray(big[0], dtype=np.int64), "bk": np.asarray(big[1], dtype=np.int64)})
     touched = eng.sql(_TOUCHED, bands=table, changed=changed_t, big=big_t)
     rows = eng.sql(_TOUCHED_ROWS, bands=table, touched=touched)
     eng.drop(touched)
     return rows
-
-
-def touched_candidates(eng: Engine, table: pa.Table, changed: np.ndarray, big: tuple[np.ndarray, np.ndarray]
-                       ) -> np.ndarray:
-    """The candidate pairs of the buckets that hold a ``changed`` document or are named in ``big``
-    (band, key arrays), with all their members: the pairs that may differ from an earlier
-    population's where documents were added or changed (``dedup.layer``: the incremental update)."""
-    rows = _touched_rows(eng, table, changed, big)
-    try:
-        return bucket_candidates(eng, rows)
-    finally:
-        eng.drop(rows)
 
 
 def _star_loop(eng: Engine, n: int, edges: Any, max_rounds: int) -> tuple[np.ndarray, int]:
