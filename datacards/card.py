@@ -28,6 +28,21 @@ class CardResult:
     skipped: bool
 
 
+def withdraw_cards(wh: Warehouse) -> list[dict[str, str]]:
+    """Delete the warehouse's own cards (``<warehouse>/card`` and ``card-SPLIT``): after a forget
+    they count episodes that are gone; the next build (or ``trajwh card``) writes them again. One
+    entry per card withdrawn, as a forget lists its exports."""
+    import shutil
+
+    out = []
+    for folder in sorted(wh.root.glob(f"{DEFAULT_DIR}*")):
+        if folder.is_dir() and (folder.name == DEFAULT_DIR or folder.name.startswith(DEFAULT_DIR + "-")):
+            shutil.rmtree(folder)
+            out.append({"kind": "card", "path": str(folder), "status": "withdrawn",
+                        "note": "written again by the next `trajwh build` or `trajwh card`"})
+    return out
+
+
 def card_inputs(wh: Warehouse, split: str | None) -> str:
     rows = wh.query("""SELECT (SELECT string_agg(request_id || status, ',' ORDER BY request_id) FROM deletions) AS d,
                               (SELECT string_agg(opt_out_id || status, ',' ORDER BY opt_out_id) FROM opt_outs) AS o,

@@ -247,7 +247,7 @@ def _layers(wh: Warehouse, con: Any, sel: Selector, out: Impact) -> None:
            kinds={k: sum(e["kind"] == k for e in held) for k in sorted({e["kind"] for e in held})},
            missing=[e["path"] for e in held if not e["exists"]])
     _layer(out, "card", 1 if (wh.root / "card" / "card.json").exists() and out.episodes else 0,
-           note="<warehouse>/card is written again by the rebuild")
+           note="<warehouse>/card is withdrawn by the forget and written again by the next build")
 
 
 def _vault(wh: Warehouse, con: Any, out: Impact) -> None:

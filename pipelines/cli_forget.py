@@ -99,8 +99,8 @@ def _print_result(r) -> None:
         c.print(f"  [red]leak[/]: {escape(f)}")
     for t, n in v.get("rows_left", {}).items():
         c.print(f"  [red]left[/]: {t}: {n}")
-    for e in r.exports:  # what the tool had written out of the warehouse
-        color = {"regenerated": "green", "missing": "yellow"}.get(e["status"], "red")
+    for e in r.exports:  # what the tool had written out of the warehouse, and its own cards
+        color = {"regenerated": "green", "missing": "yellow", "withdrawn": "yellow"}.get(e["status"], "red")
         c.print(f"  export [{color}]{e['status']}[/]: {escape(e['kind'])} {escape(e['path'])}"
                 + (f" ({escape(e['note'])})" if e.get("note") else ""))
     if r.moved:

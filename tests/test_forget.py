@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import orjson
 import pyarrow as pa
 import pytest
 from conftest import trajwh_cmd
@@ -16,6 +17,7 @@ from trajwh.ingest.raw_store import IngestOptions, ingest_paths
 from trajwh.lineage.catalog import Warehouse
 from trajwh.lineage.forget import CRASH_ENV, STAGES, _strings, forget, verify_forget
 from trajwh.lineage.impact import Selector, impact
+from trajwh.pipelines.definitions import build
 
 CASES = Path(__file__).resolve().parent / "cases"
 #: lineage columns that say which run or inputs made a row (a rebuild changes them, not the values)
@@ -356,10 +358,14 @@ def test_exports_that_hold_the_episodes_are_written_again(wh, tmp_path):
     assert sorted(plan.layers["exports"]["ids"]) == sorted(out[n] for n in ("all.jsonl.gz", "q.csv", "card", "lost.jsonl"))
     assert plan.layers["exports"]["missing"] == [out["lost.jsonl"]]
 
+    own_card = wh.root / "card"
+    assert (own_card / "card.json").exists()
     r = forget(wh, "source:cases", "withdrawn")
     assert r.status == "verified", r.verify
     assert {e["path"]: e["status"] for e in r.exports} == {out["all.jsonl.gz"]: "regenerated", out["q.csv"]: "regenerated",
-                                                           out["card"]: "regenerated", out["lost.jsonl"]: "missing"}
+                                                           out["card"]: "regenerated", out["lost.jsonl"]: "missing",
+                                                           str(own_card): "withdrawn"}
+    assert not own_card.exists()  # the warehouse's own card counted the episodes: the next build writes it
     import gzip
 
     text = gzip.decompress(Path(out["all.jsonl.gz"]).read_bytes()).decode() + Path(out["q.csv"]).read_text()
@@ -367,6 +373,13 @@ def test_exports_that_hold_the_episodes_are_written_again(wh, tmp_path):
     assert (Path(out["other.jsonl"]).read_bytes(), os.stat(out["other.jsonl"]).st_mtime_ns) == before
     request = wh.query("SELECT request_id FROM deletions").column(0)[0].as_py()
     assert verify_forget(wh, request)["ok"]
+    assert build(str(wh.root)).success
+    card = orjson.loads((own_card / "card.json").read_bytes())
+    exported = orjson.loads(Path(out["card"], "card.json").read_bytes())  # written again during the forget
+    assert [d["status"] for d in card["sections"]["deletions"]["details"]] == ["verified"]
+    for doc in (card, exported):
+        doc.pop("generated_at"), doc["sections"].pop("deletions")
+    assert card == exported
 
 
 def test_the_proof_scans_exports_written_outside_the_warehouse(wh, tmp_path):
