@@ -180,13 +180,17 @@ def _windows(candidates: Candidates) -> list[str]:
 def _choose_probes(wh: Warehouse, candidates: Candidates, exclude: list[str]) -> list[str]:
     """The probes: candidate windows that no raw record outside ``exclude`` holds (a shared system
     prompt, another attempt's file prove nothing), up to 4 per record and 2 per episode's redacted
-    text. Every surviving payload is searched, in this process and thread (it runs beside the
-    rebuild, which has a process of its own)."""
+    text. Every surviving payload is searched, in a worker process (this runs in a thread beside
+    the repair of the derived layers, in this process: searching here took the repair's GIL)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
     every = _windows(candidates)
     if not every:
         return []
     matcher = _Matcher(every, set(), b"plan")
-    shared_keys = _shared_part((_table_paths(wh, "raw_records"), matcher, exclude))
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        shared_keys = pool.submit(_shared_part, (_table_paths(wh, "raw_records"), matcher, exclude)).result()
     shared = {w for w in every if matcher.key(w) in shared_keys}
     return sorted({w for ws, n in candidates.values() for w in [w for w in ws if w not in shared][:n]})
 
