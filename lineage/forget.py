@@ -458,16 +458,24 @@ def _repair(wh: Warehouse, before: dict[str, str], keys: set[str]) -> list[dict[
 
     settings = load_settings(None, wh.root)
     run_id, started = str(uuid.uuid4()), now_utc()
+    row = functools.partial(run_row, run_id, "forget", started, code_version="", counts={},
+                            params={"stages": ["curate", "eligibility", "fragments", "packs"]})
     with wh.write_session("forget") as session:
         mark_running(session, run_id, "forget", started)
-    curate_warehouse(wh, run_id=run_id, cfg=settings_mod.curate_config(settings))
-    build_eligibility(wh, run_id=run_id, policy=settings_mod.license_policy(settings))
-    build_fragments(wh, run_id=run_id, cfg=settings_mod.stats_config(settings),
-                    select=settings_mod.select_config(settings))
-    build_packs(wh, run_id=run_id, cfg=settings_mod.pack_config(settings), engine=settings.engine.name)
+    try:
+        curate_warehouse(wh, run_id=run_id, cfg=settings_mod.curate_config(settings))
+        build_eligibility(wh, run_id=run_id, policy=settings_mod.license_policy(settings))
+        build_fragments(wh, run_id=run_id, cfg=settings_mod.stats_config(settings),
+                        select=settings_mod.select_config(settings))
+        build_packs(wh, run_id=run_id, cfg=settings_mod.pack_config(settings), engine=settings.engine.name)
+    except Exception as exc:  # each stage commits whole or not at all: what it left is consistent
+        error = f"{type(exc).__name__}: {exc}"
+        with wh.write_session("forget") as session:
+            session.upsert_rows("runs", [{**row(), "status": "failed", "error": error[:2000]}])
+        raise ConfigError(f"the repair of the derived layers after the deletion failed ({error[:300]}); the request "
+                          "stays open", valid="fix the cause, then run `trajwh forget --resume`") from exc
     with wh.write_session("forget") as session:
-        session.upsert_rows("runs", [run_row(run_id, "forget", started, code_version="", counts={},
-                                             params={"stages": ["curate", "eligibility", "fragments", "packs"]})])
+        session.upsert_rows("runs", [row()])
     after = {r["trajectory_key"]: r["split"] for r in wh.query("SELECT trajectory_key, split FROM splits").to_pylist()}
     return [{"trajectory_key": k, "from": v, "to": after.get(k)} for k, v in sorted(before.items())
             if k not in keys and after.get(k) != v]

@@ -447,3 +447,30 @@ def test_vault_entries_of_a_repository_scope_go_with_the_episodes_that_made_them
     assert forget(wh, "source:remotes", "repository went private").status == "verified"
     assert not list((wh.root / "vault" / batch[0]).glob("part-*.parquet"))  # the batch's entries all went
     assert rest() == others
+
+
+def test_a_repair_that_fails_leaves_the_request_open_and_resume_finishes_it(wh, monkeypatch):
+    """A stage of the repair that fails: the error names the way on, the request stays at
+    ``sources_removed`` (the forgotten rows are gone already), the forget's run is recorded as
+    failed with the cause, and ``resume`` finishes the request."""
+    import trajwh.packing.layer as packing_layer
+    from trajwh.lineage.forget import pending_requests, resume
+    from trajwh.schemas.errors import ConfigError
+
+    real = packing_layer.build_packs
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(packing_layer, "build_packs", broken)
+    with pytest.raises(ConfigError, match="disk full") as err:
+        forget(wh, "source:cases", "withdrawn")
+    assert "forget --resume" in err.value.valid
+    assert wh.query("SELECT status FROM deletions").column(0).to_pylist() == ["sources_removed"]
+    run = wh.query("SELECT status, error FROM runs WHERE job = 'forget' ORDER BY started_at DESC LIMIT 1").to_pylist()[0]
+    assert run["status"] == "failed" and "OSError: disk full" in run["error"]
+    assert _count(wh, "SELECT count(*) FROM raw_records WHERE source = 'cases'") == 0
+    monkeypatch.setattr(packing_layer, "build_packs", real)
+    (request,) = pending_requests(wh)
+    assert resume(wh, request).status == "verified"
+    assert wh.query("SELECT status FROM runs WHERE job = 'forget' ORDER BY started_at DESC LIMIT 1").column(0)[0].as_py() == "succeeded"
