@@ -47,9 +47,11 @@ from trajwh.lineage.storage import (
     DataPath,
     ObjectPath,
     WrittenFile,
+    content_sha256,
     data_root,
     duckdb_filesystem,
     ensure_dir,
+    is_uri,
     write_bytes_atomic,
     write_parquet,
 )
@@ -72,6 +74,11 @@ CATALOG_FILE = "catalog.duckdb"
 STORAGE_FILE = "storage.json"
 #: the data location of a new warehouse (``s3://bucket/prefix``); ``trajwh --data URI`` sets it
 ENV_DATA = "TRAJWH_DATA"
+#: under a warehouse's data in object storage: the copy of its catalog its writer host publishes
+#: after each write, which a warehouse named by its URI reads (``Warehouse("s3://bucket/prefix")``)
+REPLICA_DIR = "_catalog"
+#: where this host keeps the catalogs of warehouses named by their URI (default ~/.cache/trajwh/replicas)
+ENV_REPLICAS = "TRAJWH_REPLICAS"
 
 _MANIFEST_DDL = """
 CREATE TABLE IF NOT EXISTS table_files (
@@ -90,13 +97,24 @@ CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 
 
 def resolve_warehouse(path: str | os.PathLike[str] | None = None) -> Path:
-    """``--warehouse DIR``, else ``$TRAJWH_WAREHOUSE``, else ``./warehouse``."""
-    chosen = path or os.environ.get(ENV_WAREHOUSE) or DEFAULT_WAREHOUSE
-    if "://" in os.fspath(chosen):  # a URI would silently become a local folder named "s3:"
-        raise ConfigError(f"the warehouse is a folder, not {os.fspath(chosen)!r}",
+    """``--warehouse DIR``, else ``$TRAJWH_WAREHOUSE``, else ``./warehouse``. A warehouse named by
+    the URI of its data (``s3://bucket/prefix``) resolves to this host's folder for its published
+    catalog (``replica_folder``)."""
+    chosen = os.fspath(path or os.environ.get(ENV_WAREHOUSE) or DEFAULT_WAREHOUSE)
+    if is_uri(chosen):
+        return replica_folder(chosen)
+    if "://" in chosen:  # another scheme would silently become a local folder named "gs:"
+        raise ConfigError(f"the warehouse is a folder or an s3:// URI, not {chosen!r}",
                           valid="--warehouse DIR (it keeps the catalog), with --data s3://bucket/prefix for the data "
-                                "files in object storage (docs/scale.md)")
+                                "files in object storage; or --warehouse s3://bucket/prefix to read one (docs/scale.md)")
     return Path(chosen).expanduser().resolve()
+
+
+def replica_folder(uri: str) -> Path:
+    """This host's folder for the catalog a warehouse in object storage publishes (read only)."""
+    base = os.environ.get(ENV_REPLICAS) or os.path.join(os.path.expanduser("~"), ".cache", "trajwh", "replicas")
+    canonical = str(data_root(uri))
+    return Path(base).expanduser().resolve() / hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 def now_utc() -> datetime:
@@ -107,9 +125,14 @@ class Warehouse:
     """Handle on one warehouse directory. Cheap to create; opens nothing until asked."""
 
     def __init__(self, root: str | os.PathLike[str] | None = None, *, data: str | None = None):
-        self.root = resolve_warehouse(root)
+        chosen = os.fspath(root or os.environ.get(ENV_WAREHOUSE) or DEFAULT_WAREHOUSE)
+        self.root = resolve_warehouse(chosen)
         self.catalog_path = self.root / CATALOG_FILE
-        self._data_asked = data
+        #: the data's URI when the warehouse is named by it: read through the catalog its writer
+        #: host publishes there (fetched on first use), never written from here
+        self.replica_of = str(data_root(chosen)) if is_uri(chosen) else None
+        self._fetched = False
+        self._data_asked = data if self.replica_of is None else self.replica_of
         self._data: DataPath | None = None
 
     @property
@@ -168,7 +191,47 @@ class Warehouse:
         return TABLE_LAYERS[table] in RESTRICTED_LAYERS
 
     def exists(self) -> bool:
+        if self.replica_of is not None and not self._fetched:
+            self._fetch_replica()
         return self.catalog_path.exists()
+
+    def _fetch_replica(self) -> None:
+        """The catalog published under the data's URI, copied to this host's replica folder when
+        its digest (a small object the writer publishes after it) is not the copy's."""
+        remote = data_root(self.replica_of) / REPLICA_DIR / CATALOG_FILE
+        try:
+            digest = (remote.parent / (CATALOG_FILE + ".sha256")).read_bytes().decode().strip()
+        except FileNotFoundError:
+            raise CatalogError(f"no published catalog at {remote}",
+                               valid="a warehouse whose writer host keeps its data there (made with --data "
+                                     f"{self.replica_of}; each write publishes its catalog), or its folder") from None
+        except OSError as exc:
+            raise ConfigError(f"the object store did not serve {remote}: {exc}",
+                              valid="AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY of a store "
+                                    "that holds it") from None
+        stamp = self.root / (CATALOG_FILE + ".sha256")
+        if not self.catalog_path.exists() or not stamp.exists() or stamp.read_text() != digest:
+            data = remote.read_bytes()
+            ensure_dir(self.root, restricted=True)
+            write_bytes_atomic(data, self.catalog_path, restricted=True)
+            write_bytes_atomic(json.dumps({"data": self.replica_of, "replica": True}).encode(), self.root / STORAGE_FILE,
+                               restricted=True)
+            # the copy's own digest (a writer that published meanwhile: the next reader fetches again)
+            write_bytes_atomic(hashlib.sha256(data).hexdigest().encode(), stamp, restricted=True)
+        self._fetched = True
+
+    def publish_replica(self) -> None:
+        """A warehouse whose data is in object storage: its catalog, checkpointed (the WAL folded
+        in), copied under the data's URI as one object, for readers on other hosts that name the
+        warehouse by that URI. Called by each exclusive write session as it ends (the lock held)."""
+        con = self.connect(read_only=False, manifest=False)
+        try:
+            con.execute("FORCE CHECKPOINT")
+        finally:
+            con.close()
+        target = self.data / REPLICA_DIR / CATALOG_FILE
+        target.upload(self.catalog_path)
+        (target.parent / (CATALOG_FILE + ".sha256")).write_bytes(content_sha256(self.catalog_path).encode())
 
     def require(self) -> None:
         if not self.exists():
@@ -185,8 +248,10 @@ class Warehouse:
         ``manifest=False``: a writer that leaves ``table_files`` alone (run rows, schema setup)."""
         if read_only:
             self.require()
-        elif manifest:  # what this process may change: a manifest cached before is not used after it
-            _COMMITS[0] += 1
+        else:
+            self._refuse_replica("a write")
+            if manifest:  # what this process may change: a manifest cached before is not used after it
+                _COMMITS[0] += 1
         con = _retrying(self, lambda: duckdb.connect(str(self.catalog_path), read_only=read_only), timeout)
         con.execute("SET enable_progress_bar = false")  # a worker's long query would print one into the output
         self._attach_storage(con)
@@ -443,7 +508,11 @@ class Warehouse:
         commits them in the catalog's own write transaction (one process at a time), deciding there
         against what the others committed (``WriteSession.commit``'s guard). Every other writer
         holds it exclusively: it waits for the shared holders and they for it, and only it removes
-        unlisted files (a shared holder's files are unlisted until it commits)."""
+        unlisted files (a shared holder's files are unlisted until it commits).
+
+        When the data is in object storage, an exclusive session that ends without an error
+        publishes the catalog there (``publish_replica``) for readers on other hosts."""
+        self._refuse_replica(op)
         ensure_dir(self.root, restricted=True)
         lock_path = self.root / ".lock"
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -456,8 +525,25 @@ class Warehouse:
             if not shared:
                 session.collect_garbage()
             yield session
+            if not shared and self.remote:
+                self.publish_replica()
         finally:
             os.close(fd)  # releases the flock
+
+    def _refuse_replica(self, op: str) -> None:
+        """No write through a published catalog's copy: named by its URI, or its folder named."""
+        replica = self.replica_of
+        if replica is None and (self.root / STORAGE_FILE).exists():
+            try:
+                stored = json.loads((self.root / STORAGE_FILE).read_text())
+                replica = stored["data"] if stored.get("replica") else None
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                replica = None  # (the data property names an unreadable file)
+        if replica is not None:
+            raise ConfigError(f"{op}: the warehouse {replica} is named by its URI, so this host reads the "
+                              "catalog its writer host publishes there and writes nothing",
+                              valid="run writes where its folder is (--warehouse DIR; the folder holds the catalog, "
+                                    "the lock and the vault), or read here (sql, status, trace, export)")
 
 
 def _acquire(fd: int, lock_path: Path, op: str, timeout: float, *, shared: bool = False) -> None:

@@ -27,7 +27,8 @@ from trajwh.pipelines import render
 from trajwh.schemas.config import ENGINES
 from trajwh.schemas.errors import ConfigError, TrajwhError, WarehouseBusyError
 
-WAREHOUSE_HELP = "Warehouse folder (default: $TRAJWH_WAREHOUSE, else ./warehouse)."
+WAREHOUSE_HELP = ("Warehouse folder (default: $TRAJWH_WAREHOUSE, else ./warehouse), or the s3://bucket/prefix of "
+                  "one whose data is in object storage, to read it from another host.")
 
 
 def warehouse_option(fn: Callable[..., Any]) -> Callable[..., Any]:

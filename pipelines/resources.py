@@ -3,7 +3,7 @@
 # no `from __future__ import annotations`: Dagster reads these annotations at runtime
 
 import dagster as dg
-from trajwh.lineage.catalog import Warehouse, resolve_warehouse
+from trajwh.lineage.catalog import Warehouse
 from trajwh.schemas.config import Settings, load_settings
 
 
@@ -15,7 +15,7 @@ class WarehouseResource(dg.ConfigurableResource):
     config: str = ""  # trajwh.toml; else $TRAJWH_CONFIG, <warehouse>/trajwh.toml, ./trajwh.toml
 
     def get(self) -> Warehouse:
-        return Warehouse(resolve_warehouse(self.path or None))
+        return Warehouse(self.path or None)  # (a URI stays one: its warehouse is read only here)
 
     def settings(self) -> Settings:
         return load_settings(self.config or None, self.get().root)

@@ -66,8 +66,9 @@ def test_a_warehouse_on_s3_needs_credentials_and_keeps_its_place(tmp_path: Path,
         local = Warehouse(tmp_path / "local")
         ingest_paths(local, [small_corpus], IngestOptions(source="synthetic"))
         _ = Warehouse(local.root, data=uri).data
-    with pytest.raises(ConfigError, match="the warehouse is a folder"):
-        Warehouse(uri)  # a URI as the folder: an error, not a local folder named "s3:"
+    with pytest.raises(ConfigError, match="the warehouse is a folder or an s3:// URI"):
+        Warehouse("gs://bucket/x")  # an error, not a local folder named "gs:"
+    assert Warehouse(uri).replica_of == uri  # read from the catalog the writer publishes (below)
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     with pytest.raises(ConfigError, match="AWS_SECRET_ACCESS_KEY"):
         Warehouse(wh.root).query("SELECT count(*) FROM raw_records")
@@ -192,7 +193,8 @@ def test_forget_on_s3_rewrites_objects_and_the_proof_reads_the_bucket(tmp_path: 
     assert sorted(impact(wh, Selector.parse(f"episode:{rec['key']}")).layers["exports"]["ids"]) == sorted(exports.values())
     result = forget(wh, f"episode:{rec['key']}", "a person asked to be forgotten")
     assert result.status == "verified", result.verify
-    assert {e["path"]: e["status"] for e in result.exports} == dict.fromkeys(exports.values(), "regenerated")
+    assert {e["path"]: e["status"] for e in result.exports} == {**dict.fromkeys(exports.values(), "regenerated"),
+                                                                str(wh.root / "card"): "withdrawn"}
     assert rec["key"] not in ObjectPath(exports["episodes"]).read_bytes().decode()
     assert wh.query("SELECT count(*) FROM episodes WHERE trajectory_key = ?", [rec["key"]]).column(0)[0].as_py() == 0
     after = {str(p) for t in PARQUET_TABLES for p in wh.files(t)}
@@ -201,6 +203,7 @@ def test_forget_on_s3_rewrites_objects_and_the_proof_reads_the_bucket(tmp_path: 
     # the proof names a manifest file as the bucket's listing does (a file older than the forgotten data
     # is then read for its digest alone: lineage.forget._scan)
     listed = location_files(str(wh.data))
+    assert f"{wh.data}/_catalog/catalog.duckdb" in listed  # the published catalog was read by the proof too
     assert all(str(wh.data_path(p)) in listed for p in wh.query("SELECT path FROM table_files").column(0).to_pylist())
     # a copy of the forgotten text left in the bucket (outside the manifest) is found, by its URI
     request = wh.query("SELECT request_id FROM deletions").column(0)[0].as_py()
@@ -226,3 +229,53 @@ def test_a_reader_elsewhere_needs_only_the_catalog_file(tmp_path: Path, s3_env, 
     out = subprocess.run([*trajwh_cmd(), "sql", "SELECT count(*) AS n FROM episodes"], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert sorted(p.name for p in reader.iterdir()) == ["catalog.duckdb", STORAGE_FILE]  # it wrote nothing
+
+
+def test_a_warehouse_named_by_its_uri_is_read_from_the_catalog_its_writer_publishes(
+        tmp_path: Path, s3_env, small_corpus, cases, cli_env, monkeypatch):
+    """The writer host keeps the folder (catalog, lock, vault); each of its writes publishes the
+    catalog under the data's URI. Another host names the warehouse by that URI alone: it reads the
+    published catalog (fetched again when it changed) and the data objects, and writes nothing."""
+    from trajwh.lineage.catalog import CATALOG_FILE, ENV_REPLICAS, REPLICA_DIR
+
+    uri = _bucket("byuri")
+    writer = Warehouse(tmp_path / "wh", data=uri)
+    ingest_paths(writer, [small_corpus], IngestOptions(source="synthetic"))
+    assert ObjectPath(uri) / REPLICA_DIR / CATALOG_FILE in [p for p, _ in ObjectPath(uri).walk()]
+    monkeypatch.setenv(ENV_REPLICAS, str(tmp_path / "replicas"))
+    reader = Warehouse(uri)
+    assert reader.query("SELECT count(*) FROM raw_records").column(0)[0].as_py() == 150
+    assert str(reader.root).startswith(str(tmp_path / "replicas"))
+    import trajwh
+
+    handle = trajwh.open(uri)  # the Python API the same way
+    assert repr(handle) == f"trajwh.open({uri!r})"
+    assert handle.sql("SELECT count(*) AS n FROM episodes").column(0)[0].as_py() == \
+        writer.query("SELECT count(*) FROM episodes").column(0)[0].as_py()
+    # a write through the URI is refused, naming the way; nothing is written to the bucket or the copy
+    before = sorted(str(p) for p, _ in ObjectPath(uri).walk())
+    with pytest.raises(ConfigError, match="named by its URI") as err:
+        ingest_paths(Warehouse(uri), [cases / "two_episodes.jsonl"], IngestOptions(source="cases"))
+    assert "--warehouse DIR" in err.value.valid
+    with pytest.raises(ConfigError, match="named by its URI"):  # nor through the copy's folder
+        ingest_paths(Warehouse(reader.root), [cases / "two_episodes.jsonl"], IngestOptions(source="cases"))
+    assert sorted(str(p) for p, _ in ObjectPath(uri).walk()) == before
+    # the writer writes again: a new reader sees it
+    ingest_paths(writer, [cases / "two_episodes.jsonl"], IngestOptions(source="cases"))
+    assert build(str(writer.root), only=list(PER_BATCH_KEYS)).success
+    fresh = Warehouse(uri)
+    assert fresh.query("SELECT count(*) FROM batches").column(0)[0].as_py() == 2
+    assert fresh.query("SELECT count(*) FROM episodes").column(0)[0].as_py() == \
+        writer.query("SELECT count(*) FROM episodes").column(0)[0].as_py() > 150
+    # the command line takes the URI as --warehouse: reads work, a write exits 2 with the reason
+    env = {**cli_env, **s3_env, ENV_REPLICAS: str(tmp_path / "replicas-cli")}
+    out = subprocess.run([*trajwh_cmd(), "sql", "SELECT count(*) AS n FROM episodes", "--warehouse", uri],
+                         env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and str(fresh.query("SELECT count(*) FROM episodes").column(0)[0].as_py()) in out.stdout, \
+        out.stdout + out.stderr
+    out = subprocess.run([*trajwh_cmd(), "build", "--warehouse", uri], env=env, capture_output=True, text=True)
+    assert out.returncode == 2 and "named by its URI" in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+    # a URI with no published catalog: a clear error
+    out = subprocess.run([*trajwh_cmd(), "status", "--warehouse", _bucket("nothing")], env=env, capture_output=True,
+                         text=True)
+    assert out.returncode == 2 and "no published catalog" in out.stderr, out.stderr[-2000:]

@@ -25,7 +25,7 @@ class WarehouseHandle:
         return self.warehouse.root
 
     def __repr__(self) -> str:
-        return f"trajwh.open({str(self.root)!r})"
+        return f"trajwh.open({self.warehouse.replica_of or str(self.root)!r})"
 
     def ingest(self, paths: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], *, source: str = "local",
                license: str | None = None, format: str | None = None, **options: Any) -> Any:
