@@ -57,7 +57,7 @@ STAGES = ("planned", "sources_removed", "rebuilt", "exports_refreshed", "compact
 _BY_EPISODE = ("episodes", "steps", "redacted_episodes", "redacted_steps", "redaction_events", "episode_features",
                "near_dup_clusters", "task_groups", "splits", "leak_flags", "outcomes", "fragments", "license_facts",
                "eligibility", "pack_tokens", "pack_tokens_staged")
-#: every table a forget rewrites (task_stats are aggregates: the rebuild recomputes them)
+#: every table a forget rewrites (task_stats are aggregates: the repair recomputes them)
 _KEYED = frozenset({"raw_records", "quarantine", *_BY_EPISODE, "tool_schemas", "redacted_tool_schemas", "lineage_edges",
                     "packs"})
 _PROBE_LEN = 32
@@ -278,7 +278,7 @@ def _drop_mask(table: str, t: pa.Table, s: dict[str, pa.Array]) -> pa.Array | No
         parents = pc.list_parent_indices(segments)
         rows = set(pc.filter(parents, hit).to_pylist())
         return pa.array([i in rows for i in range(t.num_rows)])
-    return None  # task_stats: aggregates, recomputed by the rebuild
+    return None  # task_stats: aggregates, recomputed by the repair
 
 
 def _files_with_rows(wh: Warehouse, table: str, s: dict[str, pa.Array], skip: frozenset[str] = frozenset()) -> list[str]:
@@ -517,7 +517,7 @@ def _leftover_rows(wh: Warehouse, req: dict[str, Any], unchanged: frozenset[str]
                 if (m := _drop_mask(table, pq.read_table(path, schema=arrow_schema(PARQUET_TABLES[table])), s)) is not None)
         if n:
             left[table] = n
-    # a near-duplicate link of a staying episode to a forgotten one (the rebuild's clusters drop them)
+    # a near-duplicate link of a staying episode to a forgotten one (the repair's clusters drop them)
     clusters = _rows_sql(wh, "near_dup_clusters", unchanged)
     linked = wh.query(f"SELECT count(*) FROM {clusters} WHERE list_has_any(list_transform(links, lambda x: x.trajectory_key), "
                       "?::VARCHAR[])", [s["keys"].to_pylist()]).column(0)[0].as_py() if len(s["keys"]) else 0
@@ -940,7 +940,7 @@ def forget(wh: Warehouse, selector: str | None, reason: str, *, dry_run: bool = 
     req = {"request_id": "del-" + ids.digest([str(sel), reason, now.isoformat()])[:16], "requested_at": now,
            "selector": str(sel), "reason": reason.strip(), "status": "planned", "record_ids": plan.records,
            "trajectory_keys": plan.episodes, "record_digests": digests,
-           # every candidate's, until the rebuild stage has chosen the probes among them
+           # every candidate's, until the repair stage has chosen the probes among them
            "probe_fingerprints": sorted({fingerprint(p, salt) for p in _windows(candidates)}),
            "counts": orjson.dumps(counts).decode(), "moved": None, "verify_result": None}
     splits_before = {r["trajectory_key"]: r["split"] for r in wh.query("SELECT trajectory_key, split FROM splits").to_pylist()}
@@ -956,7 +956,7 @@ def resume(wh: Warehouse, req: dict[str, Any], *, candidates: Candidates | None 
            older: frozenset[str] | None = None, progress: Callable[[str], None] = lambda m: None) -> ForgetResult:
     """Carry a request on from the stage it reached (each stage is idempotent). ``candidates``:
     the plan's candidate probe windows, which only the process that planned holds (never stored:
-    they are the forgotten text). With them the probes are chosen beside the rebuild and the
+    they are the forgotten text). With them the probes are chosen beside the repair and the
     proof seeks them as strings; without them (a request resumed after a crash) the proof seeks
     the fingerprints stored: every candidate's when the crash came before the probes were chosen."""
     status = req["status"]
@@ -971,7 +971,7 @@ def resume(wh: Warehouse, req: dict[str, Any], *, candidates: Candidates | None 
     if status == "sources_removed":
         from concurrent.futures import ThreadPoolExecutor
 
-        progress("forget: rebuilding the derived layers (the probes chosen beside it) ...")
+        progress("forget: repairing the derived layers (the probes chosen beside it) ...")
         with ThreadPoolExecutor(1) as pool:  # the search of surviving payloads, while this process waits
             chosen = pool.submit(_choose_probes, wh, candidates, req["record_ids"]) if candidates else None
             moved = _repair(wh, moved_doc.get("splits_before", {}), set(req["trajectory_keys"]))

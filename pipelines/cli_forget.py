@@ -49,7 +49,7 @@ def impact(selector: str, as_json: bool, warehouse: str | None) -> None:
 @warehouse_option
 @handle_errors
 def forget(selector: str | None, reason: str | None, dry_run: bool, resume: bool, warehouse: str | None) -> None:
-    """Delete SELECTOR (as `trajwh impact` takes it) from every layer, vault and pack, rebuild what was
+    """Delete SELECTOR (as `trajwh impact` takes it) from every layer, vault and pack, repair what was
     made from it, leave a tombstone and verify that no byte of it is left (docs/forget.md)."""
     import sys
 
