@@ -28,14 +28,17 @@ class CardResult:
     skipped: bool
 
 
-def withdraw_cards(wh: Warehouse) -> list[dict[str, str]]:
+def withdraw_cards(wh: Warehouse, keep: set[str] = frozenset()) -> list[dict[str, str]]:
     """Delete the warehouse's own cards (``<warehouse>/card`` and ``card-SPLIT``): after a forget
     they count episodes that are gone; the next build (or ``trajwh card``) writes them again. One
-    entry per card withdrawn, as a forget lists its exports."""
+    entry per card withdrawn, as a forget lists its exports. ``keep``: paths of recorded exports
+    (a ``card --out`` into the folder is written again by the forget, not withdrawn)."""
     import shutil
 
     out = []
     for folder in sorted(wh.root.glob(f"{DEFAULT_DIR}*")):
+        if str(folder) in keep or str(folder.resolve()) in keep:
+            continue
         if folder.is_dir() and (folder.name == DEFAULT_DIR or folder.name.startswith(DEFAULT_DIR + "-")):
             shutil.rmtree(folder)
             out.append({"kind": "card", "path": str(folder), "status": "withdrawn",

@@ -989,9 +989,10 @@ def resume(wh: Warehouse, req: dict[str, Any], *, candidates: Candidates | None 
         status = req["status"]
     if status == "rebuilt":
         from trajwh.datacards.card import withdraw_cards
-        from trajwh.lineage.exports import refresh
+        from trajwh.lineage.exports import recorded, refresh
 
-        refreshed = refresh(wh, req["trajectory_keys"], progress) + withdraw_cards(wh)
+        refreshed = refresh(wh, req["trajectory_keys"], progress)
+        refreshed += withdraw_cards(wh, keep={r["path"] for r in recorded(wh)})
         kept = orjson.loads(req["moved"] or "{}")
         req = _save(wh, req, status="exports_refreshed", moved=orjson.dumps({**kept, "exports": refreshed}).decode())
         _maybe_crash("exports_refreshed")

@@ -347,6 +347,11 @@ def test_exports_that_hold_the_episodes_are_written_again(wh, tmp_path):
     run_export(wh, "episodes", {"fmt": "native", "out": out["all.jsonl.gz"], "layer": "normalized"})
     run_export(wh, "sql", {"query": "SELECT trajectory_key, text FROM steps ORDER BY step_id", "out": out["q.csv"], "fmt": "csv"})
     run_export(wh, "card", {"out": out["card"]})
+    out["card-mine"] = str(wh.root / "card-mine")  # an export into the folder, named like its own cards
+    run_export(wh, "card", {"out": out["card-mine"]})
+    from trajwh.datacards.card import build_card
+
+    build_card(wh, split="test")  # the warehouse's own card of one split: <warehouse>/card-test
     run_export(wh, "episodes", {"fmt": "native", "out": out["lost.jsonl"], "layer": "normalized"})
     run_export(wh, "episodes", {"fmt": "native", "out": out["other.jsonl"], "layer": "normalized",
                                 "where": f"trajectory_key = '{other}'"})
@@ -355,7 +360,8 @@ def test_exports_that_hold_the_episodes_are_written_again(wh, tmp_path):
     assert any(k in Path(out["q.csv"]).read_text() for k in gone)
 
     plan = impact(wh, Selector.parse("source:cases"))
-    assert sorted(plan.layers["exports"]["ids"]) == sorted(out[n] for n in ("all.jsonl.gz", "q.csv", "card", "lost.jsonl"))
+    assert sorted(plan.layers["exports"]["ids"]) == sorted(out[n] for n in ("all.jsonl.gz", "q.csv", "card", "card-mine",
+                                                                            "lost.jsonl"))
     assert plan.layers["exports"]["missing"] == [out["lost.jsonl"]]
 
     own_card = wh.root / "card"
@@ -364,8 +370,11 @@ def test_exports_that_hold_the_episodes_are_written_again(wh, tmp_path):
     assert r.status == "verified", r.verify
     assert {e["path"]: e["status"] for e in r.exports} == {out["all.jsonl.gz"]: "regenerated", out["q.csv"]: "regenerated",
                                                            out["card"]: "regenerated", out["lost.jsonl"]: "missing",
-                                                           str(own_card): "withdrawn"}
-    assert not own_card.exists()  # the warehouse's own card counted the episodes: the next build writes it
+                                                           out["card-mine"]: "regenerated", str(own_card): "withdrawn",
+                                                           str(wh.root / "card-test"): "withdrawn"}
+    # the warehouse's own cards counted the episodes: the next build (or `trajwh card`) writes them
+    assert not own_card.exists() and not (wh.root / "card-test").exists()
+    assert (Path(out["card-mine"]) / "card.json").exists()
     import gzip
 
     text = gzip.decompress(Path(out["all.jsonl.gz"]).read_bytes()).decode() + Path(out["q.csv"]).read_text()
