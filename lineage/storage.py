@@ -145,7 +145,6 @@ def s3_filesystem() -> Any:
 @dataclass(frozen=True)
 class _Stat:
     st_size: int
-    st_mtime: float = 0.0  # seconds since the epoch (the object's last write)
 
 
 class ObjectPath:
@@ -214,7 +213,7 @@ class ObjectPath:
         info = s3_filesystem().get_file_info(self.key)
         if info.type != pafs.FileType.File:
             raise FileNotFoundError(str(self))
-        return _Stat(info.size, info.mtime.timestamp() if info.mtime is not None else 0.0)
+        return _Stat(info.size)
 
     def exists(self) -> bool:
         from pyarrow import fs as pafs
