@@ -99,7 +99,7 @@ def resolve_warehouse(path: str | os.PathLike[str] | None = None) -> Path:
     """``--warehouse DIR``, else ``$TRAJWH_WAREHOUSE``, else ``./warehouse``. A warehouse named by
     the URI of its data (``s3://bucket/prefix``) resolves to this host's folder for its published
     catalog (``replica_folder``)."""
-    chosen = os.fspath(path or os.environ.get(ENV_WAREHOUSE) or DEFAULT_WAREHOUSE)
+    chosen = _chosen(path)
     if is_uri(chosen):
         return replica_folder(chosen)
     if "://" in chosen:  # another scheme would silently become a local folder named "gs:"
@@ -107,6 +107,10 @@ def resolve_warehouse(path: str | os.PathLike[str] | None = None) -> Path:
                           valid="--warehouse DIR (it keeps the catalog), with --data s3://bucket/prefix for the data "
                                 "files in object storage; or --warehouse s3://bucket/prefix to read one (docs/scale.md)")
     return Path(chosen).expanduser().resolve()
+
+
+def _chosen(path: str | os.PathLike[str] | None) -> str:
+    return os.fspath(path or os.environ.get(ENV_WAREHOUSE) or DEFAULT_WAREHOUSE)
 
 
 def replica_folder(uri: str) -> Path:
@@ -124,13 +128,14 @@ class Warehouse:
     """Handle on one warehouse directory. Cheap to create; opens nothing until asked."""
 
     def __init__(self, root: str | os.PathLike[str] | None = None, *, data: str | None = None):
-        chosen = os.fspath(root or os.environ.get(ENV_WAREHOUSE) or DEFAULT_WAREHOUSE)
+        chosen = _chosen(root)
         self.root = resolve_warehouse(chosen)
         self.catalog_path = self.root / CATALOG_FILE
         #: the data's URI when the warehouse is named by it: read through the catalog its writer
         #: host publishes there (fetched on first use), never written from here
         self.replica_of = str(data_root(chosen)) if is_uri(chosen) else None
         self._fetched = False
+        self._copy_of: str | None = None  # the same, for a copy's folder named as a folder (``data``)
         self._data_asked = data if self.replica_of is None else self.replica_of
         self._data: DataPath | None = None
 
@@ -142,10 +147,12 @@ class Warehouse:
         if self._data is None:
             asked = self._data_asked or os.environ.get(ENV_DATA) or None
             try:
-                stored = json.loads((self.root / STORAGE_FILE).read_text())["data"]
+                doc = json.loads((self.root / STORAGE_FILE).read_text())
+                stored = doc["data"]
+                self._copy_of = stored if doc.get("replica") else None
             except FileNotFoundError:
                 stored = None
-            except (OSError, ValueError, KeyError, TypeError) as exc:
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise CatalogError(f"{self.root / STORAGE_FILE} is unreadable: {exc}",
                                    valid='{"data": "s3://bucket/prefix"}') from None
             if stored is None and asked and self.catalog_path.exists():
@@ -531,14 +538,12 @@ class Warehouse:
             os.close(fd)  # releases the flock
 
     def _refuse_replica(self, op: str) -> None:
-        """No write through a published catalog's copy: named by its URI, or its folder named."""
+        """No write through a published catalog's copy: named by its URI, or its folder named (its
+        ``storage.json``, which ``data`` reads once, says so)."""
         replica = self.replica_of
-        if replica is None and (self.root / STORAGE_FILE).exists():
-            try:
-                stored = json.loads((self.root / STORAGE_FILE).read_text())
-                replica = stored["data"] if stored.get("replica") else None
-            except (OSError, ValueError, KeyError, TypeError, AttributeError):
-                replica = None  # (the data property names an unreadable file)
+        if replica is None:
+            _ = self.data  # (sets _copy_of)
+            replica = self._copy_of
         if replica is not None:
             raise ConfigError(f"{op}: the warehouse {replica} is named by its URI, so this host reads the "
                               "catalog its writer host publishes there and writes nothing",

@@ -177,22 +177,26 @@ def _windows(candidates: Candidates) -> list[str]:
     return sorted({w for ws, _ in candidates.values() for w in ws})
 
 
-def _choose_probes(wh: Warehouse, candidates: Candidates, exclude: list[str]) -> list[str]:
-    """The probes: candidate windows that no raw record outside ``exclude`` holds (a shared system
+def _with_probes(wh: Warehouse, candidates: Candidates | None, exclude: list[str],
+                 work: Callable[[], Any]) -> tuple[list[str] | None, Any]:
+    """(the probes, ``work()``): ``work`` runs here while a worker process searches every surviving
+    payload for the candidates (in this process the search took the repair's interpreter lock).
+    The probes: candidate windows that no raw record outside ``exclude`` holds (a shared system
     prompt, another attempt's file prove nothing), up to 4 per record and 2 per episode's redacted
-    text. Every surviving payload is searched, in a worker process (this runs in a thread beside
-    the repair of the derived layers, in this process: searching here took the repair's GIL)."""
+    text. None without candidates (a request resumed after a crash)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    every = _windows(candidates)
+    every = _windows(candidates) if candidates else []
     if not every:
-        return []
+        return ([] if candidates else None), work()
     matcher = _Matcher(every, set(), b"plan")
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        shared_keys = pool.submit(_shared_part, (_table_paths(wh, "raw_records"), matcher, exclude)).result()
+        search = pool.submit(_shared_part, (_table_paths(wh, "raw_records"), matcher, exclude))
+        done = work()
+        shared_keys = search.result()
     shared = {w for w in every if matcher.key(w) in shared_keys}
-    return sorted({w for ws, n in candidates.values() for w in [w for w in ws if w not in shared][:n]})
+    return sorted({w for ws, n in candidates.values() for w in [w for w in ws if w not in shared][:n]}), done
 
 
 def _ingested_since(wh: Warehouse, records: list[str], episodes: list[str], quarantined: list[str]) -> str | None:
@@ -974,13 +978,9 @@ def resume(wh: Warehouse, req: dict[str, Any], *, candidates: Candidates | None 
         _maybe_crash("sources_removed")
         status = req["status"]
     if status == "sources_removed":
-        from concurrent.futures import ThreadPoolExecutor
-
         progress("forget: repairing the derived layers (the probes chosen beside it) ...")
-        with ThreadPoolExecutor(1) as pool:  # the search of surviving payloads, while this process waits
-            chosen = pool.submit(_choose_probes, wh, candidates, req["record_ids"]) if candidates else None
-            moved = _repair(wh, moved_doc.get("splits_before", {}), set(req["trajectory_keys"]))
-            probes = chosen.result() if chosen is not None else None
+        probes, moved = _with_probes(wh, candidates, req["record_ids"], lambda: _repair(
+            wh, moved_doc.get("splits_before", {}), set(req["trajectory_keys"])))
         kept = {k: v for k, v in orjson.loads(req["moved"] or "{}").items() if k != "splits_before"}
         salt = _salt(wh)
         chosen_fps = {"probe_fingerprints": sorted({fingerprint(p, salt) for p in probes})} if probes is not None else {}
