@@ -495,6 +495,11 @@ class Warehouse:
         rows, 0.43 s -> 0.07 s). The caller still filters by key."""
         batches = self.query("SELECT DISTINCT _batch_id FROM redacted_episodes WHERE trajectory_key IN "
                              "(SELECT unnest(?::VARCHAR[]))", [list(keys)]).column(0).to_pylist() if keys else []
+        return self.rows_in(table, batches)
+
+    def rows_in(self, table: str, batches: Sequence[str | None]) -> str:
+        """A FROM source for the rows of a per-batch table in the files of ``batches`` (and of none,
+        should a file have no batch); the table's view when they are every batch (``rows_of``)."""
         rows = self.manifest_query("SELECT path, batch_id FROM table_files WHERE table_name = ? ORDER BY added_at, path",
                                    [table]).to_pylist()
         if None in batches or {r["batch_id"] for r in rows} <= set(batches):

@@ -527,12 +527,7 @@ def _leftover_rows(wh: Warehouse, req: dict[str, Any], unchanged: frozenset[str]
                       "?::VARCHAR[])", [s["keys"].to_pylist()]).column(0)[0].as_py() if len(s["keys"]) else 0
     if linked:
         left["near_dup_clusters (links)"] = linked
-    edges = _rows_sql(wh, "lineage_edges", unchanged)
-    dangling = wh.query(f"""SELECT count(*) FROM {edges} WHERE
-        (child_table = 'steps' AND child_id NOT IN (SELECT step_id FROM steps)) OR
-        (child_table = 'redacted_steps' AND child_id NOT IN (SELECT step_id FROM redacted_steps)) OR
-        (child_table = 'episodes' AND child_id NOT IN (SELECT trajectory_key FROM episodes))""").column(0)[0].as_py()
-    if dangling:
+    if dangling := _dangling_edges(wh, unchanged):
         left["lineage_edges (dangling)"] = dangling
     from trajwh.fragments.layer import TASK_OF
 
@@ -544,6 +539,32 @@ def _leftover_rows(wh: Warehouse, req: dict[str, Any], unchanged: frozenset[str]
     vault_left: dict[str, int] = {}
     _count_vault(wh, s["keys"], vault_left)
     return {**left, **vault_left}
+
+
+#: the tables a lineage edge's child can be in that a forget removes rows from, with their id column
+_CHILD_IDS = {"steps": "step_id", "redacted_steps": "step_id", "episodes": "trajectory_key"}
+
+
+def _dangling_edges(wh: Warehouse, unchanged: frozenset[str]) -> int:
+    """Lineage edges (outside the ``unchanged`` files) whose child row is no longer there. The
+    edges' child ids are read first and only those ids are looked up: building the lookup from
+    every step instead (2.3 M at 108,070 episodes) took 0.9 s when no edge was left to check."""
+    edges = _rows_sql(wh, "lineage_edges", unchanged)
+    kids = wh.query(f"SELECT DISTINCT child_table, child_id FROM {edges} WHERE child_table IN "
+                    f"(SELECT unnest(?::VARCHAR[]))", [sorted(_CHILD_IDS)]).to_pylist()
+    dangling = 0
+    for table, column in _CHILD_IDS.items():
+        wanted = [r["child_id"] for r in kids if r["child_table"] == table]
+        if wanted:
+            found = wh.query(f"SELECT count(DISTINCT {column}) FROM {table} WHERE {column} IN "
+                             "(SELECT unnest(?::VARCHAR[]))", [wanted]).column(0)[0].as_py()
+            dangling += len(wanted) - found
+    if not dangling:
+        return 0
+    return wh.query(f"""SELECT count(*) FROM {edges} WHERE
+        (child_table = 'steps' AND child_id NOT IN (SELECT step_id FROM steps)) OR
+        (child_table = 'redacted_steps' AND child_id NOT IN (SELECT step_id FROM redacted_steps)) OR
+        (child_table = 'episodes' AND child_id NOT IN (SELECT trajectory_key FROM episodes))""").column(0)[0].as_py()
 
 
 def _count_vault(wh: Warehouse, keys: pa.Array, out: dict[str, int]) -> None:

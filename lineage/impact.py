@@ -174,7 +174,9 @@ def impact(wh: Warehouse, selector: Selector | str) -> Impact:
         else:
             records = _selected_records(wh, con, sel)
             con.register("_r0", pa.table({"id": pa.array(records, pa.string())}))
-            keys = _ids(con, "SELECT child_id FROM lineage_edges WHERE child_table = 'episodes' AND "
+            edges = wh.rows_in("lineage_edges", _ids(con, "SELECT DISTINCT batch_id FROM raw_records WHERE record_id IN "
+                                                          "(SELECT id FROM _r0)"))
+            keys = _ids(con, f"SELECT child_id FROM {edges} WHERE child_table = 'episodes' AND "
                              "parent_table = 'raw_records' AND parent_id IN (SELECT id FROM _r0)")
         out.records, out.episodes = records, keys
         con.register("_r", pa.table({"id": pa.array(records, pa.string())}))
@@ -193,8 +195,18 @@ def _layer(out: Impact, name: str, rows: int, ids: list[str] | None = None, **ex
     out.layers[name] = entry
 
 
+#: tables written batch by batch whose rows of an episode or raw record are in that batch's files
+_PER_BATCH = ("episodes", "steps", "tool_schemas", "redacted_steps", "redaction_events", "lineage_edges",
+              "episode_features")
+
+
 def _layers(wh: Warehouse, con: Any, sel: Selector, out: Impact) -> None:
     in_r, in_k = "(SELECT id FROM _r)", "(SELECT k FROM _k)"
+    # the per-batch tables are read in the files of the selection's batches only (forgetting 1,070
+    # episodes of 108,070: the lineage edges' count 0.5 -> 0.05 s)
+    batches = _ids(con, f"SELECT batch_id FROM raw_records WHERE record_id IN {in_r} UNION "
+                        f"SELECT _batch_id FROM redacted_episodes WHERE trajectory_key IN {in_k}")
+    src = {t: wh.rows_in(t, batches) for t in _PER_BATCH}
     _layer(out, "raw_records", len(out.records), out.records)
     quarantine_where = f"record_id IN {in_r}"
     if sel.kind in ("source", "batch", "file"):  # records that never became raw rows belong to the selection too
@@ -204,22 +216,22 @@ def _layers(wh: Warehouse, con: Any, sel: Selector, out: Impact) -> None:
     _layer(out, "quarantine", con.execute(f"SELECT count(*) FROM quarantine WHERE {quarantine_where}", q_params).fetchall()[0][0],
            _ids(con, f"SELECT quarantine_id FROM quarantine WHERE {quarantine_where}", q_params))
     _layer(out, "episodes", len(out.episodes), out.episodes)
-    step_ids = f"(SELECT step_id FROM steps WHERE trajectory_key IN {in_k})"
-    _layer(out, "steps", _count(con, f"SELECT 1 FROM steps WHERE trajectory_key IN {in_k}"))
-    _layer(out, "tool_schemas", _count(con, f"SELECT 1 FROM tool_schemas WHERE _record_id IN {in_r}"))
+    step_ids = f"(SELECT step_id FROM {src['steps']} WHERE trajectory_key IN {in_k})"
+    _layer(out, "steps", _count(con, f"SELECT 1 FROM {src['steps']} WHERE trajectory_key IN {in_k}"))
+    _layer(out, "tool_schemas", _count(con, f"SELECT 1 FROM {src['tool_schemas']} WHERE _record_id IN {in_r}"))
     _layer(out, "redacted_episodes", _count(con, f"SELECT 1 FROM redacted_episodes WHERE trajectory_key IN {in_k}"))
-    _layer(out, "redacted_steps", _count(con, f"SELECT 1 FROM redacted_steps WHERE trajectory_key IN {in_k}"))
-    _layer(out, "redaction_events", _count(con, f"SELECT 1 FROM redaction_events WHERE trajectory_key IN {in_k}"))
+    _layer(out, "redacted_steps", _count(con, f"SELECT 1 FROM {src['redacted_steps']} WHERE trajectory_key IN {in_k}"))
+    _layer(out, "redaction_events", _count(con, f"SELECT 1 FROM {src['redaction_events']} WHERE trajectory_key IN {in_k}"))
     only_theirs = (f"SELECT tool_schema_digest FROM redacted_episodes WHERE tool_schema_digest IS NOT NULL "
                    f"GROUP BY 1 HAVING bool_and(trajectory_key IN {in_k})")
     _layer(out, "redacted_tool_schemas", _count(con, f"SELECT 1 FROM redacted_tool_schemas WHERE tool_schema_digest IN "
                                                      f"({only_theirs})"))
     _vault(wh, con, out)
     _layer(out, "lineage_edges", _count(con, f"""
-        SELECT 1 FROM lineage_edges WHERE child_id IN {in_k} OR parent_id IN {in_k} OR parent_id IN {in_r}
+        SELECT 1 FROM {src['lineage_edges']} WHERE child_id IN {in_k} OR parent_id IN {in_k} OR parent_id IN {in_r}
            OR child_id IN {step_ids}"""))
     for table in ("episode_features", "splits", "leak_flags", "outcomes", "task_groups"):
-        _layer(out, table, _count(con, f"SELECT 1 FROM {table} WHERE trajectory_key IN {in_k}"))
+        _layer(out, table, _count(con, f"SELECT 1 FROM {src.get(table, table)} WHERE trajectory_key IN {in_k}"))
     by_split = dict(con.execute(f"SELECT split, count(*) FROM splits WHERE trajectory_key IN {in_k} GROUP BY 1").fetchall())
     out.layers["splits"]["by_split"] = by_split
     emptied = _ids(con, f"SELECT group_id FROM task_groups GROUP BY 1 HAVING bool_and(trajectory_key IN {in_k})")
@@ -232,7 +244,7 @@ def _layers(wh: Warehouse, con: Any, sel: Selector, out: Impact) -> None:
     _layer(out, "near_dup_clusters", sum(c[2] for c in clusters), clusters=len(clusters),
            emptied=sum(1 for c in clusters if c[2] == c[3]),
            representative_reelected=sorted(c[0] for c in clusters if c[1] and c[2] < c[3]))
-    tasks = _ids(con, f"SELECT DISTINCT task_id FROM episodes WHERE trajectory_key IN {in_k}")
+    tasks = _ids(con, f"SELECT DISTINCT task_id FROM {src['episodes']} WHERE trajectory_key IN {in_k}")
     _layer(out, "task_stats", _count(con, "SELECT 1 FROM task_stats WHERE task_id IN (SELECT unnest(?))", [tasks])
            if tasks else 0, recomputed_tasks=tasks)
     _layer(out, "fragments", _count(con, f"SELECT 1 FROM fragments WHERE trajectory_key IN {in_k}"),

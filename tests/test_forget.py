@@ -483,3 +483,17 @@ def test_a_repair_that_fails_leaves_the_request_open_and_resume_finishes_it(wh, 
     (request,) = pending_requests(wh)
     assert resume(wh, request).status == "verified"
     assert wh.query("SELECT status FROM runs WHERE job = 'forget' ORDER BY started_at DESC LIMIT 1").column(0)[0].as_py() == "succeeded"
+
+
+def test_the_proof_names_a_lineage_edge_whose_step_is_gone(wh):
+    result = forget(wh, "source:cases", "withdrawn")
+    assert result.status == "verified" and "lineage_edges (dangling)" not in result.verify["rows_left"]
+    request = wh.query("SELECT request_id FROM deletions").column(0)[0].as_py()
+    edge = wh.query("SELECT * FROM lineage_edges WHERE child_table = 'steps' LIMIT 1")
+    assert edge.num_rows == 1
+    # an edge written later (a file the proof reads) to a step no table holds
+    gone = edge.set_column(edge.schema.get_field_index("child_id"), "child_id", pa.array(["step-that-is-gone"]))
+    with wh.write_session("test") as session:
+        session.commit([session.write("lineage_edges", gone)])
+    found = verify_forget(wh, request)
+    assert not found["ok"] and found["rows_left"] == {"lineage_edges (dangling)": 1}
