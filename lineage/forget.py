@@ -952,6 +952,13 @@ def forget(wh: Warehouse, selector: str | None, reason: str, *, dry_run: bool = 
     wh.require()
     if dry_run:
         return impact(wh, sel)
+    from trajwh.lineage.parallel import fewer_collections
+
+    with fewer_collections():
+        return _carry_out(wh, sel, reason, progress)
+
+
+def _carry_out(wh: Warehouse, sel: Selector, reason: str, progress: Callable[[str], None]) -> ForgetResult:
     with wh.write_session("forget"):  # a catalog from before deletions existed gains the table
         pass
     for open_req in pending_requests(wh):  # finish an interrupted request first: one at a time

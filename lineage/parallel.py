@@ -8,6 +8,7 @@ most ``2 x workers`` chunks are in flight, so memory stays flat whatever the bat
 from __future__ import annotations
 
 import collections
+import contextlib
 import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -80,6 +81,22 @@ def _fitting(wanted: int, needs_mb: Callable[[int], float]) -> int:
     while n > 1 and held + needs_mb(n) > memory_budget_mb():
         n -= 1
     return n
+
+
+@contextlib.contextmanager
+def fewer_collections(young: int = 50_000) -> Iterator[None]:
+    """Python's cycle collector run less often inside (its young generation collected after
+    ``young`` new container objects instead of 700; the older ones less often too), thresholds
+    restored after. Work that makes many short-lived rows as dicts and lists (a forget at 108,070
+    episodes: 2,301 collections took 1.0 s) makes few cycles; they wait a little longer."""
+    import gc
+
+    before = gc.get_threshold()
+    gc.set_threshold(young, 20, 100)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
 
 
 def release_memory() -> None:

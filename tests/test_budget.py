@@ -86,3 +86,18 @@ def test_a_build_within_a_small_budget_equals_one_within_the_default(tmp_path: P
     build(str(small.root))
     for table in ("episodes", "redacted_episodes", "redacted_steps", "redaction_events", *DERIVED):
         assert rows(small, table) == rows(default, table), f"{table}: a small budget changed the rows"
+
+
+def test_fewer_collections_raises_the_thresholds_inside_and_restores_them():
+    import gc
+
+    import pytest
+    from trajwh.lineage.parallel import fewer_collections
+
+    before = gc.get_threshold()
+    with fewer_collections(young=12_345):
+        assert gc.get_threshold()[0] == 12_345
+    assert gc.get_threshold() == before
+    with pytest.raises(RuntimeError), fewer_collections():
+        raise RuntimeError("an error inside")
+    assert gc.get_threshold() == before
