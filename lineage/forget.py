@@ -895,8 +895,10 @@ def _shared_part(task: tuple[list[str], _Matcher, list[str]]) -> set[str]:
         pf = pq.ParquetFile(path)
         for i in range(pf.num_row_groups):
             t = pf.read_row_group(i, columns=["record_id", "payload"])
-            if len(skip):
-                t = t.filter(pc.invert(pc.is_in(t["record_id"], skip)))
+            # filtered only when it holds one (a filter copies every payload: a forget's search runs
+            # after the rewrite took its records out, so there is none to drop)
+            if len(skip) and pc.any(drop := pc.is_in(t["record_id"], skip)).as_py():
+                t = t.filter(pc.invert(drop))
             shared |= _find_in_table(t, ["payload"], matcher, search)
             if search is not None and search.done:
                 return shared
@@ -952,9 +954,9 @@ def forget(wh: Warehouse, selector: str | None, reason: str, *, dry_run: bool = 
     wh.require()
     if dry_run:
         return impact(wh, sel)
-    from trajwh.lineage.parallel import fewer_collections
+    from trajwh.lineage.parallel import fewer_collections, no_huge_pages
 
-    with fewer_collections():
+    with fewer_collections(), no_huge_pages():
         return _carry_out(wh, sel, reason, progress)
 
 

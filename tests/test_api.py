@@ -32,28 +32,3 @@ def test_open_ingest_build_query_trace(tmp_path, cases, monkeypatch):
     assert wh.status()["totals"]["episodes"] == 5
     piped = wh.ingest("-", source="piped", stdin=io.BytesIO((cases / "two_episodes.jsonl").read_bytes()))
     assert piped.n_new == 2 and [f.path for f in piped.files] == ["<stdin>"]
-
-
-def test_arrows_allocator_is_told_to_leave_huge_pages_alone():
-    """Importing trajwh tells Arrow's mimalloc pool not to back its arenas with transparent huge
-    pages (each reuse of freed memory was a 2 MB zeroing fault); an explicit setting is kept."""
-    import os
-    import subprocess
-    import sys
-
-    import pyarrow as pa
-    import pytest
-
-    if pa.default_memory_pool().backend_name != "mimalloc":
-        pytest.skip(f"Arrow's default pool here is {pa.default_memory_pool().backend_name}, not mimalloc")
-    code = "import trajwh.lineage.catalog, pyarrow as pa; pa.allocate_buffer(1 << 20)"
-    env = {k: v for k, v in os.environ.items() if k != "MIMALLOC_ALLOW_THP"}
-    seen = {}
-    for given in (None, "1"):
-        run_env = {**env, "MIMALLOC_VERBOSE": "1", **({"MIMALLOC_ALLOW_THP": given} if given else {})}
-        seen[given] = subprocess.run([sys.executable, "-c", code], env=run_env, capture_output=True, text=True,
-                                     check=True).stderr
-    if "option 'allow_thp'" not in seen[None]:
-        pytest.skip("this mimalloc has no allow_thp option")
-    assert "option 'allow_thp': 0" in seen[None]
-    assert "option 'allow_thp': 1" in seen["1"]

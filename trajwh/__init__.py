@@ -15,17 +15,8 @@ Each method is the library function the CLI calls, so both behave the same (docs
 
 from __future__ import annotations
 
-import os as _os
 from pathlib import Path as _Path
 from typing import Any
-
-# Arrow's memory pool (mimalloc) asks for transparent huge pages on its arenas by default. Memory
-# it frees and takes again is then faulted in 2 MB at a time, each zeroed by the kernel (and
-# compacted first where the kernel defragments on demand): reading the 9 MB task groups file of a
-# 108,070-episode warehouse cost 1.7 s of system time with them, 0.3 s without, and a forget about
-# a tenth less in all (docs/forget.md). Set before pyarrow is loaded (its allocator reads the option
-# once; worker processes inherit it); an explicit setting is kept.
-_os.environ.setdefault("MIMALLOC_ALLOW_THP", "0")
 
 # The subpackages (trajwh.lineage, trajwh.pipelines, ...) live in the repository's top-level
 # folders; an installed distribution maps them under this package (pyproject.toml
