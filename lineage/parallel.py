@@ -115,14 +115,13 @@ def no_huge_pages() -> Iterator[None]:
     import ctypes
     import sys
 
-    libc = None
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-        except OSError:
-            libc = None
-    before = libc.prctl(_PR_GET_THP_DISABLE, 0, 0, 0, 0) if libc is not None else -1
-    changed = before == 0 and libc is not None and libc.prctl(_PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0
+    try:
+        libc = ctypes.CDLL(None) if sys.platform.startswith("linux") else None
+    except OSError:
+        libc = None
+    # changed only when they were on and the switch took (it stays as it was otherwise)
+    changed = (libc is not None and libc.prctl(_PR_GET_THP_DISABLE, 0, 0, 0, 0) == 0
+               and libc.prctl(_PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0)
     try:
         yield
     finally:

@@ -104,24 +104,22 @@ def test_fewer_collections_raises_the_thresholds_inside_and_restores_them():
 
 
 def test_no_huge_pages_turns_them_off_inside_for_workers_too_and_back_after():
-    import ctypes
     import multiprocessing
     import sys
     from concurrent.futures import ProcessPoolExecutor
 
     import pytest
-    from trajwh.lineage.parallel import _PR_GET_THP_DISABLE, no_huge_pages
+    from trajwh.lineage.parallel import no_huge_pages
 
     if not sys.platform.startswith("linux"):
         pytest.skip("prctl's huge-page switch is Linux's")
-    libc = ctypes.CDLL(None)
-    if libc.prctl(_PR_GET_THP_DISABLE, 0, 0, 0, 0) != 0:
+    if _thp_disabled() != 0:
         pytest.skip("huge pages are already off for this process")
     with no_huge_pages():
-        assert libc.prctl(_PR_GET_THP_DISABLE, 0, 0, 0, 0) == 1
+        assert _thp_disabled() == 1
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
             assert pool.submit(_thp_disabled).result() == 1  # a worker started inside inherits it
-    assert libc.prctl(_PR_GET_THP_DISABLE, 0, 0, 0, 0) == 0
+    assert _thp_disabled() == 0
 
 
 def _thp_disabled() -> int:
