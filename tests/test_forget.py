@@ -497,3 +497,26 @@ def test_the_proof_names_a_lineage_edge_whose_step_is_gone(wh):
         session.commit([session.write("lineage_edges", gone)])
     found = verify_forget(wh, request)
     assert not found["ok"] and found["rows_left"] == {"lineage_edges (dangling)": 1}
+
+
+def test_the_proof_counts_forgotten_rows_in_the_files_its_scan_reads(wh, monkeypatch):
+    """The proof counts the rows that carry a forgotten id while it searches each data file, not in
+    a second read per table: a row planted after the forget (an episode row of a forgotten key, in
+    a new file of the manifest) is named with the per-table query made to fail."""
+    import trajwh.lineage.forget as F
+
+    result = forget(wh, "source:cases", "withdrawn")
+    assert result.status == "verified"
+    request = wh.query("SELECT request_id FROM deletions").column(0)[0].as_py()
+    gone = wh.query("SELECT trajectory_keys[1] FROM deletions").column(0)[0].as_py()
+    row = wh.query("SELECT * FROM episodes LIMIT 1")
+    planted = row.set_column(row.schema.get_field_index("trajectory_key"), "trajectory_key", pa.array([gone]))
+    with wh.write_session("test") as session:
+        session.commit([session.write("episodes", planted)])
+
+    def second_read(*args, **kwargs):
+        raise AssertionError("a data file the scan read was read again for its rows")
+
+    monkeypatch.setattr(F, "_files_with_rows", second_read)
+    found = verify_forget(wh, request)
+    assert not found["ok"] and found["rows_left"] == {"episodes": 1}
