@@ -36,6 +36,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -285,9 +286,10 @@ def _drop_mask(table: str, t: pa.Table, s: dict[str, pa.Array]) -> pa.Array | No
     return None  # task_stats: aggregates, recomputed by the repair
 
 
-def _files_with_rows(wh: Warehouse, table: str, s: dict[str, pa.Array], skip: frozenset[str] = frozenset()) -> list[str]:
+def _files_with_rows(wh: Warehouse, table: str, s: dict[str, pa.Array], skip: frozenset[str] = frozenset(),
+                     con: Any = None) -> list[str]:
     """The manifest paths of ``table`` that hold an affected row (only their key columns are read),
-    among those not in ``skip``."""
+    among those not in ``skip``; ``con``: a catalog connection to use (else one is opened)."""
     if table not in _KEYED:
         return []
     paths = [p for p in _table_paths(wh, table) if p not in skip]
@@ -306,12 +308,14 @@ def _files_with_rows(wh: Warehouse, table: str, s: dict[str, pa.Array], skip: fr
     if not any(wanted[0]):
         return []
     listing = ", ".join("'" + p.replace("'", "''") + "'" for p in paths)
-    con = wh.connect(read_only=True)
+    own = con is None
+    con = wh.connect(read_only=True) if own else con
     try:
         rows = con.execute(f"SELECT DISTINCT filename FROM read_parquet([{listing}], filename = true) WHERE {cond}",
                            wanted).fetchall()
     finally:
-        con.close()
+        if own:
+            con.close()
     return sorted(str(wh.data_path(r[0])) for r in rows)
 
 
@@ -329,8 +333,6 @@ def _older_files(wh: Warehouse, since: str | None) -> dict[str, str]:
 def _unchanged(recorded: dict[str, str]) -> frozenset[str]:
     """The files of ``recorded`` whose bytes still have the sha256 recorded (read on two threads:
     hashing releases the interpreter's lock)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     paths = sorted(recorded)
     with ThreadPoolExecutor(2) as pool:
         digests = list(pool.map(lambda p: content_sha256(data_root(p)), paths))
@@ -349,21 +351,28 @@ def _remove_sources(wh: Warehouse, req: dict[str, Any], progress: Callable[[str]
     removed: dict[str, int] = {}
     _forget_vault(wh, s, removed)
     with wh.write_session("forget") as session:
+        con = wh.connect(read_only=True)
+        try:  # the files to rewrite, found over one connection (one per table: 0.4 s of 25 connects)
+            todo = [(table, path) for table in PARQUET_TABLES for path in _files_with_rows(wh, table, s, older, con)]
+        finally:
+            con.close()
+
+        def rewrite(item: tuple[str, str]) -> tuple[str, str, int, Any]:
+            table, path = item
+            t = pq.read_table(path, schema=arrow_schema(PARQUET_TABLES[table]))
+            mask = _drop_mask(table, t, s)
+            n = (pc.sum(mask).as_py() or 0) if mask is not None else 0
+            return table, path, n, session.write(table, t.filter(pc.invert(mask))) if n else None
+
         pairs = []
-        for table in PARQUET_TABLES:
-            for path in _files_with_rows(wh, table, s, older):
-                t = pq.read_table(path, schema=arrow_schema(PARQUET_TABLES[table]))
-                mask = _drop_mask(table, t, s)
-                if mask is None:
-                    continue
-                n = pc.sum(mask).as_py() or 0
-                if not n:
-                    continue
-                kept = t.filter(pc.invert(mask))
-                pairs.append((wh.data_path(path), session.write(table, kept)))
-                removed[table] = removed.get(table, 0) + n
-            if table in removed:
-                progress(f"forget: {table}: {removed[table]:,} rows")
+        # two files at a time (reads, filters and zstd writes release the interpreter's lock)
+        with ThreadPoolExecutor(2) as pool:
+            for table, path, n, written in pool.map(rewrite, todo):
+                if written is not None:
+                    pairs.append((wh.data_path(path), written))
+                    removed[table] = removed.get(table, 0) + n
+        for table, n in removed.items():
+            progress(f"forget: {table}: {n:,} rows")
         sources = {"files_rewritten": len(pairs), "bytes_replaced": sum(old.stat().st_size for old, _ in pairs),
                    "bytes_written": sum(new.size for _, new in pairs), "rows_removed": removed}
         req["moved"] = orjson.dumps({**orjson.loads(req["moved"] or "{}"), "sources": sources}).decode()
