@@ -897,20 +897,24 @@ class WriteSession:
         with self._transaction() as con:
             if guard is not None:
                 removed = [*removed, *guard(con)]
+            since: dict[tuple[str, str], Any] = {}
             if removed:
                 rels = [str(p.relative_to(root)) for p in removed]
                 found = con.execute(
-                    "SELECT DISTINCT table_name FROM table_files WHERE list_contains(?, path)", [rels]
+                    "SELECT table_name, path, sha256, added_at FROM table_files WHERE list_contains(?, path)", [rels]
                 ).fetchall()
-                touched |= {t for (t,) in found}
+                touched |= {t for t, _, _, _ in found}
+                # a file listed again as it is (a stage keeps it) keeps when it was first listed: the
+                # proof of a forget reads a file listed before the forgotten data came by its digest
+                since = {(path, sha): at for _, path, sha, at in found}
                 con.execute("DELETE FROM table_files WHERE list_contains(?, path)", [rels])
             stamp = now_utc()
             if added:
                 first: dict[str, WrittenFile] = {}
                 for f in added:  # a path listed twice: its first (as the row-at-a-time inserts kept)
                     first.setdefault(str(f.path.relative_to(root)), f)
-                _insert_files(con, [(f.table, rel, f.sha256, f.rows, f.size, batch_id, run_id, transform_version, stamp)
-                                    for rel, f in first.items()])
+                _insert_files(con, [(f.table, rel, f.sha256, f.rows, f.size, batch_id, run_id, transform_version,
+                                     since.get((rel, f.sha256), stamp)) for rel, f in first.items()])
             for table, table_rows in (rows or {}).items():
                 if not table_rows:
                     continue

@@ -215,6 +215,33 @@ def test_older_files_are_read_for_forgotten_rows_only_when_their_bytes_changed(w
     assert older[0] not in now and set(older[1:]) <= now  # rewritten; the others untouched
 
 
+def test_a_token_file_a_build_keeps_is_listed_as_when_it_was_written(wh, tmp_path):
+    """An incremental build lists the pack token files it keeps again, as they are: they keep the
+    time they were first listed, so a forget of the batch that build added reads them by their
+    digest (written before that batch existed) instead of searching them."""
+    from trajwh.synth.generator import SynthConfig, generate_corpus
+
+    listed = {r["path"]: r["added_at"] for r in wh.query(
+        "SELECT path, added_at FROM table_files WHERE table_name = 'pack_tokens'").to_pylist()}
+    generate_corpus(SynthConfig(episodes=6, seed=99), tmp_path / "late")
+    ingest_paths(wh, [tmp_path / "late"], IngestOptions(source="late"))
+    assert build(str(wh.root)).success
+    after = {r["path"]: (r["added_at"], r["run_id"]) for r in wh.query(
+        "SELECT path, added_at, run_id FROM table_files WHERE table_name = 'pack_tokens'").to_pylist()}
+    kept = set(listed) & set(after)
+    assert kept and set(after) - kept  # some kept, some written by this build
+    assert all(after[p][0] == listed[p] for p in kept)
+    last_run = wh.query("SELECT run_id FROM table_files WHERE table_name = 'pack_tokens' "
+                        "ORDER BY added_at DESC LIMIT 1").column(0)[0].as_py()
+    assert all(after[p][1] == last_run for p in kept)  # listed by this build's run, as before
+    result = forget(wh, "source:late", "license revoked")
+    assert result.status == "verified", result.verify
+    since = orjson.loads(wh.query("SELECT counts FROM deletions").column(0)[0].as_py())["_since"]
+    before = {r["path"] for r in wh.query("SELECT path FROM table_files WHERE added_at < ?::TIMESTAMPTZ", [since]).to_pylist()}
+    assert kept & before  # the kept token files the forget left listed count as older than the batch
+    assert result.verify["files_unchanged"] == len(before)  # all of them read by their digest alone
+
+
 def test_tool_definitions_an_older_episode_shares_stay(tmp_path):
     """The forgotten episode's tool definitions are those of an episode ingested before it (files
     the rewrite does not read): they stay, and so does that episode."""
