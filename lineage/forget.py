@@ -61,6 +61,10 @@ _BY_EPISODE = ("episodes", "steps", "redacted_episodes", "redacted_steps", "reda
 #: every table a forget rewrites (task_stats are aggregates: the repair recomputes them)
 _KEYED = frozenset({"raw_records", "quarantine", *_BY_EPISODE, "tool_schemas", "redacted_tool_schemas", "lineage_edges",
                     "packs"})
+#: the columns ``_drop_mask`` reads of a table's rows
+_KEY_COLUMNS = {"raw_records": ("record_id",), "quarantine": ("quarantine_id",), "tool_schemas": ("tool_schema_digest",),
+                "redacted_tool_schemas": ("tool_schema_digest",), "lineage_edges": ("child_id", "parent_id"),
+                "packs": ("segments",), **{t: ("trajectory_key",) for t in _BY_EPISODE}}
 _PROBE_LEN = 32
 _PROBES_PER_TEXT = 4
 #: candidate windows drawn per record and per episode's redacted text (those that surviving raw data
@@ -792,9 +796,12 @@ def _scan_parquet(path: str, matcher: _Matcher, rows: _RowCheck | None = None) -
     hits: set[str] = set()
     pf = pq.ParquetFile(path)
     names = [f.name for f in pf.schema_arrow if _has_text(f.type)]
+    keys = _KEY_COLUMNS.get(rows.tables[path], ()) if rows is not None else ()
+    if any(k not in pf.schema_arrow.names for k in keys):
+        rows = None  # (a file without its table's key columns is counted the old way, read with the table's schema)
     search = _Search(matcher.probes) if matcher.plain else None
     for i in range(pf.num_row_groups):
-        t = pf.read_row_group(i, columns=names)
+        t = pf.read_row_group(i, columns=names + [k for k in keys if k not in names] if rows is not None else names)
         if search is None or not search.done:
             hits |= _find_in_table(t, names, matcher, search)
         if rows is not None:
@@ -856,7 +863,7 @@ def _scan_file(path: str, matcher: _Matcher, rows: _RowCheck | None = None) -> s
         if path.endswith(".parquet"):
             return _scan_parquet(path, matcher, rows if rows is not None and path in rows.tables else None)
         return _scan_bytes(path, matcher)
-    except (OSError, pa.ArrowInvalid, KeyError):  # (KeyError: a key column the file lacks)
+    except (OSError, pa.ArrowInvalid):
         if rows is not None:
             rows.counted.discard(path)
         return _scan_bytes(path, matcher)

@@ -71,6 +71,22 @@ def test_files_are_scanned_decoded_nested_and_compressed(tmp_path, plain):
     assert F._scan_file(str(tmp_path / "clean.parquet"), matcher) == set()
 
 
+def test_the_scan_counts_forgotten_rows_and_leaves_a_file_without_its_key_column_to_the_old_read(tmp_path):
+    """A data file's rows that carry a forgotten id are counted as the scan reads it (its key
+    columns read beside its text); one that lacks its table's key column is not counted (the proof
+    reads it with the table's schema afterwards) and is still searched decoded, not as bytes."""
+    salt = b"s" * 32
+    matcher = F._Matcher([A], {F.fingerprint(A, salt)}, salt)
+    gone = pa.array(["ep-gone"], pa.string())
+    keys = {"keys": gone, "records": gone, "any": gone, "digests": gone, "quarantine": gone}
+    pq.write_table(pa.table({"trajectory_key": ["ep-gone", "ep-stays", "ep-gone"], "n": [1, 2, 3]}), tmp_path / "e.parquet")
+    pq.write_table(pa.table({"step_id": ["s1"], "text": ["yy " + A]}), tmp_path / "s.parquet")
+    rows = F._RowCheck({str(tmp_path / "e.parquet"): "episodes", str(tmp_path / "s.parquet"): "steps"}, keys)
+    assert F._scan_file(str(tmp_path / "e.parquet"), matcher, rows) == set()
+    assert F._scan_file(str(tmp_path / "s.parquet"), matcher, rows) == {F.fingerprint(A, salt)}
+    assert rows.left == {"episodes": 2} and rows.counted == {str(tmp_path / "e.parquet")}
+
+
 def test_probe_windows_are_distinctive_spread_and_deterministic():
     import random
 
