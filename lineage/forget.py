@@ -58,13 +58,14 @@ STAGES = ("planned", "sources_removed", "rebuilt", "exports_refreshed", "compact
 _BY_EPISODE = ("episodes", "steps", "redacted_episodes", "redacted_steps", "redaction_events", "episode_features",
                "near_dup_clusters", "task_groups", "splits", "leak_flags", "outcomes", "fragments", "license_facts",
                "eligibility", "pack_tokens", "pack_tokens_staged")
-#: every table a forget rewrites (task_stats are aggregates: the repair recomputes them)
-_KEYED = frozenset({"raw_records", "quarantine", *_BY_EPISODE, "tool_schemas", "redacted_tool_schemas", "lineage_edges",
-                    "packs"})
-#: the columns ``_drop_mask`` reads of a table's rows
-_KEY_COLUMNS = {"raw_records": ("record_id",), "quarantine": ("quarantine_id",), "tool_schemas": ("tool_schema_digest",),
-                "redacted_tool_schemas": ("tool_schema_digest",), "lineage_edges": ("child_id", "parent_id"),
-                "packs": ("segments",), **{t: ("trajectory_key",) for t in _BY_EPISODE}}
+#: every table a forget rewrites (task_stats are aggregates: the repair recomputes them): the columns
+#: its rows are matched on (``_drop_mask``, ``_files_with_rows``) and the key set (``_key_sets``) they
+#: are matched against
+_KEY_COLUMNS = {"raw_records": (("record_id",), "records"), "quarantine": (("quarantine_id",), "quarantine"),
+                "tool_schemas": (("tool_schema_digest",), "digests"),
+                "redacted_tool_schemas": (("tool_schema_digest",), "digests"),
+                "lineage_edges": (("child_id", "parent_id"), "any"), "packs": (("segments",), "keys"),
+                **{t: (("trajectory_key",), "keys") for t in _BY_EPISODE}}
 _PROBE_LEN = 32
 _PROBES_PER_TEXT = 4
 #: candidate windows drawn per record and per episode's redacted text (those that surviving raw data
@@ -271,37 +272,29 @@ def _rows_sql(wh: Warehouse, table: str, skip: frozenset[str]) -> str:
 
 
 def _drop_mask(table: str, t: pa.Table, s: dict[str, pa.Array]) -> pa.Array | None:
-    if table == "raw_records":
-        return pc.is_in(t["record_id"], s["records"])
-    if table == "quarantine":
-        return pc.is_in(t["quarantine_id"], s["quarantine"])
-    if table in _BY_EPISODE:
-        return pc.is_in(t["trajectory_key"], s["keys"])
-    if table in ("tool_schemas", "redacted_tool_schemas"):
-        return pc.is_in(t["tool_schema_digest"], s["digests"])
-    if table == "lineage_edges":
-        return pc.or_(pc.is_in(t["child_id"], s["any"]), pc.is_in(t["parent_id"], s["any"]))
+    if table not in _KEY_COLUMNS:
+        return None  # task_stats: aggregates, recomputed by the repair
+    columns, ids_ = _KEY_COLUMNS[table]
     if table == "packs":
         segments = t["segments"].combine_chunks()
         hit = pc.is_in(pc.struct_field(pc.list_flatten(segments), "trajectory_key"), s["keys"])
         parents = pc.list_parent_indices(segments)
         rows = set(pc.filter(parents, hit).to_pylist())
         return pa.array([i in rows for i in range(t.num_rows)])
-    return None  # task_stats: aggregates, recomputed by the repair
+    masks = [pc.is_in(t[c], s[ids_]) for c in columns]  # (an edge goes with its parent or its child)
+    return functools.reduce(pc.or_, masks)
 
 
 def _files_with_rows(wh: Warehouse, table: str, s: dict[str, pa.Array], skip: frozenset[str] = frozenset(),
                      con: Any = None) -> list[str]:
     """The manifest paths of ``table`` that hold an affected row (only their key columns are read),
     among those not in ``skip``; ``con``: a catalog connection to use (else one is opened)."""
-    if table not in _KEYED:
+    if table not in _KEY_COLUMNS:
         return []
     paths = [p for p in _table_paths(wh, table) if p not in skip]
     if not paths:
         return []
-    column, ids_ = {"raw_records": ("record_id", "records"), "quarantine": ("quarantine_id", "quarantine"),
-                    "tool_schemas": ("tool_schema_digest", "digests"),
-                    "redacted_tool_schemas": ("tool_schema_digest", "digests")}.get(table, ("trajectory_key", "keys"))
+    (column, *_), ids_ = _KEY_COLUMNS[table]
     ids_in = "IN (SELECT unnest(?::VARCHAR[]))"  # a hash join: list_contains walks the list per row
     if table == "lineage_edges":
         cond, wanted = f"child_id {ids_in} OR parent_id {ids_in}", [s["any"].to_pylist()] * 2
@@ -527,18 +520,15 @@ def _compact(wh: Warehouse) -> None:
 # --- stage 5: proof --------------------------------------------------------------------------
 
 
-def _leftover_rows(wh: Warehouse, req: dict[str, Any], unchanged: frozenset[str] = frozenset(),
-                   rows: _RowCheck | None = None) -> dict[str, int]:
+def _leftover_rows(wh: Warehouse, unchanged: frozenset[str], rows: _RowCheck) -> dict[str, int]:
     """Rows that still carry a forgotten id, per table (must all be 0). ``unchanged``: data files
     the proof found byte for byte as the manifest recorded them before the forgotten data was
     ingested (``_scan``). They cannot hold a row made from it, nor a lineage edge to one of its
     steps or episodes (an edge is written with what it points at), so they are not read.
-    ``rows``: the counts the scan took (``_RowCheck``); the files it did not count are read here."""
-    s = rows.keys if rows is not None else _key_sets(wh, req, unchanged)
-    left = dict(rows.left) if rows is not None else {}
-    skip = unchanged | frozenset(rows.counted) if rows is not None else unchanged
-    # (with the scan's counts, only a table with a data file it did not count is read here)
-    todo = {t for p, t in rows.tables.items() if p not in skip} if rows is not None else PARQUET_TABLES
+    ``rows``: the counts the scan took (``_RowCheck``); only the data files it did not count are read here."""
+    s, left = rows.keys, dict(rows.left)
+    skip = unchanged | frozenset(rows.counted)
+    todo = {t for p, t in rows.tables.items() if p not in skip}
     for table in [t for t in PARQUET_TABLES if t in todo]:
         n = sum(int(pc.sum(m).as_py() or 0) for path in _files_with_rows(wh, table, s, skip)
                 if (m := _drop_mask(table, pq.read_table(path, schema=arrow_schema(PARQUET_TABLES[table])), s)) is not None)
@@ -796,18 +786,21 @@ def _scan_parquet(path: str, matcher: _Matcher, rows: _RowCheck | None = None) -
     hits: set[str] = set()
     pf = pq.ParquetFile(path)
     names = [f.name for f in pf.schema_arrow if _has_text(f.type)]
-    keys = _KEY_COLUMNS.get(rows.tables[path], ()) if rows is not None else ()
+    keys = _KEY_COLUMNS.get(rows.tables[path], ((), ""))[0] if rows is not None else ()
     if any(k not in pf.schema_arrow.names for k in keys):
         rows = None  # (a file without its table's key columns is counted the old way, read with the table's schema)
     search = _Search(matcher.probes) if matcher.plain else None
+    left = 0
     for i in range(pf.num_row_groups):
         t = pf.read_row_group(i, columns=names + [k for k in keys if k not in names] if rows is not None else names)
         if search is None or not search.done:
             hits |= _find_in_table(t, names, matcher, search)
         if rows is not None:
-            rows.count(path, t)
+            left += rows.count(path, t)
         elif search is not None and search.done:
             break
+    if rows is not None:  # (a file that failed part-way is not counted: it is read again the old way)
+        rows.record(path, left)
     return hits
 
 
@@ -826,12 +819,16 @@ class _RowCheck:
     def part(self, paths: list[str]) -> _RowCheck:
         return _RowCheck({p: self.tables[p] for p in paths if p in self.tables}, self.keys)
 
-    def count(self, path: str, t: pa.Table) -> None:
-        table = self.tables[path]
-        if table in _KEYED:
-            mask = _drop_mask(table, t, self.keys)
-            if n := (int(pc.sum(mask).as_py() or 0) if mask is not None else 0):
-                self.left[table] = self.left.get(table, 0) + n
+    def count(self, path: str, t: pa.Table) -> int:
+        """The rows of ``t`` (part of the file ``path``) that carry a forgotten id."""
+        mask = _drop_mask(self.tables[path], t, self.keys)
+        return int(pc.sum(mask).as_py() or 0) if mask is not None else 0
+
+    def record(self, path: str, n: int) -> None:
+        """The file ``path`` read whole: ``n`` such rows in it."""
+        if n:
+            table = self.tables[path]
+            self.left[table] = self.left.get(table, 0) + n
         self.counted.add(path)
 
     def add(self, other: _RowCheck) -> None:
@@ -864,8 +861,6 @@ def _scan_file(path: str, matcher: _Matcher, rows: _RowCheck | None = None) -> s
             return _scan_parquet(path, matcher, rows if rows is not None and path in rows.tables else None)
         return _scan_bytes(path, matcher)
     except (OSError, pa.ArrowInvalid):
-        if rows is not None:
-            rows.counted.discard(path)
         return _scan_bytes(path, matcher)
 
 
@@ -1015,7 +1010,7 @@ def verify_request(wh: Warehouse, req: dict[str, Any], probes: list[str] | None 
         "SELECT path, table_name FROM table_files").to_pylist() if r["table_name"] in PARQUET_TABLES}
     rows = _RowCheck(tables, _key_sets(wh, req, frozenset(_older_files(wh, since))))
     found, unchanged = _scan(wh, matcher, since, rows)
-    left = _leftover_rows(wh, req, unchanged, rows)
+    left = _leftover_rows(wh, unchanged, rows)
     hit = set().union(*found.values()) if found else set()
     shared = _shared(wh, matcher.only(hit)) if hit else set()
     leaks = {f: sorted(h - shared) for f, h in found.items() if h - shared}
