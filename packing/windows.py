@@ -65,7 +65,8 @@ WINDOWED_SQL = """
               CASE WHEN bits = 0 THEN 0 ELSE key_bits >> (32 - bits) END AS VARCHAR), 10, '0') AS window_id,
               coalesce(batch_id, '-') || '/' || lpad(CAST(CASE WHEN cbits = 0 THEN 0 ELSE key_bits >> (32 - cbits) END
                                                            AS VARCHAR), 10, '0') AS chunk_id FROM n)
-    SELECT *, window_id || '|' || trajectory_key AS ord_key, chunk_id || '|' || trajectory_key AS chunk_key FROM w {where}
+    SELECT * EXCLUDE (step_ids, span_step_ids), window_id || '|' || trajectory_key AS ord_key,
+           chunk_id || '|' || trajectory_key AS chunk_key FROM w {where}
     ORDER BY chunk_key, unit_id"""
 #: the steps of the trajectories to render, in order (``k``: trajectory key -> order key; ``steps``: where
 #: they are, ``Warehouse.rows_of``)
