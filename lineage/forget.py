@@ -197,7 +197,9 @@ def _with_probes(wh: Warehouse, candidates: Candidates | None, exclude: list[str
     if not every:
         return ([] if candidates else None), work()
     matcher = _Matcher(every, set(), b"plan")
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+    # the worker yields the cores to the repair (its critical path) and ends before it all the same
+    # (107,000 + 1 %: forget 22.6 and 22.6 -> 21.7 and 22.2 s)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_yield_cores) as pool:
         search = pool.submit(_shared_part, (_table_paths(wh, "raw_records"), matcher, exclude))
         done = work()
         shared_keys = search.result()
@@ -973,6 +975,13 @@ def _shared_part(task: tuple[list[str], _Matcher, list[str]]) -> set[str]:
 
 #: raw records read at a time by the search of surviving payloads
 _SEARCH_ROWS = 1_000
+#: the search's worker's niceness (added to the forget's): it runs beside the repair, which waits for nothing else
+_SEARCH_NICE = 10
+
+
+def _yield_cores() -> None:
+    if hasattr(os, "nice"):  # (POSIX)
+        os.nice(_SEARCH_NICE)
 
 
 def _by_size(sizes: dict[str, int]) -> list[list[str]]:
