@@ -30,13 +30,14 @@ A request runs in recorded stages, each idempotent, so a crash part-way is finis
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import re
 import shutil
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,25 +185,24 @@ def _windows(candidates: Candidates) -> list[str]:
 
 
 def _with_probes(wh: Warehouse, candidates: Candidates | None, exclude: list[str],
-                 work: Callable[[], Any]) -> tuple[list[str] | None, Any]:
-    """(the probes, ``work()``): ``work`` runs here while a worker process searches every surviving
-    payload for the candidates (in this process the search took the repair's interpreter lock).
-    The probes: candidate windows that no raw record outside ``exclude`` holds (a shared system
-    prompt, another attempt's file prove nothing), up to 4 per record and 2 per episode's redacted
-    text. None without candidates (a request resumed after a crash)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
+                 work: Callable[[], Any], pool: ProcessPoolExecutor) -> tuple[list[str] | None, Any]:
+    """(the probes, ``work()``): ``work`` runs here while the worker of ``pool`` (``_worker``)
+    searches every surviving payload for the candidates (in this process the search took the
+    repair's interpreter lock). The probes: candidate windows that no raw record outside
+    ``exclude`` holds (a shared system prompt, another attempt's file prove nothing), up to 4 per
+    record and 2 per episode's redacted text. None without candidates (a request resumed after a
+    crash)."""
     every = _windows(candidates) if candidates else []
     if not every:
         return ([] if candidates else None), work()
     matcher = _Matcher(every, set(), b"plan")
-    # the worker yields the cores to the repair (its critical path) and ends before it all the same
-    # (107,000 + 1 %: forget 22.6 and 22.6 -> 21.7 and 22.2 s)
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_yield_cores) as pool:
-        search = pool.submit(_shared_part, (_table_paths(wh, "raw_records"), matcher, exclude))
+    search = pool.submit(_shared_part, (_table_paths(wh, "raw_records"), matcher, exclude))
+    try:
         done = work()
-        shared_keys = search.result()
+    except BaseException:
+        search.cancel()
+        raise
+    shared_keys = search.result()
     shared = {w for w in every if matcher.key(w) in shared_keys}
     return sorted({w for ws, n in candidates.values() for w in [w for w in ws if w not in shared][:n]}), done
 
@@ -894,8 +894,8 @@ def _scan_files(task: tuple[list[str], _Matcher, dict[str, str], _RowCheck | Non
 _DIGEST_WEIGHT = 0.05
 
 
-def _scan(wh: Warehouse, matcher: _Matcher, since: str | None = None, rows: _RowCheck | None = None
-          ) -> tuple[dict[str, set[str]], frozenset[str]]:
+def _scan(wh: Warehouse, matcher: _Matcher, since: str | None = None, rows: _RowCheck | None = None,
+          pool: ProcessPoolExecutor | None = None) -> tuple[dict[str, set[str]], frozenset[str]]:
     """Fingerprints of the probes found, by file, over every file under the warehouse: Parquet
     decoded, anything else (the catalog and its WAL, vault salt, caches, logs) as bytes; the
     catalog's own tables are read through DuckDB too (its strings may be compressed on disk).
@@ -918,7 +918,7 @@ def _scan(wh: Warehouse, matcher: _Matcher, since: str | None = None, rows: _Row
     unchanged: set[str] = set()
     for part, same, counted in run_parts(_scan_files, [(part, matcher, {p: recorded[p] for p in part if p in recorded},
                                                          rows.part(part) if rows is not None else None)
-                                                        for part in _by_size(weights)]):
+                                                        for part in _by_size(weights)], pool=pool):
         unchanged.update(same)
         if rows is not None and counted is not None:
             rows.add(counted)
@@ -979,9 +979,35 @@ _SEARCH_ROWS = 1_000
 _SEARCH_NICE = 10
 
 
-def _yield_cores() -> None:
+def _worker_setup(parent: int) -> None:
+    """The forget's worker: it ends with the forget's process (one killed part-way leaves no worker
+    behind) and yields the cores to it."""
+    from trajwh.lineage.parallel import die_with_parent
+
+    die_with_parent(parent)
     if hasattr(os, "nice"):  # (POSIX)
         os.nice(_SEARCH_NICE)
+
+
+def _started() -> None:
+    """Nothing: a task whose unpickling makes a worker import this module and its libraries."""
+
+
+@contextlib.contextmanager
+def _worker() -> Iterator[ProcessPoolExecutor]:
+    """The forget's worker process, spawned when first given a task: the probes' search beside
+    the repair, then a part of the proof's scan, without a second start (a spawned process
+    imports its libraries for about a second). It yields the cores to this process: the repair
+    beside the search is the forget's critical path, and the search still ends before it
+    (107,000 + 1 %: forget 22.6 and 22.6 -> 21.7 and 22.2 s)."""
+    import multiprocessing
+
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_setup,
+                               initargs=(os.getpid(),))
+    try:
+        yield pool
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _by_size(sizes: dict[str, int]) -> list[list[str]]:
@@ -1004,10 +1030,12 @@ def _table_paths(wh: Warehouse, table: str) -> list[str]:
     return [str(wh.data_path(p)) for p in rows]
 
 
-def verify_request(wh: Warehouse, req: dict[str, Any], probes: list[str] | None = None) -> dict[str, Any]:
+def verify_request(wh: Warehouse, req: dict[str, Any], probes: list[str] | None = None, *,
+                   pool: ProcessPoolExecutor | None = None) -> dict[str, Any]:
     """The proof: forgotten ids left per table, and probe hits per file outside shared text. Only
     the probes some file holds are sought in the surviving raw records (read again: data ingested
-    since the forget may share one)."""
+    since the forget may share one). ``pool``: the forget's worker (``_worker``), which takes a
+    part of the scan instead of a process started for it."""
     salt = _salt(wh)
     fingerprints = set(req["probe_fingerprints"])
     matcher = _Matcher(probes, fingerprints, salt)
@@ -1018,7 +1046,7 @@ def verify_request(wh: Warehouse, req: dict[str, Any], probes: list[str] | None 
     tables = {str(wh.data_path(r["path"])): r["table_name"] for r in wh.manifest_query(
         "SELECT path, table_name FROM table_files").to_pylist() if r["table_name"] in PARQUET_TABLES}
     rows = _RowCheck(tables, _key_sets(wh, req, frozenset(_older_files(wh, since))))
-    found, unchanged = _scan(wh, matcher, since, rows)
+    found, unchanged = _scan(wh, matcher, since, rows, pool)
     left = _leftover_rows(wh, unchanged, rows)
     hit = set().union(*found.values()) if found else set()
     shared = _shared(wh, matcher.only(hit)) if hit else set()
@@ -1091,9 +1119,17 @@ def resume(wh: Warehouse, req: dict[str, Any], *, candidates: Candidates | None 
     they are the forgotten text). With them the probes are chosen beside the repair and the
     proof seeks them as strings; without them (a request resumed after a crash) the proof seeks
     the fingerprints stored: every candidate's when the crash came before the probes were chosen."""
+    with _worker() as pool:
+        return _resume(wh, req, candidates, older, progress, pool)
+
+
+def _resume(wh: Warehouse, req: dict[str, Any], candidates: Candidates | None, older: frozenset[str] | None,
+            progress: Callable[[str], None], pool: ProcessPoolExecutor) -> ForgetResult:
     status = req["status"]
     resumed = candidates is None
     probes: list[str] | None = None
+    if candidates and status == "planned":  # the worker starts (imports) during the rewrite: the search begins with the repair
+        pool.submit(_started)
     moved_doc = orjson.loads(req["moved"] or "{}")
     if status == "planned":
         _remove_sources(wh, req, progress, older)
@@ -1103,7 +1139,7 @@ def resume(wh: Warehouse, req: dict[str, Any], *, candidates: Candidates | None 
     if status == "sources_removed":
         progress("forget: repairing the derived layers (the probes chosen beside it) ...")
         probes, moved = _with_probes(wh, candidates, req["record_ids"], lambda: _repair(
-            wh, moved_doc.get("splits_before", {}), set(req["trajectory_keys"]), progress))
+            wh, moved_doc.get("splits_before", {}), set(req["trajectory_keys"]), progress), pool)
         kept = {k: v for k, v in orjson.loads(req["moved"] or "{}").items() if k != "splits_before"}
         salt = _salt(wh)
         chosen_fps = {"probe_fingerprints": sorted({fingerprint(p, salt) for p in probes})} if probes is not None else {}
@@ -1127,7 +1163,7 @@ def resume(wh: Warehouse, req: dict[str, Any], *, candidates: Candidates | None 
         _maybe_crash("compacted")
         status = req["status"]
     progress("forget: the proof: every file the warehouse holds searched for the probes ...")
-    result = verify_request(wh, req, probes)
+    result = verify_request(wh, req, probes, pool=pool)
     req = _save(wh, req, status="verified" if result["ok"] else "verify_failed",
                 verify_result=orjson.dumps(result).decode())
     doc = orjson.loads(req["moved"] or "{}")

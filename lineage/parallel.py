@@ -129,6 +129,38 @@ def no_huge_pages() -> Iterator[None]:
             libc.prctl(_PR_SET_THP_DISABLE, 0, 0, 0, 0)
 
 
+#: prctl(2) option: the signal this process gets when the thread that started it ends
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> None:
+    """In a worker process (an ``initializer``): end it when ``parent`` (the process that started
+    it) dies. A pool's worker whose parent was killed would otherwise wait for tasks for ever (it
+    holds its own end of the task queue) and keep the parent's output pipes open. Linux: the
+    kernel sends it SIGKILL; elsewhere a thread looks for the parent every second."""
+    import ctypes
+    import signal
+    import sys
+    import threading
+    import time
+
+    libc = None
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None)
+        except OSError:
+            libc = None
+    if libc is None or libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(1.0)
+            os._exit(1)
+
+        threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+    if os.getppid() != parent:  # died before the signal was asked for
+        os._exit(1)
+
+
 def release_memory() -> None:
     """Give freed memory back to the system before worker processes start beside this one: a
     build's process keeps the heap of its earlier stages (Python's objects, Arrow's pool) after
@@ -173,18 +205,22 @@ def ordered_chunks(fn: Callable[[list[Any]], Any], items: Iterable[Any], *, chun
             yield done, fut.result()
 
 
-def run_parts(fn: Callable[[Any], Any], tasks: list[Any], *, here: bool = True) -> list[Any]:
+def run_parts(fn: Callable[[Any], Any], tasks: list[Any], *, here: bool = True,
+              pool: ProcessPoolExecutor | None = None) -> list[Any]:
     """``[fn(t) for t in tasks]``, at the same time: the first task in this process, each other one
     in a worker process of its own (spawned). One process fewer than a pool of ``len(tasks)``
     workers: the parent's libraries are loaded already, and memory holds one process's base less
     (about 150 MB of libraries and a part's working set). ``fn`` is a module-level function.
 
     ``here=False``: every task in a worker, this process waiting; for work that loads what would
-    stay in this process for the rest of a build (numba's compiler: about 190 MB)."""
+    stay in this process for the rest of a build (numba's compiler: about 190 MB). ``pool``: the
+    other tasks go to its workers, already started (a spawned process imports its libraries for
+    about a second), instead of new ones; it stays open."""
     if len(tasks) <= 1 and here:
         return [fn(t) for t in tasks]
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(len(tasks) - (1 if here else 0), mp_context=ctx) as pool:
+    with (contextlib.nullcontext(pool) if pool is not None else
+          ProcessPoolExecutor(len(tasks) - (1 if here else 0), mp_context=ctx)) as pool:
         others = [pool.submit(fn, t) for t in tasks[(1 if here else 0):]]
         # while the workers start (a spawned process imports its libraries for about a second before
         # its working set grows), not before: the release's collection (0.3-0.6 s in a build's

@@ -128,3 +128,56 @@ def _thp_disabled() -> int:
     from trajwh.lineage.parallel import _PR_GET_THP_DISABLE
 
     return ctypes.CDLL(None).prctl(_PR_GET_THP_DISABLE, 0, 0, 0, 0)
+
+
+def test_run_parts_gives_the_other_tasks_to_a_pool_already_started_and_leaves_it_open():
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    here = os.getpid()
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        worker = pool.submit(os.getpid).result()
+        out = run_parts(_whose, [1, 2, 3], pool=pool)
+        assert out == [(1, here), (2, worker), (3, worker)]  # the pool's one worker took both others
+        assert pool.submit(_whose, 4).result() == (4, worker)  # still open, the same process
+
+
+_ORPHAN = """
+import os, signal, sys, multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+sys.path.insert(0, sys.argv[1])
+from trajwh.lineage.parallel import die_with_parent
+
+if __name__ == "__main__":
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=die_with_parent, initargs=(os.getpid(),))
+    print(pool.submit(os.getpid).result(), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # killed with its worker idle: no shutdown
+"""
+
+
+def test_a_worker_set_to_die_with_its_parent_ends_when_the_parent_is_killed(tmp_path: Path):
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "orphan.py"
+    script.write_text(_ORPHAN)
+    # output to a file, not a pipe: an orphan that lived on would hold a pipe open
+    out = tmp_path / "out.txt"
+    with out.open("w") as f:
+        proc = subprocess.run([sys.executable, str(script), str(Path(__file__).resolve().parents[1])], stdout=f,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    worker = int(out.read_text().split()[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(worker).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.1)
+    else:
+        psutil.Process(worker).kill()
+        raise AssertionError(f"worker {worker} outlived its killed parent")
