@@ -44,7 +44,8 @@ CHUNK = 64
 #: units in chunk order with their window (``bits``: ranges per split and batch, as a power of two)
 #: and their token chunk (``cbits``: ranges per batch: the chunk does not depend on the split); the
 #: rows are spooled in this order, which the token parts read without a sort (``ord_key`` is the
-#: packing order, which the layouts sort by, on small columns)
+#: packing order, which the layouts sort by, on small columns). ``exclude``: ``EXCLUDE (step_ids,
+#: span_step_ids)`` when few units will be rendered (``packing.layer._windowed``)
 WINDOWED_SQL = """
     WITH u AS (
         SELECT u.*, coalesce(u.split, 'unsplit') AS pack_split, e.tool_schema_digest, e._batch_id AS batch_id,
@@ -65,7 +66,7 @@ WINDOWED_SQL = """
               CASE WHEN bits = 0 THEN 0 ELSE key_bits >> (32 - bits) END AS VARCHAR), 10, '0') AS window_id,
               coalesce(batch_id, '-') || '/' || lpad(CAST(CASE WHEN cbits = 0 THEN 0 ELSE key_bits >> (32 - cbits) END
                                                            AS VARCHAR), 10, '0') AS chunk_id FROM n)
-    SELECT * EXCLUDE (step_ids, span_step_ids), window_id || '|' || trajectory_key AS ord_key,
+    SELECT * {exclude}, window_id || '|' || trajectory_key AS ord_key,
            chunk_id || '|' || trajectory_key AS chunk_key FROM w {where}
     ORDER BY chunk_key, unit_id"""
 #: the steps of the trajectories to render, in order (``k``: trajectory key -> order key; ``steps``: where
