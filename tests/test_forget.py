@@ -105,6 +105,18 @@ def test_forget_a_source_removes_it_everywhere_and_leaves_the_rest(wh):
 
     _write_ledger(wh, pack_set, {**ledger, "fr-gone": ["key", "digest"]})  # a unit no pack holds
     assert prune_ledgers(wh) == 1 and read_ledger(wh, pack_set) == ledger
+    # the units held are read from the files ledger's rows of the files still listed: a row of a
+    # file that is gone holds nothing, and a listed file the files ledger lacks is read
+    from trajwh.packing.verify import _write_files_ledger, read_files_ledger
+
+    files = read_files_ledger(wh, pack_set)
+    assert files
+    dropped = sorted(files)[0]
+    _write_files_ledger(wh, pack_set, {**{k: v for k, v in files.items() if k != dropped},
+                                       "0" * 64: [["fr-gone2", "key", "digest"]]})
+    _write_ledger(wh, pack_set, {**ledger, "fr-gone2": ["key", "digest"]})
+    assert prune_ledgers(wh) == 1 and read_ledger(wh, pack_set) == ledger
+    assert "0" * 64 not in read_files_ledger(wh, pack_set)
 
 
 def test_staged_token_rows_of_the_episodes_go(wh):
