@@ -282,9 +282,9 @@ def test_episodes_that_leave_train_keep_their_outcome_and_need_no_steps(tmp_path
     read: list[str] = []
     episodes_with_steps = layer._episodes_with_steps
 
-    def recording(wh_, keys=None, memory_mb=512):
+    def recording(wh_, keys=None, memory_mb=512, batches=None):
         read.extend(keys or [])
-        return episodes_with_steps(wh_, keys, memory_mb)
+        return episodes_with_steps(wh_, keys, memory_mb, batches)
 
     monkeypatch.setattr(layer, "_episodes_with_steps", recording)
     def splits() -> dict[str, str]:
