@@ -137,7 +137,9 @@ def die_with_parent(parent: int) -> None:
     """In a worker process (an ``initializer``): end it when ``parent`` (the process that started
     it) dies. A pool's worker whose parent was killed would otherwise wait for tasks for ever (it
     holds its own end of the task queue) and keep the parent's output pipes open. Linux: the
-    kernel sends it SIGKILL; elsewhere a thread looks for the parent every second."""
+    kernel sends it SIGKILL when the parent's thread that started it ends (a spawned pool starts
+    its workers in the thread that first gives it tasks: keep that thread for the pool's life);
+    elsewhere a thread looks for the parent every second."""
     import ctypes
     import signal
     import sys
