@@ -99,6 +99,19 @@ def fewer_collections(young: int = 50_000) -> Iterator[None]:
         gc.set_threshold(*before)
 
 
+def _linux_libc() -> Any:
+    """The C library, for ``prctl``; None off Linux (or when it cannot be loaded)."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None)
+    except OSError:
+        return None
+
+
 #: prctl(2) options: whether transparent huge pages are off for this process (and its children)
 _PR_SET_THP_DISABLE, _PR_GET_THP_DISABLE = 41, 42
 
@@ -112,13 +125,7 @@ def no_huge_pages() -> Iterator[None]:
     many reads of middling files (a forget) then spends much of its time in the kernel (reading the
     9 MB task groups file of a 108,070-episode warehouse: 1.7 s of system time with them, 0.3 s
     without). A full build, whose large DuckDB joins may gain from huge pages, keeps them."""
-    import ctypes
-    import sys
-
-    try:
-        libc = ctypes.CDLL(None) if sys.platform.startswith("linux") else None
-    except OSError:
-        libc = None
+    libc = _linux_libc()
     # changed only when they were on and the switch took (it stays as it was otherwise)
     changed = (libc is not None and libc.prctl(_PR_GET_THP_DISABLE, 0, 0, 0, 0) == 0
                and libc.prctl(_PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0)
@@ -140,18 +147,11 @@ def die_with_parent(parent: int) -> None:
     kernel sends it SIGKILL when the parent's thread that started it ends (a spawned pool starts
     its workers in the thread that first gives it tasks: keep that thread for the pool's life);
     elsewhere a thread looks for the parent every second."""
-    import ctypes
     import signal
-    import sys
     import threading
     import time
 
-    libc = None
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None)
-        except OSError:
-            libc = None
+    libc = _linux_libc()
     if libc is None or libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
         def watch() -> None:
             while os.getppid() == parent:
