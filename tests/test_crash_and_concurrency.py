@@ -295,3 +295,104 @@ def test_a_catalog_reader_whose_detach_is_interrupted_still_lets_the_file_go(tmp
                              str(wh.catalog_path)], capture_output=True, text=True, timeout=60)
     assert writer.returncode == 0, writer.stderr  # the file is not held
     assert wh.query(count).column(0)[0].as_py() == n
+
+
+def _writer_can_open(path) -> bool:
+    """Whether another process can open the catalog file to write (nothing here holds it)."""
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", "import duckdb, sys; duckdb.connect(sys.argv[1]).close()", str(path)],
+                       capture_output=True, text=True, timeout=60)
+    return r.returncode == 0
+
+
+def test_catalog_connections_share_one_attachment_and_let_the_file_go(tmp_path, cli_env, cases):
+    """Warehouse.connect attaches the catalog to an in-memory DuckDB instance this process keeps:
+    connections open at once share the attachment (a write through one is seen by the other), one
+    of the other mode is refused while they are open, the file is let go when the last closes (or
+    is collected), the next attachment starts from the default settings, and a forked child opens
+    its own."""
+    import gc
+
+    import duckdb
+    from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+    from trajwh.schemas.errors import CatalogError
+
+    wh = Warehouse(cli_env["TRAJWH_WAREHOUSE"])
+    ingest_paths(wh, [cases / "two_episodes.jsonl"], IngestOptions(source="a"))
+    a = wh.connect(read_only=False, manifest=False)
+    b = wh.connect(read_only=False, manifest=False)
+    a.execute("INSERT INTO meta VALUES ('test_shared', 'yes')")
+    assert b.execute("SELECT value FROM meta WHERE key = 'test_shared'").fetchall() == [("yes",)]
+    with pytest.raises(CatalogError, match="open for writing"):
+        wh.connect(read_only=True)
+    a.close()
+    a.close()  # (a second close does nothing)
+    assert not _writer_can_open(wh.catalog_path)  # b still holds it
+    b.close()
+    assert _writer_can_open(wh.catalog_path)
+    assert wh.query("SELECT value FROM meta WHERE key = 'test_shared'").column(0).to_pylist() == ["yes"]
+    with wh.connect() as c:
+        c.execute("SET threads = 1")
+        c.execute("SET memory_limit = '100MB'")
+    default = duckdb.connect(":memory:").execute(
+        "SELECT current_setting('threads'), current_setting('memory_limit')").fetchall()
+    with wh.connect() as d:
+        assert d.execute("SELECT current_setting('threads'), current_setting('memory_limit')").fetchall() == default
+    e = wh.connect(read_only=False, manifest=False)
+    e.execute("SELECT 1")
+    del e
+    gc.collect()
+    assert _writer_can_open(wh.catalog_path)  # a connection dropped without a close lets it go too
+    wh.connect(read_only=False, manifest=False).execute("DELETE FROM meta WHERE key = 'test_shared'").close()
+    assert _writer_can_open(wh.catalog_path)
+    rel = wh.connect().sql("SELECT count(*) FROM meta WHERE key = 'test_shared'")  # the relation keeps it open
+    gc.collect()
+    assert rel.fetchall() == [(0,)] and not _writer_can_open(wh.catalog_path)
+    del rel
+    gc.collect()
+    assert _writer_can_open(wh.catalog_path)
+    pid = os.fork()
+    if pid == 0:  # the child makes its own instance (the parent's kept ones are not used there)
+        try:
+            con = Warehouse(wh.root).connect()
+            ok = con.execute("SELECT count(*) FROM meta WHERE key = 'schema_version'").fetchall() == [(1,)]
+            con.close()
+            os._exit(0 if ok else 1)
+        except BaseException:
+            os._exit(2)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+def test_a_catalog_connection_whose_detach_is_interrupted_still_lets_the_file_go(tmp_path, cli_env, cases):
+    """A signal can interrupt the DETACH that lets the catalog go after the last connection closes:
+    the instance is then closed, so the file is not held by a process that lives on, and the next
+    connection works."""
+    from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+
+    wh = Warehouse(cli_env["TRAJWH_WAREHOUSE"])
+    ingest_paths(wh, [cases / "two_episodes.jsonl"], IngestOptions(source="a"))
+    con = wh.connect(read_only=False, manifest=False)
+    slot = con._slot
+
+    class Interrupted:  # the instance, whose DETACH is interrupted
+        def __init__(self, db):
+            self.db = db
+
+        def execute(self, sql, *args):
+            if sql.startswith("DETACH"):
+                raise RuntimeError("Query interrupted")
+            return self.db.execute(sql, *args)
+
+        def filesystem_is_registered(self, name):
+            return self.db.filesystem_is_registered(name)
+
+        def close(self):
+            self.db.close()
+
+    slot.db = Interrupted(slot.db)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        con.close()
+    assert _writer_can_open(wh.catalog_path)
+    with wh.connect() as again:
+        assert again.execute("SELECT count(*) FROM table_files").fetchall()[0][0] > 0

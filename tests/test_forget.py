@@ -227,6 +227,41 @@ def test_older_files_are_read_for_forgotten_rows_only_when_their_bytes_changed(w
     assert older[0] not in now and set(older[1:]) <= now  # rewritten; the others untouched
 
 
+@pytest.mark.parametrize("changed", [False, True])
+def test_the_candidates_are_drawn_again_here_only_when_an_older_file_changed(wh, tmp_path, monkeypatch, changed):
+    """The forget's worker draws the candidate probes while this process reads the older files'
+    digests, passing over every file the manifest lists from before the forgotten data came. When
+    one of them has other bytes now (here the same rows written again), this process draws them
+    again, reading that file."""
+    import pyarrow.parquet as pq
+    from trajwh.lineage import forget as forget_mod
+    from trajwh.pipelines.definitions import build
+    from trajwh.synth.generator import SynthConfig, generate_corpus
+
+    older = wh.query("SELECT path FROM table_files WHERE table_name = 'raw_records' ORDER BY path").column(0).to_pylist()
+    generate_corpus(SynthConfig(episodes=6, seed=99), tmp_path / "late")
+    ingest_paths(wh, [tmp_path / "late"], IngestOptions(source="late"))
+    assert build(str(wh.root)).success
+    target = wh.data_path(older[0])
+    if changed:
+        pq.write_table(pq.read_table(target), target, compression="gzip")  # other bytes than the manifest recorded
+    calls: list[frozenset[str]] = []
+    drawn = forget_mod._plan_candidates
+
+    def spy(wh_, records, episodes, skip=frozenset()):
+        calls.append(skip)
+        return drawn(wh_, records, episodes, skip)
+
+    monkeypatch.setattr(forget_mod, "_plan_candidates", spy)  # (this process only: the worker's is its own)
+    result = forget(wh, "source:late", "license revoked")
+    assert result.status == "verified", result.verify
+    assert result.verify["probes"] > 0
+    if changed:
+        assert len(calls) == 1 and calls[0] and str(target) not in calls[0]
+    else:
+        assert calls == []
+
+
 def test_a_token_file_a_build_keeps_is_listed_as_when_it_was_written(wh, tmp_path):
     """An incremental build lists the pack token files it keeps again, as they are: they keep the
     time they were first listed, so a forget of the batch that build added reads them by their
