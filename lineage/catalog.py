@@ -90,9 +90,12 @@ CREATE TABLE IF NOT EXISTS table_files (
     batch_id VARCHAR,
     run_id VARCHAR,
     transform_version VARCHAR,
-    added_at TIMESTAMPTZ NOT NULL
+    added_at TIMESTAMPTZ NOT NULL,
+    blake3 VARCHAR
 );
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
+-- (a catalog made before the column: its files' rows have none, and are checked by their sha256)
+ALTER TABLE table_files ADD COLUMN IF NOT EXISTS blake3 VARCHAR;
 """
 
 
@@ -752,7 +755,7 @@ class _Slot:
 #: (pid, catalog path) -> its attachment while a connection is open; a lock per catalog path
 _SLOTS: dict[tuple[int, str], _Slot] = {}
 _SLOT_LOCKS: dict[tuple[int, str], threading.RLock] = {}
-_SLOTS_LOCK = threading.Lock()
+_SLOTS_LOCK = threading.RLock()  # (re-entered should a collection run a dropped connection's release inside)
 #: (pid, instance) kept with nothing attached; one of another pid was inherited by a fork: never
 #: used or closed there (the instance is the parent's)
 _IDLE: list[tuple[int, duckdb.DuckDBPyConnection]] = []
@@ -932,13 +935,21 @@ def write_table_file(wh: Warehouse, table: str, data: pa.Table) -> WrittenFile:
                          plain=PLAIN_COLUMNS.get(table, frozenset()))
 
 
+def _listed_since(before: tuple[Any, str | None] | None, stamp: datetime, f: WrittenFile) -> tuple[Any, str | None]:
+    """(added_at, blake3) of a file a commit lists: those of its row before when the commit lists it
+    again as it is (``before``: that row's), else now and the file's own."""
+    if before is None:
+        return stamp, f.blake3
+    return before[0], f.blake3 or before[1]
+
+
 def _insert_files(con: duckdb.DuckDBPyConnection, rows: list[tuple]) -> None:
     """Manifest rows (``table_files``' columns in order) inserted in one statement, a path already
     listed kept as it is: a statement a row took 9 ms a file (a pack build commits ~160)."""
     if rows:
         con.execute("INSERT OR IGNORE INTO table_files SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
                     "unnest(?::VARCHAR[]), unnest(?::BIGINT[]), unnest(?::BIGINT[]), unnest(?::VARCHAR[]), "
-                    "unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::TIMESTAMPTZ[])",
+                    "unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::TIMESTAMPTZ[]), unnest(?::VARCHAR[])",
                     [list(c) for c in zip(*rows, strict=True)])
 
 
@@ -1057,12 +1068,12 @@ class WriteSession:
             if removed:
                 rels = [str(p.relative_to(root)) for p in removed]
                 found = con.execute(
-                    "SELECT table_name, path, sha256, added_at FROM table_files WHERE list_contains(?, path)", [rels]
-                ).fetchall()
-                touched |= {t for t, _, _, _ in found}
+                    "SELECT table_name, path, sha256, added_at, blake3 FROM table_files WHERE list_contains(?, path)",
+                    [rels]).fetchall()
+                touched |= {t for t, *_ in found}
                 # a file listed again as it is (a stage keeps it) keeps when it was first listed: the
                 # proof of a forget reads a file listed before the forgotten data came by its digest
-                since = {(path, sha): at for _, path, sha, at in found}
+                since = {(path, sha): (at, b3) for _, path, sha, at, b3 in found}
                 con.execute("DELETE FROM table_files WHERE list_contains(?, path)", [rels])
             stamp = now_utc()
             if added:
@@ -1070,7 +1081,8 @@ class WriteSession:
                 for f in added:  # a path listed twice: its first (as the row-at-a-time inserts kept)
                     first.setdefault(str(f.path.relative_to(root)), f)
                 _insert_files(con, [(f.table, rel, f.sha256, f.rows, f.size, batch_id, run_id, transform_version,
-                                     since.get((rel, f.sha256), stamp)) for rel, f in first.items()])
+                                     *_listed_since(since.get((rel, f.sha256)), stamp, f))
+                                    for rel, f in first.items()])
             for table, table_rows in (rows or {}).items():
                 if not table_rows:
                     continue
@@ -1099,7 +1111,7 @@ class WriteSession:
             rows_in: dict[str, tuple] = {}  # a new path listed twice: its first (as the row-at-a-time inserts kept)
             for rel, (_, new) in zip(rels, pairs, strict=True):
                 rows_in.setdefault(str(new.path.relative_to(root)), (attrs[rel], new))
-            _insert_files(con, [(a[0], path, new.sha256, new.rows, new.size, a[1], a[2], a[3], a[4])
+            _insert_files(con, [(a[0], path, new.sha256, new.rows, new.size, a[1], a[2], a[3], a[4], new.blake3)
                                 for path, (a, new) in rows_in.items()])
             touched = {a[0] for a in attrs.values()}
             for table, table_rows in (rows or {}).items():

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import blake3
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -34,6 +35,9 @@ class WrittenFile:
     sha256: str
     rows: int
     size: int
+    #: the BLAKE3 of the same bytes (``content_blake3``), when known: what a forget's plan and proof
+    #: check an unchanged file by (a file listed again from the manifest carries the one it has)
+    blake3: str | None = None
 
 
 def fsync_dir(path: Path) -> None:
@@ -74,7 +78,30 @@ def write_bytes_atomic(data: bytes, final: DataPath, *, restricted: bool) -> Non
 def content_sha256(path: DataPath) -> str:
     """The sha256 of a file's bytes as they are now (a local file or an object), read in 4 MB
     pieces: what the manifest recorded when the file was written (``table_files.sha256``)."""
-    h = hashlib.sha256()
+    return _content_digest(path, hashlib.sha256())
+
+
+def content_blake3(path: DataPath) -> str:
+    """The BLAKE3 of a file's bytes as they are now (``table_files.blake3``): a cryptographic hash
+    about five times as fast as sha256 here (4.6 against 0.9 GB/s), for checking that files are
+    still the bytes recorded (a forget reads about 1 GB of them twice at 108,070 episodes)."""
+    return _content_digest(path, blake3.blake3())
+
+
+def content_digest(path: DataPath, recorded: tuple[str, str]) -> str:
+    """The digest of a file's bytes now by the algorithm of ``recorded`` (``("blake3"|"sha256",
+    digest)``, as ``recorded_digest`` gives it)."""
+    return content_blake3(path) if recorded[0] == "blake3" else content_sha256(path)
+
+
+def recorded_digest(row: dict[str, Any]) -> tuple[str, str]:
+    """The digest a manifest row recorded to check its file by: its BLAKE3 when it has one (a file
+    listed by an earlier version has only its sha256)."""
+    b3 = row.get("blake3")
+    return ("blake3", b3) if b3 else ("sha256", row["sha256"])
+
+
+def _content_digest(path: DataPath, h: Any) -> str:
     with path.open("rb") as fh:
         while chunk := fh.read(1 << 22):
             h.update(chunk)
@@ -94,7 +121,7 @@ def write_parquet(table_name: str, table: pa.Table, folder: DataPath, *, restric
     final = folder / f"part-{sha[:32]}.parquet"
     if not final.exists():
         write_bytes_atomic(data, final, restricted=restricted)
-    return WrittenFile(table_name, final, sha, table.num_rows, len(data))
+    return WrittenFile(table_name, final, sha, table.num_rows, len(data), blake3.blake3(data).hexdigest())
 
 
 # --- object storage ----------------------------------------------------------------------------

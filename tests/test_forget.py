@@ -170,18 +170,29 @@ def test_the_proof_finds_a_planted_copy(wh):
     assert not found["ok"] and "catalog:runs" in found["files_with_probes"]
 
 
-def test_the_proof_reads_older_files_by_digest_and_searches_one_that_changed(wh, tmp_path):
+@pytest.mark.parametrize("digest", ["blake3", "sha256"])
+def test_the_proof_reads_older_files_by_digest_and_searches_one_that_changed(wh, tmp_path, digest):
     """A data file the manifest listed before the forgotten batch was ingested cannot hold what was
-    made from it: the proof checks its bytes against the recorded sha256 instead of searching it.
+    made from it: the proof checks its bytes against the recorded digest instead of searching it
+    (its BLAKE3; its sha256 when the manifest has none, as for a file an earlier version listed).
     The same file with other bytes (a forgotten payload written into it) is searched and named."""
     import pyarrow.parquet as pq
+    from trajwh.lineage.storage import content_blake3
     from trajwh.pipelines.definitions import build
     from trajwh.synth.generator import SynthConfig, generate_corpus
 
     built = wh.query("SELECT path FROM table_files WHERE table_name = 'steps' ORDER BY path").column(0).to_pylist()
+    recorded = wh.query("SELECT path, blake3 FROM table_files").to_pylist()
+    assert recorded and all(r["blake3"] == content_blake3(wh.data_path(r["path"])) for r in recorded)
+    if digest == "sha256":
+        con = wh.connect(read_only=False)
+        con.execute("UPDATE table_files SET blake3 = NULL")
+        con.close()
     generate_corpus(SynthConfig(episodes=6, seed=99), tmp_path / "late")
     ingest_paths(wh, [tmp_path / "late"], IngestOptions(source="late"))
     assert build(str(wh.root)).success
+    listed = wh.query("SELECT count(*) FILTER (WHERE blake3 IS NULL) AS none, count(*) AS n FROM table_files").to_pylist()[0]
+    assert 0 < listed["none"] < listed["n"] if digest == "sha256" else listed["none"] == 0
     payloads = wh.query("SELECT payload FROM raw_records WHERE source = 'late'").column(0).to_pylist()
     result = forget(wh, "source:late", "license revoked")
     assert result.status == "verified", result.verify
