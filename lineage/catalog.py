@@ -656,14 +656,8 @@ class _Reader:
         self.fs: Any = None  # the S3 filesystem registered on the instance, if any
 
     def _instance(self) -> duckdb.DuckDBPyConnection:
-        db = duckdb.connect(":memory:")
         # where a file instance of the catalog spills (made only if a query spills: a reader writes nothing)
-        db.execute(f"SET temp_directory = '{_sql_str(self.spill)}'")
-        db.execute("SET enable_progress_bar = false")
-        # a kept instance must not keep what its questions read: DuckDB's external file cache holds
-        # blocks of the files it reads (object storage's) for as long as the instance lives
-        db.execute("SET enable_external_file_cache = false")
-        return db
+        return _new_instance(self.spill)
 
     def detach(self) -> None:
         """Let the catalog file go (under ``lock``, no cursor open). A detach that fails (a signal
@@ -784,10 +778,17 @@ def _instance(spill: str) -> duckdb.DuckDBPyConnection:
             return db
         except duckdb.Error:
             db.close()
+    return _new_instance(spill)
+
+
+def _new_instance(spill: str) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB instance to keep (``_Reader``, ``_Attached``) whose queries spill to ``spill``."""
     db = duckdb.connect(":memory:")
     db.execute(f"SET temp_directory = '{_sql_str(spill)}'")
     db.execute("SET enable_progress_bar = false")  # a worker's long query would print one into the output
-    db.execute("SET enable_external_file_cache = false")  # (a kept instance must not keep the blocks it read)
+    # a kept instance must not keep what its questions read: DuckDB's external file cache holds
+    # blocks of the files it reads (object storage's) for as long as the instance lives
+    db.execute("SET enable_external_file_cache = false")
     return db
 
 
