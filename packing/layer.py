@@ -663,6 +663,12 @@ def _token_part(t: dict[str, Any]) -> tuple[dict[str, Any], PackSummary, dict[st
         tables = [token_table([{**r, **base} for r in rows], schema)] if rows else []
         if copy:
             old = stored_rows(stored, copy)
+            found = set() if old is None else set(old.column("unit_id").to_pylist())
+            if len(found) != len(copy) or (old is not None and old.num_rows != len(copy)):
+                missing = sorted(set(copy) - found)
+                raise RuntimeError(f"token chunk {chunk}: {len(copy)} stored rows to copy, {0 if old is None else old.num_rows} "
+                                   f"read; not found: {missing[:5]} (listed in "
+                                   f"{sorted({stored.tokens[u]['filename'] for u in missing})[:3]})")
             if old is not None and old.num_rows:
                 for k, v in base.items():
                     old = old.set_column(schema.get_field_index(k), schema.field(k), pa.array([v] * old.num_rows,
@@ -680,9 +686,15 @@ def _token_part(t: dict[str, Any]) -> tuple[dict[str, Any], PackSummary, dict[st
     writer = ThreadPoolExecutor(1)
     pending: list[Any] = []
 
+    flushed: set[str] = set()
+
     def flush() -> None:
         if chunk is None:
             return
+        if chunk in flushed:  # its file would replace the one already written, and lose those rows
+            raise RuntimeError(f"token chunk {chunk}'s units came back after it was written: the spooled units "
+                               "(read without a sort) are out of chunk order")
+        flushed.add(chunk)
         while pending:
             pending.pop().result()
         pending.append(writer.submit(write, chunk, rows, copy))

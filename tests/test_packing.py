@@ -933,6 +933,61 @@ def test_a_pack_build_in_worker_processes_makes_the_same_packs(built: Warehouse,
                                  [a.pack_set, third]).column(0)[0].as_py()
 
 
+def test_a_token_part_refuses_to_lose_rows_of_a_chunk(built: Warehouse, tmp_path: Path, monkeypatch):
+    """A chunk's file holds every unit of it the layouts count: a unit stream that gives a chunk's
+    units in two runs (its second file would replace the first) and a stored row that cannot be
+    found where the set lists it both stop the build loudly, and the stored set stays as it was."""
+    import shutil
+
+    import pyarrow.parquet as pq
+    from trajwh.packing import layer
+    from trajwh.packing.layer import PackConfig, build_packs
+
+    wh = Warehouse(tmp_path / "wh")
+    shutil.copytree(built.root, wh.root)
+    cfg = PackConfig(window=8)
+    full = build_packs(wh, run_id="p", cfg=cfg, full=True, workers=1)
+    files = sorted(wh.query("SELECT path FROM table_files WHERE table_name IN ('packs', 'pack_tokens')").column(0)
+                   .to_pylist())
+    real = layer._units_to_render
+
+    def out_of_order(*args, **kwargs):  # the first unit of the first chunk comes again after the second chunk
+        items = list(real(*args, **kwargs))
+        second = next(i for i, (u, _) in enumerate(items) if u["chunk_id"] != items[0][0]["chunk_id"])
+        end = next((i for i, (u, _) in enumerate(items) if i > second and u["chunk_id"] != items[second][0]["chunk_id"]),
+                   len(items))
+        return iter(items[1:end] + items[:1] + items[end:])
+
+    with monkeypatch.context() as m:
+        m.setattr(layer, "_units_to_render", out_of_order)
+        with pytest.raises(RuntimeError, match="came back after it was written"):
+            build_packs(wh, run_id="q", cfg=cfg, full=True, workers=1)
+    # an incremental build that copies stored rows: one episode's units leave (no longer its
+    # cluster's representative), so its chunk is written again from the others' stored rows
+    with wh.write_session("t") as session:
+        rel = wh.query("SELECT path FROM table_files WHERE table_name = 'near_dup_clusters'").column(0).to_pylist()
+        changed = []
+        leaving = wh.query("SELECT f.trajectory_key FROM fragments f JOIN near_dup_clusters c USING (trajectory_key) "
+                           "WHERE f.trainable AND c.is_representative ORDER BY 1 LIMIT 1").column(0)[0].as_py()
+        for path in rel:
+            t = pq.read_table(wh.root / path)
+            rows = [{**r, "is_representative": False} if r["trajectory_key"] == leaving else r for r in t.to_pylist()]
+            changed.append((session.write("near_dup_clusters", t.from_pylist(rows, schema=t.schema)), wh.root / path))
+        session.commit([w for w, _ in changed], removed=[r for _, r in changed])
+    real_rows = layer.stored_rows
+    with monkeypatch.context() as m:
+        m.setattr(layer, "stored_rows", lambda stored, units: real_rows(stored, units[1:]))
+        with pytest.raises(RuntimeError, match="stored rows to copy"):
+            build_packs(wh, run_id="r", cfg=cfg, workers=1)
+    assert sorted(wh.query("SELECT path FROM table_files WHERE table_name IN ('packs', 'pack_tokens')").column(0)
+                  .to_pylist()) == files
+    done = build_packs(wh, run_id="s", cfg=cfg, workers=1)  # and the build goes through when nothing is lost
+    assert done.units_reused > 0 and done.chunks["written"] >= 1 and done.fragments < full.fragments
+    from trajwh.packing.verify import verify_packs, violations
+
+    assert violations(verify_packs(wh, done.pack_set, token_sample=10**12)) == 0
+
+
 def test_bin_assignment_is_the_same_on_both_engines(built: Warehouse, tmp_path: Path):
     """The layouts' bin assignment (the packer per window) on Daft gives the packs and counts the
     DuckDB stream gives: with drops and first-fit's order (input order decides), with split pieces
