@@ -6,7 +6,8 @@ On two copies of a built warehouse (e.g. the one `make bench-scale` leaves, whos
 the +1 % increment), one after the other: a full rebuild of the derived layers (`trajwh build --full`)
 on one, `trajwh forget SELECTOR` (default: the last ingest batch) on the other. Prints both wall
 times, their ratio (the issue's goal: <= 0.05), the bytes the forget rewrote as a share of the
-warehouse's data files, and the proof's result.
+warehouse's data files, the proof's result, and (not timed) the packs check's violations in the
+packs the forget left (any: the benchmark fails).
 """
 
 from __future__ import annotations
@@ -56,13 +57,20 @@ def main() -> None:
         r = forget(b, selector, "benchmark", progress=lambda m: print(f"[{time.perf_counter() - t0:7.1f} s] {m}",
                                                                      file=sys.stderr))
         took = time.perf_counter() - t0
+        # (not timed) the packs the forget left are whole: every layout against its token rows
+        from trajwh.packing.verify import verify_packs, violations
+
+        packs_violations = sum(violations(verify_packs(b, ps, scan_secrets=False)) for ps in
+                               b.query("SELECT DISTINCT pack_set FROM packs").column(0).to_pylist())
     out = {"episodes": episodes, "selector": selector, "forgotten_episodes": r.counts.get("episodes"),
            "full_rebuild_s": round(rebuild, 1), "forget_s": round(took, 1), "ratio": round(took / rebuild, 3),
            "bytes_written": r.sources.get("bytes_written"), "bytes_replaced": r.sources.get("bytes_replaced"),
            "data_bytes": data_bytes, "rewritten_share": round((r.sources.get("bytes_written") or 0) / data_bytes, 4),
            "status": r.status, "probes": r.verify.get("probes"), "probes_shared": r.verify.get("probes_shared"),
-           "files_unchanged": r.verify.get("files_unchanged")}
+           "files_unchanged": r.verify.get("files_unchanged"), "packs_violations": packs_violations}
     print(json.dumps(out, indent=2))
+    if packs_violations:
+        sys.exit(f"the packs the forget left fail their check: {packs_violations} violations")
 
 
 if __name__ == "__main__":
