@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from trajwh.lineage.catalog import Warehouse
 from trajwh.lineage.parallel import duckdb_memory
@@ -262,7 +263,10 @@ def stored_rows(stored: StoredSet, units: list[str]) -> pa.Table | None:
     by_file: dict[str, list[str]] = {}
     for u in units:
         by_file.setdefault(stored.tokens[u]["filename"], []).append(u)
-    tables = [pq.read_table(f, filters=[("unit_id", "in", us)]) for f, us in sorted(by_file.items())]
+    tables = []
+    for f, us in sorted(by_file.items()):  # (a chunk's file is small: read whole and filtered, without the
+        t = pq.ParquetFile(f).read()        # dataset API's set-up, 7 -> 4 ms a file)
+        tables.append(t.filter(pc.is_in(t.column("unit_id"), value_set=pa.array(us, type=pa.string()))))
     return pa.concat_tables(tables, promote_options="default") if tables else None
 
 
