@@ -789,6 +789,11 @@ def _new_instance(spill: str) -> duckdb.DuckDBPyConnection:
     # a kept instance must not keep what its questions read: DuckDB's external file cache holds
     # blocks of the files it reads (object storage's) for as long as the instance lives
     db.execute("SET enable_external_file_cache = false")
+    # nor hold what its queries freed: DuckDB's allocator (jemalloc, one arena per thread) gives
+    # freed memory back only when a later query allocates again, so an instance kept between two
+    # questions held up to 400 MB through the Python work after a big sort (a forget's curation);
+    # background threads purge it within about a second (the setting is the process's)
+    db.execute("SET allocator_background_threads = true")
     return db
 
 

@@ -342,6 +342,8 @@ def test_catalog_connections_share_one_attachment_and_let_the_file_go(tmp_path, 
         "SELECT current_setting('threads'), current_setting('memory_limit')").fetchall()
     with wh.connect() as d:
         assert d.execute("SELECT current_setting('threads'), current_setting('memory_limit')").fetchall() == default
+        # and what its queries freed goes back to the system between questions, not at the next one
+        assert d.execute("SELECT current_setting('allocator_background_threads')").fetchall() == [(True,)]
     e = wh.connect(read_only=False, manifest=False)
     e.execute("SELECT 1")
     del e
