@@ -532,14 +532,16 @@ def _compact(wh: Warehouse) -> None:
     """Caches and spill files go; the packs check's ledgers (ids and token digests of the units
     a passing check verified) stay, pruned to the units the packs still hold, so the next check
     does not render the whole set again; so do the pack builds' lists of the units they dropped as
-    too long (ids and token keys)."""
+    too long (ids and token keys), and the sets' token meta (ids, token keys, lengths), pruned to
+    the token files the sets still list."""
     from trajwh.packing.verify import LEDGER_DIR, prune_ledgers
-    from trajwh.packing.windows import DROPS_DIR
+    from trajwh.packing.windows import DROPS_DIR, META_DIR, prune_token_meta
 
     prune_ledgers(wh)
+    prune_token_meta(wh)
     cache = wh.root / "_cache"
     for path in sorted(cache.iterdir()) if cache.is_dir() else []:
-        if path.name not in (LEDGER_DIR, DROPS_DIR):
+        if path.name not in (LEDGER_DIR, DROPS_DIR, META_DIR):
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     shutil.rmtree(wh.root / ".tmp", ignore_errors=True)
     con = wh.connect(read_only=False)

@@ -52,6 +52,7 @@ from trajwh.packing.windows import (
     read_drops,
     read_stored,
     remove_drops,
+    remove_token_meta,
     stored_rows,
     write_drops,
 )
@@ -260,11 +261,12 @@ def _outdated_sets(wh: Warehouse, cfg: PackConfig, tok: Any) -> list[dict[str, A
 
 
 def _forget_caches(wh: Warehouse, outdated: list[dict[str, Any]]) -> None:
-    """The cached state (drops, the check's ledgers) of the sets ``_outdated_sets`` removed."""
+    """The cached state (drops, token meta, the check's ledgers) of the sets ``_outdated_sets`` removed."""
     from trajwh.packing.verify import remove_ledgers  # verify imports this module
 
     for pack_set in {r["transform_version"].split(";")[1].removeprefix("set=") for r in outdated}:
         remove_drops(wh, pack_set)
+        remove_token_meta(wh, pack_set)
         remove_ledgers(wh, pack_set)
 
 

@@ -152,20 +152,98 @@ def read_stored(wh: Warehouse, pack_set: str, files: list[dict[str, Any]], token
                         "read_parquet(?, union_by_name = true, filename = true) WHERE pack_set = ?",
                         [[str(wh.data / r["path"]) for r in files], pack_set])
         out.table, out.segments = data.drop_columns(["segments"]), data.column("segments").to_pylist()
-    for path, r in _token_meta(wh, pack_set, token_files):
+    for path, r in _token_meta(wh, pack_set, token_files, cache=True):
         out.tokens[r["unit_id"]] = r
         out.chunks[r["chunk_id"]] = r["chunk_digest"]
         out.file_chunks[path] = r["chunk_id"]
     return out
 
 
-def _token_meta(wh: Warehouse, pack_set: str, files: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(manifest path, row meta) of the set's token rows in ``files`` (manifest rows): no tokens read."""
+def _token_meta(wh: Warehouse, pack_set: str, files: list[dict[str, Any]], *, cache: bool = False
+                ) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(manifest path, row meta) of the set's token rows in ``files`` (manifest rows): no tokens read.
+    ``cache``: the rows of the files the set's meta cache holds (``META_DIR``) are taken from it,
+    the others read, and the cache written again with the rows of ``files`` only."""
     if not files:
         return
+    name_of = {str(r["sha256"]): str(wh.data / r["path"]) for r in files}
     path_of = {str(wh.data / r["path"]): str(r["path"]) for r in files}
-    for r in wh.query(_TOKEN_META, [list(path_of), pack_set]).to_pylist():
+    every = _cached_meta(wh, pack_set) if cache else None
+    cached = _of_files(every, list(name_of)) if every is not None else None
+    have = set(cached.column("sha256").to_pylist()) if cached is not None else set()
+    missing = [name for sha, name in name_of.items() if sha not in have]
+    read = wh.query(_TOKEN_META, [missing, pack_set]) if missing else None
+    stale = every is not None and cached is not None and cached.num_rows < every.num_rows
+    if cache and (read is not None and read.num_rows or stale):  # written again: the rows of ``files`` only
+        sha_by_name = {name: sha for sha, name in name_of.items()}
+        parts = [cached] if cached is not None else []
+        if read is not None:
+            parts.append(read.append_column("sha256", pa.array([sha_by_name[f] for f in read.column("filename")
+                                                                .to_pylist()], type=pa.string())).drop_columns(["filename"]))
+        _write_meta(wh, pack_set, pa.concat_tables([t.select(_META_COLUMNS) for t in parts],
+                                                    promote_options="permissive"))
+    if cached is not None:
+        for r in cached.to_pylist():
+            name = name_of[r.pop("sha256")]
+            yield path_of[name], {"filename": name, **r}
+    for r in read.to_pylist() if read is not None else []:
         yield path_of.get(r["filename"], r["filename"]), r
+
+
+#: a set's token rows' meta (ids, token keys, chunk digests, lengths: no tokens, no content), by the
+#: sha256 of the file that holds them: an incremental build reads it instead of every token file's
+#: (108,070 + 1 %: 1,024 files, 0.66 s)
+META_DIR = "pack_token_meta"
+_META_COLUMNS = ["sha256", "unit_id", "token_key", "chunk_id", "chunk_digest", "n_tokens", "piece_trainable",
+                 "removed_step_ids"]
+
+
+def _meta_path(wh: Warehouse, pack_set: str) -> Path:
+    return wh.root / "_cache" / META_DIR / f"{pack_set}.parquet"
+
+
+def _cached_meta(wh: Warehouse, pack_set: str) -> pa.Table | None:
+    """The set's cached meta rows; None when there is no cache (a lost or unreadable one only means
+    reading the files again)."""
+    try:
+        return pq.read_table(_meta_path(wh, pack_set)).select(_META_COLUMNS)
+    except (OSError, pa.ArrowException, KeyError):
+        return None
+
+
+def _of_files(meta: pa.Table, shas: list[str]) -> pa.Table:
+    """The meta rows of the files ``shas``."""
+    return meta.filter(pc.is_in(meta.column("sha256"), value_set=pa.array(shas, type=pa.string())))
+
+
+def _write_meta(wh: Warehouse, pack_set: str, table: pa.Table) -> None:
+    import io
+
+    path = _meta_path(wh, pack_set)
+    ensure_dir(path.parent, restricted=True)
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    write_bytes_atomic(buf.getvalue(), path, restricted=True)
+
+
+def prune_token_meta(wh: Warehouse) -> None:
+    """Keep in each set's meta cache only the rows of the files the set still lists (a forget:
+    the rewritten files' rows go with the forgotten units); a cache of a set that is gone goes."""
+    folder = wh.root / "_cache" / META_DIR
+    for path in sorted(folder.glob("*.parquet")) if folder.is_dir() else []:
+        listed = wh.query("SELECT sha256 FROM table_files WHERE table_name = 'pack_tokens' AND "
+                          "contains(transform_version, ?)", [f"set={path.stem};"]).column(0).to_pylist()
+        every = _cached_meta(wh, path.stem)
+        kept = _of_files(every, listed) if every is not None else None
+        if kept is None or not kept.num_rows:
+            path.unlink(missing_ok=True)
+        elif kept.num_rows < every.num_rows:
+            _write_meta(wh, path.stem, kept)
+
+
+def remove_token_meta(wh: Warehouse, pack_set: str) -> None:
+    """Forget a set's meta cache (the set is gone)."""
+    _meta_path(wh, pack_set).unlink(missing_ok=True)
 
 
 def stored_windows(stored: StoredSet) -> dict[str, str]:

@@ -962,13 +962,91 @@ def test_a_parts_units_come_in_the_spools_chunk_order(tmp_path: Path):
     assert list(spooled_chunks(path, [], 100)) == [] and list(spooled_chunks(path, ["none/0"], 100)) == []
 
 
+def _not_representative(wh: Warehouse, nth: int) -> str:
+    """The ``nth`` episode (in key order) with trainable fragments that represents its cluster
+    represents it no more (its units leave the packs); returns its key."""
+    import pyarrow.parquet as pq
+
+    leaving = wh.query("SELECT DISTINCT f.trajectory_key FROM fragments f JOIN near_dup_clusters c USING "
+                       "(trajectory_key) WHERE f.trainable AND c.is_representative ORDER BY 1").column(0)[nth].as_py()
+    with wh.write_session("t") as session:
+        changed = []
+        for path in wh.query("SELECT path FROM table_files WHERE table_name = 'near_dup_clusters'").column(0).to_pylist():
+            t = pq.read_table(wh.root / path)
+            rows = [{**r, "is_representative": False} if r["trajectory_key"] == leaving else r for r in t.to_pylist()]
+            changed.append((session.write("near_dup_clusters", t.from_pylist(rows, schema=t.schema)), wh.root / path))
+        session.commit([w for w, _ in changed], removed=[r for _, r in changed])
+    return leaving
+
+
+def test_the_token_meta_cache_gives_what_the_files_give(built: Warehouse, tmp_path: Path):
+    """A pack build keeps its set's token rows' meta (ids, keys, lengths) by file digest, and the
+    next build takes it instead of reading every token file: with it, without it and with a
+    damaged one, an incremental build makes the same rows; it holds only the files the set lists,
+    also after a forget's pruning."""
+    import shutil
+
+    from trajwh.packing.layer import PackConfig, build_packs
+    from trajwh.packing.windows import META_DIR, _cached_meta, prune_token_meta
+
+    cfg = PackConfig(window=8)
+    copies = [Warehouse(tmp_path / n) for n in ("cached", "none", "damaged")]
+    shutil.copytree(built.root, copies[0].root)
+    first = build_packs(copies[0], run_id="p", cfg=cfg, full=True, workers=1)
+
+    def listed(wh: Warehouse) -> set[str]:
+        return set(wh.query("SELECT sha256 FROM table_files WHERE table_name = 'pack_tokens' AND "
+                            "contains(transform_version, ?)", [f"set={first.pack_set};"]).column(0).to_pylist())
+
+    def meta(wh: Warehouse) -> list[str]:
+        t = _cached_meta(wh, first.pack_set)
+        return [] if t is None else sorted(map(repr, t.to_pylist()))
+
+    def cached_files(wh: Warehouse) -> set[str]:
+        t = _cached_meta(wh, first.pack_set)
+        return set() if t is None else set(t.column("sha256").to_pylist())
+
+    def rows(wh: Warehouse, table: str) -> list[str]:
+        return sorted(repr(r) for r in wh.query(f"SELECT * EXCLUDE (_run_id) FROM {table} WHERE pack_set = ?",
+                                                [first.pack_set]).to_pylist())
+
+    cache = copies[0].root / "_cache" / META_DIR / f"{first.pack_set}.parquet"
+    assert not cache.exists()  # a full build reads no stored set: nothing to keep yet
+    again = build_packs(copies[0], run_id="q", cfg=cfg, workers=1)  # (no change: skipped, reads nothing)
+    assert again.skipped and not cache.exists()
+    _not_representative(copies[0], 0)
+    build_packs(copies[0], run_id="r", cfg=cfg, workers=1)
+    assert cache.exists()
+    n_rows = copies[0].query("SELECT count(*) FROM pack_tokens WHERE pack_set = ?", [first.pack_set]).column(0)[0].as_py()
+    # written when the stored set was read, before this build's files: then pruned to what is listed
+    prune_token_meta(copies[0])
+    assert cached_files(copies[0]) <= listed(copies[0]) and 0 < len(meta(copies[0])) < n_rows
+    for wh in copies[1:]:
+        shutil.copytree(copies[0].root, wh.root)
+    shutil.rmtree(copies[1].root / "_cache" / META_DIR)
+    (copies[2].root / "_cache" / META_DIR / cache.name).write_bytes(b"not parquet")
+    for wh in copies:  # a second episode leaves: the same build on each
+        _not_representative(wh, 1)
+        s = build_packs(wh, run_id="s", cfg=cfg, workers=1)
+        assert s.units_reused > 0 and s.chunks["written"] >= 1
+    for wh in copies[1:]:
+        assert rows(wh, "pack_tokens") == rows(copies[0], "pack_tokens") and rows(wh, "packs") == rows(copies[0], "packs")
+        assert meta(wh) == meta(copies[1])  # the same cache, whatever it was before
+    assert listed(copies[0]) - cached_files(copies[0])  # this build's own files: read the next time
+    prune_token_meta(copies[0])
+    with copies[0].write_session("t") as session:  # a set that is gone: its cache goes
+        session.commit([], removed=[copies[0].data / p for p in copies[0].query(
+            "SELECT path FROM table_files WHERE table_name = 'pack_tokens'").column(0).to_pylist()])
+    prune_token_meta(copies[0])
+    assert not cache.exists()
+
+
 def test_a_token_part_refuses_to_lose_rows_of_a_chunk(built: Warehouse, tmp_path: Path, monkeypatch):
     """A chunk's file holds every unit of it the layouts count: a unit stream that gives a chunk's
     units in two runs (its second file would replace the first) and a stored row that cannot be
     found where the set lists it both stop the build loudly, and the stored set stays as it was."""
     import shutil
 
-    import pyarrow.parquet as pq
     from trajwh.packing import layer
     from trajwh.packing.layer import PackConfig, build_packs
 
@@ -993,16 +1071,7 @@ def test_a_token_part_refuses_to_lose_rows_of_a_chunk(built: Warehouse, tmp_path
             build_packs(wh, run_id="q", cfg=cfg, full=True, workers=1)
     # an incremental build that copies stored rows: one episode's units leave (no longer its
     # cluster's representative), so its chunk is written again from the others' stored rows
-    with wh.write_session("t") as session:
-        rel = wh.query("SELECT path FROM table_files WHERE table_name = 'near_dup_clusters'").column(0).to_pylist()
-        changed = []
-        leaving = wh.query("SELECT f.trajectory_key FROM fragments f JOIN near_dup_clusters c USING (trajectory_key) "
-                           "WHERE f.trainable AND c.is_representative ORDER BY 1 LIMIT 1").column(0)[0].as_py()
-        for path in rel:
-            t = pq.read_table(wh.root / path)
-            rows = [{**r, "is_representative": False} if r["trajectory_key"] == leaving else r for r in t.to_pylist()]
-            changed.append((session.write("near_dup_clusters", t.from_pylist(rows, schema=t.schema)), wh.root / path))
-        session.commit([w for w, _ in changed], removed=[r for _, r in changed])
+    _not_representative(wh, 0)
     real_rows = layer.stored_rows
     with monkeypatch.context() as m:
         m.setattr(layer, "stored_rows", lambda stored, units: real_rows(stored, units[1:]))
