@@ -101,7 +101,8 @@ def test_forget_a_source_removes_it_everywhere_and_leaves_the_rest(wh):
     held = set(wh.query("SELECT t.s.fragment_id FROM packs p, unnest(p.segments) AS t(s)").column(0).to_pylist())
     assert ledger and set(ledger) <= held  # and the packs hold no forgotten episode (rows_left above)
     assert sorted(p.name for p in (wh.root / "_cache").iterdir()) == ["pack_drops", "pack_token_meta", "verified_packs"]
-    from trajwh.packing.windows import _cached_meta  # the token meta: only rows of the files still listed
+    # the token meta: only rows of the files still listed
+    from trajwh.packing.windows import _cached_meta
 
     meta = _cached_meta(wh, pack_set)
     assert meta is not None and set(meta.column("sha256").to_pylist()) <= set(wh.query(
