@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from trajwh.lineage.catalog import Warehouse, now_utc, write_table_file
 from trajwh.lineage.parallel import (
@@ -318,7 +319,7 @@ def _with_lists(wh: Warehouse, batches: Iterator[list[dict[str, Any]]], renderin
     for batch in batches:
         found = few if few is not None else _lists_of(wh, [u["unit_id"] for u in batch if u["unit_id"] in rendering])
         for u in batch:
-            f = found.get(u["unit_id"]) if u["unit_id"] in rendering else None
+            f = found.get(u["unit_id"])  # (only units to render were looked up)
             u["step_ids"], u["span_step_ids"] = (f["step_ids"], f["span_step_ids"]) if f else (None, None)
         yield batch
 
@@ -343,8 +344,6 @@ def spooled_chunks(path: Path, chunks: list[str], batch_rows: int) -> Iterator[l
     filtered scan, even on one thread (2.0.1, a spool of 51,000 units filtered to 2,000 chunks:
     one row group's rows came after a later one's), and a chunk whose units came in two runs
     would be written twice, the second file losing the first one's rows."""
-    import pyarrow.compute as pc
-
     wanted = pa.array(sorted(set(chunks)), type=pa.string())
     for rb in pq.ParquetFile(path).iter_batches(batch_size=batch_rows):
         mine = rb.filter(pc.is_in(rb.column("chunk_id").cast(pa.string()), value_set=wanted))
@@ -767,8 +766,6 @@ _WRITERS = 2
 
 def pc_sort(table: pa.Table) -> pa.Array:
     """A token chunk's rows in (trajectory key, unit) order: the same file whatever the part."""
-    import pyarrow.compute as pc
-
     return pc.sort_indices(table, sort_keys=[("trajectory_key", "ascending"), ("unit_id", "ascending")])
 
 

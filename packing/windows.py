@@ -173,7 +173,7 @@ def _token_meta(wh: Warehouse, pack_set: str, files: list[dict[str, Any]], *, ca
     have = set(cached.column("sha256").to_pylist()) if cached is not None else set()
     missing = [name for sha, name in name_of.items() if sha not in have]
     read = wh.query(_TOKEN_META, [missing, pack_set]) if missing else None
-    stale = every is not None and cached is not None and cached.num_rows < every.num_rows
+    stale = cached is not None and cached.num_rows < every.num_rows  # (rows of files no longer listed)
     if cache and (read is not None and read.num_rows or stale):  # written again: the rows of ``files`` only
         sha_by_name = {name: sha for sha, name in name_of.items()}
         parts = [cached] if cached is not None else []
@@ -229,10 +229,11 @@ def _write_meta(wh: Warehouse, pack_set: str, table: pa.Table) -> None:
 def prune_token_meta(wh: Warehouse) -> None:
     """Keep in each set's meta cache only the rows of the files the set still lists (a forget:
     the rewritten files' rows go with the forgotten units); a cache of a set that is gone goes."""
+    from trajwh.packing.verify import set_files  # (verify imports this module)
+
     folder = wh.root / "_cache" / META_DIR
     for path in sorted(folder.glob("*.parquet")) if folder.is_dir() else []:
-        listed = wh.query("SELECT sha256 FROM table_files WHERE table_name = 'pack_tokens' AND "
-                          "contains(transform_version, ?)", [f"set={path.stem};"]).column(0).to_pylist()
+        listed = [sha for _, sha in set_files(wh, path.stem)]
         every = _cached_meta(wh, path.stem)
         kept = _of_files(every, listed) if every is not None else None
         if kept is None or not kept.num_rows:
