@@ -36,6 +36,7 @@ import hashlib
 import os
 import re
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -46,6 +47,11 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+try:  # Hyperscan's literal matcher where its wheels exist (x86-64), else the Aho-Corasick automaton
+    import hyperscan
+except ImportError:  # pragma: no cover (the platforms CI runs on have it)
+    hyperscan = None
 from trajwh.lineage.catalog import Warehouse, _parquet_source, now_utc
 from trajwh.lineage.impact import Impact, Selector, impact
 from trajwh.lineage.storage import (
@@ -639,18 +645,61 @@ class _Matcher:
 #: text that repeats one costs one slice's matches), overlapping by more than a pattern's length
 _SLICE, _OVERLAP = 4 * 2**20, 2 * _PROBE_LEN
 #: a slice with more matches than this rebuilds the automaton without the probes it found, and so
-#: does a found share of the patterns above one half. Choosing the probes of 1,070 forgotten
-#: records at 108,070 episodes (2.1 GB of surviving payloads, 9,058 of 9,787 candidates shared)
-#: took 8.7-8.9 s of CPU with these, 10.1-11.7 s with 2,000 matches and one twentieth (each
-#: rebuild of the DFA costs up to 60 ms), 31-33 s with no rebuild (every shared one matched again)
+#: does a found share of the patterns above one half (or, with Hyperscan, which reports a pattern
+#: once a slice, more than ``_HyperscanSet.stale_limit`` found ones). Choosing the probes of 1,070
+#: forgotten records at 108,070 episodes (2.1 GB of surviving payloads, 9,058 of 9,787 candidates
+#: shared) took 8.7-8.9 s of CPU with these and Aho-Corasick, 10.1-11.7 s with 2,000 matches and one
+#: twentieth (each rebuild of the DFA costs up to 60 ms), 31-33 s with no rebuild (every shared one
+#: matched again)
 _REBUILD_MATCHES = 50_000
 _REBUILD_FOUND = 2
 
 
+class _HyperscanSet:
+    """Every pattern of a set that occurs in a buffer, overlapping occurrences too: Hyperscan's
+    literal matcher (Intel's SIMD multi-literal engine, ``hyperscan``), each pattern reported once a
+    buffer. The search of surviving payloads above: 6.6 s of CPU where the Aho-Corasick DFA took
+    8.7 (where nothing matches it reads about 670 MB/s here, the DFA's overlapping walk 470)."""
+
+    #: found patterns left in the set before it is built again without them (building 13,000
+    #: patterns costs 0.3 s, 2,000 30 ms): the search above took 7.6 s of CPU with 500 (15
+    #: builds), 6.6 s with 2,000 (6), 7.3 s with 4,000 (5: found ones reported again and again)
+    stale_limit = 2_000
+
+    def __init__(self, patterns: tuple[bytes, ...]):
+        self._db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        self._db.compile(expressions=list(patterns), ids=list(range(len(patterns))),
+                         flags=hyperscan.HS_FLAG_SINGLEMATCH, literal=True)
+        self._scratch = threading.local()  # (a scratch space serves one scan at a time)
+
+    def find(self, view: Any) -> list[int]:
+        scratch = getattr(self._scratch, "space", None)
+        if scratch is None:
+            scratch = self._scratch.space = hyperscan.Scratch(self._db)
+        out: list[int] = []
+        self._db.scan(view, match_event_handler=lambda i, *_: out.append(i), scratch=scratch)
+        return out
+
+
+class _AhoCorasickSet:
+    """The same as ``_HyperscanSet`` where Hyperscan is not installed (a platform without its
+    wheels): a Rust Aho-Corasick automaton (``ahocorasick_rs``: about 10x pyahocorasick, reads
+    Arrow buffers without a copy), every occurrence reported; a DFA (twice the NFA's speed) up to
+    20,000 patterns, else the library's choice. A DFA of 30,000 patterns holds about 100 MB."""
+
+    stale_limit = None
+
+    def __init__(self, patterns: tuple[bytes, ...]):
+        dfa = ahocorasick_rs.Implementation.DFA if len(patterns) <= _DFA_PATTERNS else None
+        self._ac = ahocorasick_rs.BytesAhoCorasick(list(patterns), implementation=dfa)
+
+    def find(self, view: Any) -> list[int]:
+        return [i for i, _, _ in self._ac.find_matches_as_indexes(view, overlapping=True)]
+
+
 class _Search:
-    """Plain probes sought over many buffers (Rust Aho-Corasick, ``ahocorasick_rs``: about 10x
-    pyahocorasick here, and it reads Arrow buffers without a copy). ``found`` grows as buffers are
-    fed. Matches overlap, so one pass is exact; once found probes make up many patterns or many
+    """Plain probes sought over many buffers (``_automaton``: Hyperscan, else Aho-Corasick; both
+    read Arrow buffers without a copy). ``found`` grows as buffers are fed. Matches overlap, so one pass is exact; once found probes make up many patterns or many
     matches, the automaton is built again without them, so text that repeats one (a shared system
     prompt) is not matched over and over. A probe with "/" is also sought as JSON may write it, "\\/".
 
@@ -682,8 +731,8 @@ class _Search:
         for at in range(0, max(1, len(view)), _SLICE):  # slices overlap by more than a pattern
             if self._ac is None:
                 break
-            matches = self._ac.find_matches_as_indexes(view[at:at + _SLICE + _OVERLAP], overlapping=True)
-            new = {self._owner[i] for i, _, _ in matches} - seen - self.found
+            matches = self._ac.find(view[at:at + _SLICE + _OVERLAP])
+            new = {self._owner[i] for i in matches} - seen - self.found
             seen |= new
             if not self.confirm and new:
                 self._count(new, many=len(matches) > _REBUILD_MATCHES)
@@ -694,7 +743,8 @@ class _Search:
         if new:
             self.found |= new
             self._stale += sum(o in new for o in self._owner)
-            if many or self._stale > len(self._owner) // _REBUILD_FOUND:
+            limit = self._ac.stale_limit
+            if many or self._stale > len(self._owner) // _REBUILD_FOUND or (limit and self._stale > limit):
                 self._drop_found()
         return new
 
@@ -734,14 +784,12 @@ def _patterns(probes: tuple[str, ...]) -> tuple[tuple[bytes, ...], tuple[str, ..
 
 
 @functools.lru_cache(maxsize=4)
-def _automaton(patterns: tuple[bytes, ...]) -> Any:
-    """An automaton over these patterns (built once per probe set: the proof's files share it): a
-    DFA (twice the NFA's speed) up to 20,000 patterns, else the library's choice. Only the last few
-    are kept: a DFA of 30,000 patterns holds about 100 MB (a cache of 64 held 1.6 GB after a plan)."""
+def _automaton(patterns: tuple[bytes, ...]) -> _HyperscanSet | _AhoCorasickSet | None:
+    """A matcher of these patterns (built once per probe set: the proof's files share it), None for
+    none. Only the last few are kept (a cache of 64 Aho-Corasick DFAs held 1.6 GB after a plan)."""
     if not patterns:
         return None
-    dfa = ahocorasick_rs.Implementation.DFA if len(patterns) <= _DFA_PATTERNS else None
-    return ahocorasick_rs.BytesAhoCorasick(list(patterns), implementation=dfa)
+    return _HyperscanSet(patterns) if hyperscan is not None else _AhoCorasickSet(patterns)
 
 
 _DFA_PATTERNS = 20_000

@@ -1,5 +1,6 @@
 """The proof's probe search (lineage.forget._Search): exact whatever the text repeats or where a
-probe falls, on the cases a leftmost-first automaton over slices of a buffer could miss."""
+probe falls, on the cases a leftmost-first automaton over slices of a buffer could miss; the same
+with either matcher (Hyperscan, and the Aho-Corasick automaton used where it is not installed)."""
 
 from __future__ import annotations
 
@@ -15,35 +16,48 @@ B = "charlie delta echo foxtrot golf "  # starts inside A: a leftmost-first pass
 C = "path/to/some/file_name.py and 12"  # holds "/": JSON may write it "\/"
 
 
+@pytest.fixture(params=["hyperscan", "aho-corasick"])
+def engine(request, monkeypatch):
+    """The search's matcher: Hyperscan (skipped where it is not installed), or the fallback."""
+    if request.param == "hyperscan":
+        if F.hyperscan is None:
+            pytest.skip("hyperscan is not installed on this platform: the Aho-Corasick automaton is used")
+    else:
+        monkeypatch.setattr(F, "hyperscan", None)
+    F._automaton.cache_clear()
+    yield request.param
+    F._automaton.cache_clear()
+
+
 def test_probes_are_32_characters():
     assert {len(A), len(B), len(C)} == {F._PROBE_LEN}
 
 
-def test_a_probe_that_overlaps_another_is_found_too():
+def test_a_probe_that_overlaps_another_is_found_too(engine):
     text = "xx alpha bravo charlie delta echo foxtrot golf yy"
     assert A in text and B in text
     assert F._Search([A, B]).text(text) == {A, B}
 
 
-def test_a_probe_across_slices_is_found(monkeypatch):
+def test_a_probe_across_slices_is_found(monkeypatch, engine):
     monkeypatch.setattr(F, "_SLICE", 40)
     for at in range(0, 60):  # every offset across the first slice boundaries
         text = "." * at + B + "." * 50
         assert F._Search([A, B]).text(text) == {B}, at
 
 
-def test_text_that_repeats_a_probe_still_finds_the_others(monkeypatch):
+def test_text_that_repeats_a_probe_still_finds_the_others(monkeypatch, engine):
     monkeypatch.setattr(F, "_SLICE", 64)
     text = (A + " ") * 500 + B
     assert F._Search([A, B]).text(text) == {A, B}
 
 
-def test_json_escaped_slashes_are_found():
+def test_json_escaped_slashes_are_found(engine):
     escaped = C.replace("/", "\\/").encode()
     assert F._Search([C]).text(b'{"x": "' + escaped + b'"}') == {C}
 
 
-def test_two_values_that_make_a_probe_together_do_not_count_one_that_holds_it_does():
+def test_two_values_that_make_a_probe_together_do_not_count_one_that_holds_it_does(engine):
     half = F._PROBE_LEN // 2
     apart = pa.array([A[:half], A[half:], "other"])
     assert F._Search([A]).leaf(apart) == set()
@@ -51,15 +65,43 @@ def test_two_values_that_make_a_probe_together_do_not_count_one_that_holds_it_do
     assert F._Search([A]).leaf(pa.array([b"x", b"yy " + A.encode()], pa.binary())) == {A}
 
 
-def test_a_found_probe_is_not_reported_again_by_the_same_search():
+def test_a_found_probe_is_not_reported_again_by_the_same_search(engine):
     search = F._Search([A, B])
     assert search.text(A) == {A}
     assert search.text(A + B) == {B}
     assert search.done
 
 
+def test_a_search_that_rebuilds_its_matcher_finds_exactly_the_probes_present(engine, monkeypatch):
+    """Many probes, most of them in the buffers (shared text): found ones leave the matcher, which
+    is built again and again without them (a small stale limit forces it for both matchers); what
+    is found is exactly what a plain substring test finds, and a probe is reported once."""
+    import random
+
+    rng = random.Random(7)
+    words = [f"{w}{n}" for w in ("alpha", "bravo", "delta", "kilo", "lima", "oscar", "tango") for n in range(40)]
+    probes = sorted({" ".join(rng.choice(words) for _ in range(12))[:F._PROBE_LEN] for _ in range(600)})
+    present = rng.sample(probes, 400)
+    slashed = [p for p in probes if p not in present][:20]
+    present_slashed = [p[:10] + "/" + p[11:] for p in slashed]  # written "\/" in the buffer
+    monkeypatch.setattr(F._HyperscanSet, "stale_limit", 25)
+    monkeypatch.setattr(F, "_REBUILD_FOUND", 50)
+    search = F._Search(probes + present_slashed, confirm=False)
+    found, seen, fed = set(), [], set()
+    for i in range(0, len(present), 40):  # buffers that repeat what earlier ones held, and overlap
+        chunk, escaped = present[:i + 40], present_slashed[:i // 20]
+        fed |= set(chunk) | set(escaped)
+        text = " | ".join(chunk[::-1] + chunk) + " ".join(p.replace("/", "\\/") for p in escaped)
+        new = search.leaf(pa.array([text.encode()], pa.binary()))
+        assert not new & found
+        found |= new
+        seen.append(len(found))
+    assert found == search.found == fed and len(fed & set(present_slashed)) == 18
+    assert seen == sorted(seen) and seen[0] < seen[-1]
+
+
 @pytest.mark.parametrize("plain", [True, False])
-def test_files_are_scanned_decoded_nested_and_compressed(tmp_path, plain):
+def test_files_are_scanned_decoded_nested_and_compressed(tmp_path, plain, engine):
     salt = b"s" * 32
     matcher = F._Matcher([A, C] if plain else None, {F.fingerprint(A, salt), F.fingerprint(C, salt)}, salt)
     nested = pa.table({"n": [1, 2], "steps": [[{"text": "x", "tags": ["y"]}], [{"text": "q", "tags": [A]}]]})
