@@ -372,51 +372,80 @@ def _unchanged(recorded: dict[str, tuple[str, str]]) -> frozenset[str]:
 
 def _remove_sources(wh: Warehouse, req: dict[str, Any], progress: Callable[[str], None],
                     older: frozenset[str] | None = None) -> dict[str, int]:
+    """Stage 1 of a stored request: the forgotten rows out of the source layers and the vault
+    (``_prepare_removal``, then ``_apply_removal``)."""
     # files from before the forgotten data, byte for byte, are not read for its rows (the proof
     # reads them the same way); one whose bytes changed is read like any other. ``older``: that
     # set as the plan found it (data files are content-named and never change in place, so a
     # path found clean stays clean); found again when not given (a resumed request)
     if older is None:
         older = _unchanged(_older_files(wh, orjson.loads(req["counts"] or "{}").get("_since")))
-    s = _key_sets(wh, req, older)
-    removed: dict[str, int] = {}
-    _forget_vault(wh, s, removed)
     with wh.write_session("forget") as session:
-        con = wh.connect(read_only=True)
-        try:  # the files to rewrite, found over one connection (one per table: 0.4 s of 25 connects)
-            todo = [(table, path, counts) for table in PARQUET_TABLES
-                    for path, counts in sorted(_affected_files(wh, table, s, older, con).items())]
-        finally:
-            con.close()
+        return _apply_removal(wh, req, session, _prepare_removal(wh, req, session, older), progress)
 
-        def rewrite(item: tuple[str, str, tuple[int, int]]) -> tuple[str, str, int, Any]:
-            table, path, (affected, total) = item
-            schema = arrow_schema(PARQUET_TABLES[table])
-            if affected == total:  # every row goes (a forgotten batch's own files): the file is not read
-                return table, path, total, session.write(table, schema.empty_table())
-            t = pq.read_table(path, schema=schema)
-            mask = _drop_mask(table, t, s)
-            n = (pc.sum(mask).as_py() or 0) if mask is not None else 0
-            return table, path, n, session.write(table, t.filter(pc.invert(mask))) if n else None
 
-        pairs = []
-        # two files at a time (reads, filters and zstd writes release the interpreter's lock)
-        with ThreadPoolExecutor(2) as pool:
-            for table, path, n, written in pool.map(rewrite, todo):
-                if written is not None:
-                    pairs.append((wh.data_path(path), written))
-                    removed[table] = removed.get(table, 0) + n
-        for table, n in removed.items():
-            progress(f"forget: {table}: {n:,} rows")
-        sources = {"files_rewritten": len(pairs), "bytes_replaced": sum(old.stat().st_size for old, _ in pairs),
-                   "bytes_written": sum(new.size for _, new in pairs), "rows_removed": removed}
-        req["moved"] = orjson.dumps({**orjson.loads(req["moved"] or "{}"), "sources": sources}).decode()
-        session.replace_files(pairs, rows={"deletions": [_request_row(req, status="sources_removed")]})
-        con = wh.connect(read_only=False)
-        try:  # what opt-outs matched among the forgotten records (ids only) goes with them
-            con.execute("DELETE FROM opt_out_matches WHERE record_id IN (SELECT unnest(?::VARCHAR[]))", [s["records"].to_pylist()])
-        finally:
-            con.close()
+@dataclass
+class _Removal:
+    """What stage 1 writes before it deletes anything (``_prepare_removal``): the ids by kind
+    (``_key_sets``), and per affected data file (table, path, the rows it drops, its rewritten copy:
+    content-named, listed by no manifest until ``_apply_removal`` swaps it in; None when no row goes)."""
+
+    keys: dict[str, pa.Array]
+    files: list[tuple[str, str, int, Any]]
+
+
+def _prepare_removal(wh: Warehouse, req: dict[str, Any], session: Any, older: frozenset[str]) -> _Removal:
+    """The affected data files' rewritten copies, written in ``session`` (the forget's write
+    session): nothing is deleted and nothing listed, so it may run before the request is stored (a
+    crash then leaves unlisted files, which the next exclusive writer removes)."""
+    s = _key_sets(wh, req, older)
+    con = wh.connect(read_only=True)
+    try:  # the files to rewrite, found over one connection (one per table: 0.4 s of 25 connects)
+        todo = [(table, path, counts) for table in PARQUET_TABLES
+                for path, counts in sorted(_affected_files(wh, table, s, older, con).items())]
+    finally:
+        con.close()
+
+    def rewrite(item: tuple[str, str, tuple[int, int]]) -> tuple[str, str, int, Any]:
+        table, path, (affected, total) = item
+        schema = arrow_schema(PARQUET_TABLES[table])
+        if affected == total:  # every row goes (a forgotten batch's own files): the file is not read
+            return table, path, total, session.write(table, schema.empty_table())
+        t = pq.read_table(path, schema=schema)
+        mask = _drop_mask(table, t, s)
+        n = (pc.sum(mask).as_py() or 0) if mask is not None else 0
+        return table, path, n, session.write(table, t.filter(pc.invert(mask))) if n else None
+
+    # two files at a time (reads, filters and zstd writes release the interpreter's lock)
+    with ThreadPoolExecutor(2) as pool:
+        return _Removal(s, list(pool.map(rewrite, todo)))
+
+
+def _apply_removal(wh: Warehouse, req: dict[str, Any], session: Any, removal: _Removal,
+                   progress: Callable[[str], None]) -> dict[str, int]:
+    """The stored request carried out at the sources: the vault entries removed, then the rewritten
+    copies swapped in with the request's new status in one catalog transaction (the old files
+    deleted after it), the opt-out matches of the forgotten records dropped. Returns the rows
+    removed per table (``req["moved"]`` gains them)."""
+    removed: dict[str, int] = {}
+    _forget_vault(wh, removal.keys, removed)
+    pairs = []
+    for table, path, n, written in removal.files:
+        if written is not None:
+            pairs.append((wh.data_path(path), written))
+            removed[table] = removed.get(table, 0) + n
+    for table, n in removed.items():
+        progress(f"forget: {table}: {n:,} rows")
+    sources = {"files_rewritten": len(pairs), "bytes_replaced": sum(old.stat().st_size for old, _ in pairs),
+               "bytes_written": sum(new.size for _, new in pairs), "rows_removed": removed}
+    req["moved"] = orjson.dumps({**orjson.loads(req["moved"] or "{}"), "sources": sources}).decode()
+    session.replace_files(pairs, rows={"deletions": [_request_row(req, status="sources_removed")]})
+    con = wh.connect(read_only=False)
+    try:  # what opt-outs matched among the forgotten records (ids only) goes with them
+        con.execute("DELETE FROM opt_out_matches WHERE record_id IN (SELECT unnest(?::VARCHAR[]))",
+                    [removal.keys["records"].to_pylist()])
+    finally:
+        con.close()
     return removed
 
 
@@ -1191,27 +1220,32 @@ def _plan_and_run(wh: Warehouse, sel: Selector, reason: str, progress: Callable[
     recorded = _older_files(wh, counts["_since"])
     drawn = pool.submit(_candidates_part, (str(wh.root), plan.records, plan.episodes, frozenset(recorded)))
     older = _unchanged(recorded)
-    digests, candidates = drawn.result()
-    if older != frozenset(recorded):
-        digests, candidates = _plan_candidates(wh, plan.records, plan.episodes, older)
-    salt = _salt(wh)
     now = now_utc()
     req = {"request_id": "del-" + ids.digest([str(sel), reason, now.isoformat()])[:16], "requested_at": now,
            "selector": str(sel), "reason": reason.strip(), "status": "planned", "record_ids": plan.records,
-           "trajectory_keys": plan.episodes, "record_digests": digests,
-           # every candidate's, until the repair stage has chosen the probes among them
-           "probe_fingerprints": sorted({fingerprint(p, salt) for p in _windows(candidates)}),
+           "trajectory_keys": plan.episodes, "record_digests": [], "probe_fingerprints": [],
            "counts": orjson.dumps(counts).decode(), "moved": None, "verify_result": None}
     splits_before = {r["trajectory_key"]: r["split"] for r in wh.query("SELECT trajectory_key, split FROM splits").to_pylist()}
     req["moved"] = orjson.dumps({"splits_before": splits_before}).decode()
     with wh.write_session("forget") as session:
+        # stage 1's copies are written while the worker draws the candidates (108,070 episodes + 1 %:
+        # the plan waited 0.9 s for them); nothing is deleted before the request is stored with them
+        removal = _prepare_removal(wh, req, session, older)
+        digests, candidates = drawn.result()
+        if older != frozenset(recorded):
+            digests, candidates = _plan_candidates(wh, plan.records, plan.episodes, older)
+        salt = _salt(wh)
+        # every candidate's fingerprint, until the repair stage has chosen the probes among them
+        req.update(record_digests=digests, probe_fingerprints=sorted({fingerprint(p, salt) for p in _windows(candidates)}))
         session.upsert_rows("deletions", [_request_row(req)])
-    progress(f"forget {req['request_id']}: planned ({len(plan.records)} raw records, {len(plan.episodes)} episodes)")
-    _maybe_crash("planned")
-    return _resume(wh, _request_row(req), candidates, older, progress, pool)
+        progress(f"forget {req['request_id']}: planned ({len(plan.records)} raw records, {len(plan.episodes)} episodes)")
+        _maybe_crash("planned")
+        _apply_removal(wh, req, session, removal, progress)
+    req = _request_row(req, status="sources_removed")
+    _maybe_crash("sources_removed")
+    return _resume(wh, req, candidates, older, progress, pool)
 
 
-@_lean
 def resume(wh: Warehouse, req: dict[str, Any], *, candidates: Candidates | None = None,
            older: frozenset[str] | None = None, progress: Callable[[str], None] = lambda m: None) -> ForgetResult:
     """Carry a request on from the stage it reached (each stage is idempotent). ``candidates``:
@@ -1229,7 +1263,7 @@ def _resume(wh: Warehouse, req: dict[str, Any], candidates: Candidates | None, o
     resumed = candidates is None
     probes: list[str] | None = None
     moved_doc = orjson.loads(req["moved"] or "{}")
-    if status == "planned":
+    if status == "planned":  # (a request stored before a crash: its plan made anew)
         _remove_sources(wh, req, progress, older)
         req = _request_row(req, status="sources_removed")
         _maybe_crash("sources_removed")
