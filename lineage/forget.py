@@ -728,9 +728,10 @@ class _AhoCorasickSet:
 
 class _Search:
     """Plain probes sought over many buffers (``_automaton``: Hyperscan, else Aho-Corasick; both
-    read Arrow buffers without a copy). ``found`` grows as buffers are fed. Matches overlap, so one pass is exact; once found probes make up many patterns or many
-    matches, the automaton is built again without them, so text that repeats one (a shared system
-    prompt) is not matched over and over. A probe with "/" is also sought as JSON may write it, "\\/".
+    read Arrow buffers without a copy). ``found`` grows as buffers are fed. Matches overlap, so one
+    pass is exact; once found probes make up many patterns or many matches, the matcher is built
+    again without them, so text that repeats one (a shared system prompt) is not matched over and
+    over. A probe with "/" is also sought as JSON may write it, "\\/".
 
     ``confirm``: a hit in an array's values buffer counts only if it is in one value (the values
     joined by line breaks, which no probe holds), not made by two adjacent ones. The proof's files
