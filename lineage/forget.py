@@ -819,7 +819,12 @@ def _automaton(patterns: tuple[bytes, ...]) -> _HyperscanSet | _AhoCorasickSet |
     none. Only the last few are kept (a cache of 64 Aho-Corasick DFAs held 1.6 GB after a plan)."""
     if not patterns:
         return None
-    return _HyperscanSet(patterns) if hyperscan is not None else _AhoCorasickSet(patterns)
+    if hyperscan is not None:
+        try:
+            return _HyperscanSet(patterns)
+        except hyperscan.error:  # (a database it cannot build, or no memory for it: the automaton finds the same)
+            pass
+    return _AhoCorasickSet(patterns)
 
 
 _DFA_PATTERNS = 20_000

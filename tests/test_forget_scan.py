@@ -100,6 +100,22 @@ def test_a_search_that_rebuilds_its_matcher_finds_exactly_the_probes_present(eng
     assert seen == sorted(seen) and seen[0] < seen[-1]
 
 
+def test_a_matcher_hyperscan_cannot_build_falls_back_to_the_automaton(monkeypatch):
+    if F.hyperscan is None:
+        pytest.skip("hyperscan is not installed on this platform: the Aho-Corasick automaton is used")
+
+    def refuse(self, patterns):
+        raise F.hyperscan.error("out of memory")
+
+    monkeypatch.setattr(F._HyperscanSet, "__init__", refuse)
+    F._automaton.cache_clear()
+    try:
+        assert isinstance(F._automaton(F._patterns((A, B))[0]), F._AhoCorasickSet)
+        assert F._Search([A, B]).text("xx alpha bravo charlie delta echo foxtrot golf yy") == {A, B}
+    finally:
+        F._automaton.cache_clear()
+
+
 @pytest.mark.parametrize("plain", [True, False])
 def test_files_are_scanned_decoded_nested_and_compressed(tmp_path, plain, engine):
     salt = b"s" * 32
