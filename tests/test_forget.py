@@ -577,6 +577,40 @@ def test_a_repair_that_fails_leaves_the_request_open_and_resume_finishes_it(wh, 
     assert wh.query("SELECT status FROM runs WHERE job = 'forget' ORDER BY started_at DESC LIMIT 1").column(0)[0].as_py() == "succeeded"
 
 
+def test_a_failure_before_the_request_is_stored_deletes_nothing(wh, monkeypatch):
+    """Stage 1's rewritten copies are written while the worker draws the candidates, before the
+    request is stored; a failure there (here: the warehouse salt unreadable) leaves no request, every
+    listed file and row in place, and only unlisted copies, which the next exclusive writer removes.
+    The same forget then goes through."""
+    from trajwh.lineage import forget as forget_mod
+
+    def data_files() -> set[str]:
+        return {str(p.relative_to(wh.data)) for p in wh.data.rglob("part-*.parquet") if "vault" not in p.parts}
+
+    listed = set(wh.query("SELECT path FROM table_files").column(0).to_pylist())
+    assert data_files() == listed
+    rows = _count(wh, "SELECT count(*) FROM raw_records WHERE source = 'cases'")
+    assert rows > 0
+    real = forget_mod._salt
+
+    def unreadable(wh_):
+        raise OSError("salt unreadable")
+
+    monkeypatch.setattr(forget_mod, "_salt", unreadable)
+    with pytest.raises(OSError, match="salt unreadable"):
+        forget(wh, "source:cases", "withdrawn")
+    assert _count(wh, "SELECT count(*) FROM deletions") == 0
+    assert set(wh.query("SELECT path FROM table_files").column(0).to_pylist()) == listed
+    assert _count(wh, "SELECT count(*) FROM raw_records WHERE source = 'cases'") == rows
+    assert data_files() > listed  # the copies, listed by no manifest
+    with wh.write_session("test"):
+        pass
+    assert data_files() == listed
+    monkeypatch.setattr(forget_mod, "_salt", real)
+    assert forget(wh, "source:cases", "withdrawn").status == "verified"
+    assert _count(wh, "SELECT count(*) FROM raw_records WHERE source = 'cases'") == 0
+
+
 def test_the_proof_names_a_lineage_edge_whose_step_is_gone(wh):
     result = forget(wh, "source:cases", "withdrawn")
     assert result.status == "verified" and "lineage_edges (dangling)" not in result.verify["rows_left"]
