@@ -16,17 +16,26 @@ B = "charlie delta echo foxtrot golf "  # starts inside A: a leftmost-first pass
 C = "path/to/some/file_name.py and 12"  # holds "/": JSON may write it "\/"
 
 
+NO_HYPERSCAN = "hyperscan is not installed on this platform: the Aho-Corasick automaton is used"
+
+
+@pytest.fixture
+def fresh_matchers():
+    """No matcher built by an earlier test (``_automaton`` keeps the last few), before and after."""
+    F._automaton.cache_clear()
+    yield
+    F._automaton.cache_clear()
+
+
 @pytest.fixture(params=["hyperscan", "aho-corasick"])
-def engine(request, monkeypatch):
+def engine(request, monkeypatch, fresh_matchers):
     """The search's matcher: Hyperscan (skipped where it is not installed), or the fallback."""
     if request.param == "hyperscan":
         if F.hyperscan is None:
-            pytest.skip("hyperscan is not installed on this platform: the Aho-Corasick automaton is used")
+            pytest.skip(NO_HYPERSCAN)
     else:
         monkeypatch.setattr(F, "hyperscan", None)
-    F._automaton.cache_clear()
-    yield request.param
-    F._automaton.cache_clear()
+    return request.param
 
 
 def test_probes_are_32_characters():
@@ -100,20 +109,14 @@ def test_a_search_that_rebuilds_its_matcher_finds_exactly_the_probes_present(eng
     assert seen == sorted(seen) and seen[0] < seen[-1]
 
 
-def test_a_matcher_hyperscan_cannot_build_falls_back_to_the_automaton(monkeypatch):
-    if F.hyperscan is None:
-        pytest.skip("hyperscan is not installed on this platform: the Aho-Corasick automaton is used")
-
+@pytest.mark.skipif(F.hyperscan is None, reason=NO_HYPERSCAN)
+def test_a_matcher_hyperscan_cannot_build_falls_back_to_the_automaton(monkeypatch, fresh_matchers):
     def refuse(self, patterns):
         raise F.hyperscan.error("out of memory")
 
     monkeypatch.setattr(F._HyperscanSet, "__init__", refuse)
-    F._automaton.cache_clear()
-    try:
-        assert isinstance(F._automaton(F._patterns((A, B))[0]), F._AhoCorasickSet)
-        assert F._Search([A, B]).text("xx alpha bravo charlie delta echo foxtrot golf yy") == {A, B}
-    finally:
-        F._automaton.cache_clear()
+    assert isinstance(F._automaton(F._patterns((A, B))[0]), F._AhoCorasickSet)
+    assert F._Search([A, B]).text("xx alpha bravo charlie delta echo foxtrot golf yy") == {A, B}
 
 
 @pytest.mark.parametrize("plain", [True, False])
