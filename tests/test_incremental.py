@@ -42,7 +42,8 @@ def run_counts(wh: Warehouse, job: str) -> dict:
     return orjson.loads(c)
 
 
-def test_incremental_build_redoes_only_the_new_batch_and_equals_a_full_rebuild(tmp_path: Path, small_corpus: Path):
+def test_incremental_build_redoes_only_the_new_batch_and_equals_a_full_rebuild(tmp_path: Path, small_corpus: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch):
     shards = sorted(p for p in small_corpus.iterdir() if p.name.startswith("episodes-"))
     assert len(shards) >= 2
     first, later = tmp_path / "first", tmp_path / "later"
@@ -76,21 +77,33 @@ def test_incremental_build_redoes_only_the_new_batch_and_equals_a_full_rebuild(t
     assert packs["units_reused"] > 0 and packs["units_rendered"] < packs["fragments"], packs
     check = {e.check_name: e for e in second.get_asset_check_evaluations()}["packs_round_trip"]
     assert check.passed and 0 < check.metadata["rendered"].value < check.metadata["segments"].value
-    # a few episodes' steps are read from their batch's files alone (what the fragments, the packs
-    # and their check read in an incremental build), and they are all of those episodes' steps
+    # a few episodes' steps are read from the files and row groups that hold them alone (what the
+    # fragments, the packs and their check read in an incremental build or a forget), and they are
+    # all of those episodes' steps; more keys than LOCATE_KEYS read their batches' files
     by_batch = wh.query("SELECT _batch_id AS batch, list(trajectory_key ORDER BY trajectory_key) AS keys "
                         "FROM redacted_episodes GROUP BY 1").to_pylist()
     assert len(by_batch) == 2
-    for b in by_batch:
-        keys = b["keys"][:5]
+    step_ids = "SELECT step_id FROM {} WHERE list_contains(?, trajectory_key) ORDER BY 1"
+    holding = ("SELECT DISTINCT parse_filename(filename) FROM read_parquet([{}], filename = true) "
+               "WHERE list_contains(?, trajectory_key)")
+    both = [k for b in by_batch for k in b["keys"][:3]]
+    for keys in [b["keys"][:5] for b in by_batch] + [both]:
         source = wh.rows_of("redacted_steps", keys)
+        every = [p.name for p in wh.files("redacted_steps")]
+        files = ", ".join(f"'{p}'" for p in wh.files("redacted_steps"))
+        held = set(wh.query(holding.format(files), [keys]).column(0).to_pylist())
+        assert held and {n for n in every if n in source} == held, source  # the files that hold them, no other
+        got = wh.query(step_ids.format(source), [keys]).column(0).to_pylist()
+        assert got and got == wh.query(step_ids.format("redacted_steps"), [keys]).column(0).to_pylist()
+    import trajwh.lineage.catalog as catalog
+
+    monkeypatch.setattr(catalog, "LOCATE_KEYS", 1)
+    for b in by_batch:
+        source = wh.rows_of("redacted_steps", b["keys"][:5])
         for other in by_batch:
             names = [p.name for p in wh.files("redacted_steps", batch_id=other["batch"])]
             assert names and all((n in source) == (other is b) for n in names), source
-        step_ids = "SELECT step_id FROM {} WHERE list_contains(?, trajectory_key) ORDER BY 1"
-        got = wh.query(step_ids.format(source), [keys]).column(0).to_pylist()
-        assert got and got == wh.query(step_ids.format("redacted_steps"), [keys]).column(0).to_pylist()
-    assert wh.rows_of("redacted_steps", [b["keys"][0] for b in by_batch]) == "redacted_steps"  # every batch: the view
+    assert wh.rows_of("redacted_steps", both) == "redacted_steps"  # every batch: the view
 
     full = Warehouse(tmp_path / "full")
     shutil.copytree(wh.root, full.root)
