@@ -275,6 +275,12 @@ class Warehouse:
         return con
 
     def _check_version(self, con: duckdb.DuckDBPyConnection) -> None:
+        """The catalog's schema version is one this code reads (else a clear error); asked once
+        while the catalog file and its WAL keep their size, time and inode (a forget attached the
+        catalog 140 times: 0.2 s of these questions)."""
+        key, stamp = str(self.catalog_path), self._catalog_stamp()  # (taken first: a change after it is checked next time)
+        if _VERSIONS_READ.get(key) == stamp:
+            return
         rows = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
         found = rows[0][0] if rows else None
         if found is None or found.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
@@ -282,6 +288,7 @@ class Warehouse:
                 f"catalog {self.catalog_path} has schema version {found}",
                 valid=f"a catalog of schema version {SCHEMA_VERSION.split('.')[0]}.x",
             )
+        _VERSIONS_READ[key] = stamp
 
     def manifest(self) -> pa.Table:
         """The manifest (``table_files``) as an Arrow table, read once and kept while the catalog
@@ -943,6 +950,8 @@ def _attach_with_retry(wh: Warehouse, reader: _Reader, timeout: float = 30.0) ->
 _INITIALIZED: set[tuple[str, int]] = set()
 #: manifests read by this process, by catalog path: ((file stamps, commits), table)
 _MANIFESTS: dict[str, tuple[tuple, pa.Table]] = {}
+#: catalog path -> the file stamps (``Warehouse._catalog_stamp``) whose schema version was last found readable
+_VERSIONS_READ: dict[str, tuple] = {}
 #: commits made by this process (any catalog): a cached manifest older than the last is not used
 _COMMITS = [0]
 
@@ -1063,9 +1072,16 @@ class WriteSession:
         removed = []
         for table in PARQUET_TABLES:
             folder = self.wh.table_dir(table)
-            for path in folder.iterdir():
-                rel = str(path.relative_to(self.wh.data))
-                if path.name.startswith(TMP_PREFIX) or (path.suffix == ".parquet" and rel not in listed):
+            if isinstance(folder, Path):  # a local folder's names listed alone (a Path per file: 18 -> 4 ms a session)
+                rel_dir = os.path.relpath(folder, self.wh.data)
+                with os.scandir(folder) as entries:
+                    names = [e.name for e in entries]
+                paths = ((folder / n, n, f"{rel_dir}/{n}") for n in names
+                         if n.startswith(TMP_PREFIX) or (n.endswith(".parquet") and f"{rel_dir}/{n}" not in listed))
+            else:
+                paths = ((p, p.name, str(p.relative_to(self.wh.data))) for p in folder.iterdir())
+            for path, name, rel in paths:
+                if name.startswith(TMP_PREFIX) or (name.endswith(".parquet") and rel not in listed):
                     path.unlink(missing_ok=True)
                     removed.append(path)
         return removed

@@ -386,3 +386,25 @@ def test_a_catalog_connection_whose_detach_is_interrupted_still_lets_the_file_go
     assert _writer_can_open(wh.catalog_path)
     with wh.connect() as again:
         assert again.execute("SELECT count(*) FROM table_files").fetchall()[0][0] > 0
+
+
+def test_a_catalog_of_another_schema_version_is_refused_after_one_that_was_read(tmp_path, cases):
+    """The schema version is asked once while the catalog's files stay as they were: a catalog
+    changed since (here: a later major version) is refused at the next question, and a reader that
+    was refused is refused again."""
+    import duckdb
+    from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+    from trajwh.schemas.errors import CatalogError
+
+    wh = Warehouse(tmp_path / "wh")
+    ingest_paths(wh, [cases / "two_episodes.jsonl"], IngestOptions(source="a"))
+    assert _count(wh, "SELECT count(*) FROM raw_records") == 2  # (read: its version found readable)
+    assert _count(wh, "SELECT count(*) FROM raw_records") == 2
+    con = duckdb.connect(str(wh.catalog_path))
+    con.execute("UPDATE meta SET value = '99.0' WHERE key = 'schema_version'")
+    con.close()
+    for _ in range(2):
+        with pytest.raises(CatalogError, match="schema version 99.0"):
+            wh.query("SELECT 1")
+        with pytest.raises(CatalogError, match="schema version 99.0"):
+            wh.connect(read_only=True)

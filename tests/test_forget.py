@@ -646,3 +646,21 @@ def test_the_proof_counts_forgotten_rows_in_the_files_its_scan_reads(wh, monkeyp
     monkeypatch.setattr(F, "_files_with_rows", second_read)
     found = verify_forget(wh, request)
     assert not found["ok"] and found["rows_left"] == {"episodes": 1}
+
+
+def test_the_proof_names_a_near_duplicate_link_to_a_forgotten_episode(wh):
+    """A staying episode's cluster row that still links to a forgotten one (the repair's clusters
+    drop such links) is named by the proof, though the row's own key is not forgotten."""
+    result = forget(wh, "source:cases", "withdrawn")
+    assert result.status == "verified" and "near_dup_clusters (links)" not in result.verify["rows_left"]
+    request = wh.query("SELECT request_id FROM deletions").column(0)[0].as_py()
+    gone = wh.query("SELECT trajectory_keys[1] FROM deletions").column(0)[0].as_py()
+    row = wh.query("SELECT * FROM near_dup_clusters LIMIT 1")
+    assert row.num_rows == 1 and row.column("trajectory_key")[0].as_py() != gone
+    field = row.schema.field("links")
+    link = {"trajectory_key": gone, "signal": "text", "similarity": 1.0}
+    planted = row.set_column(row.schema.get_field_index("links"), field, pa.array([[link]], type=field.type))
+    with wh.write_session("test") as session:
+        session.commit([session.write("near_dup_clusters", planted)])
+    found = verify_forget(wh, request)
+    assert not found["ok"] and found["rows_left"] == {"near_dup_clusters (links)": 1}
