@@ -350,7 +350,10 @@ class Warehouse:
         a writer in another process is never kept waiting and the next question sees its commit.
         Settings are per cursor (``file_search_path``) or the instance's own (the spill folder and
         memory limit a file instance of the catalog has), so nothing one question sets leaks into
-        the next."""
+        the next. While this process holds the exclusive write lock (no other process can change
+        the catalog) the file stays attached between questions, and is attached anew when its
+        stamp changed (this process's own commits) or a write connection is opened here: a forget
+        at 108,070 episodes asked 105 questions, each attachment and detachment about 7 ms."""
         self.require()
         with _READERS_LOCK:
             reader = _reader(self)
@@ -358,9 +361,12 @@ class Warehouse:
         cur = None
         try:
             with reader.lock:
+                if reader.attached and reader.users == 1 and reader.stamp != self._reader_stamp():
+                    reader.detach()  # kept (``_keeps_reader``) while the file changed: attached anew
                 if not reader.attached:
+                    stamp = self._reader_stamp()  # (before: a change after it is seen at the next question)
                     _attach_with_retry(self, reader)
-                    reader.attached = True
+                    reader.attached, reader.stamp = True, stamp
                 if self.remote:  # the store as the environment names it now (a changed key, a new filesystem)
                     fs = duckdb_filesystem()
                     if reader.fs is not fs:
@@ -377,8 +383,8 @@ class Warehouse:
                 cur.close()
             with _READERS_LOCK:
                 reader.users -= 1
-            with reader.lock:  # the last one out lets the file go (unless another came in meanwhile)
-                if reader.users == 0 and reader.attached:
+            with reader.lock:  # the last one out lets the file go (unless another came in meanwhile, or
+                if reader.users == 0 and reader.attached and not _keeps_reader(self):  # this process writes)
                     reader.detach()
 
     def stream(self, sql: str, params: Sequence[Any] | None = None, *, batch_rows: int = 10_000,
@@ -590,11 +596,25 @@ class Warehouse:
             session.init_catalog()
             if not shared:
                 session.collect_garbage()
-            yield session
+                _HOLDERS[self._holder_key()] = _HOLDERS.get(self._holder_key(), 0) + 1
+            try:
+                yield session
+            finally:
+                if not shared:
+                    _release_holder(self)
             if not shared and self.remote:
                 self.publish_replica()
         finally:
             os.close(fd)  # releases the flock
+
+    def _reader_stamp(self) -> tuple:
+        """What a kept reader's attachment is checked against: the catalog files' stamps, and the
+        write connections this process opened and closed (a file's time may not change within a
+        clock tick)."""
+        return self._catalog_stamp(), _WRITES[0]
+
+    def _holder_key(self) -> tuple[int, str]:
+        return (os.getpid(), str(self.catalog_path))
 
     def _refuse_replica(self, op: str) -> None:
         """No write through a published catalog's copy: named by its URI, or its folder named (its
@@ -702,6 +722,7 @@ class _Reader:
         self.lock = threading.Lock()  # attach, detach, filesystem
         self.users = 0  # cursors open (changed under ``_READERS_LOCK``)
         self.attached = False
+        self.stamp: tuple = ()  # the catalog's file stamps when it was attached
         self.fs: Any = None  # the S3 filesystem registered on the instance, if any
 
     def _instance(self) -> duckdb.DuckDBPyConnection:
@@ -728,6 +749,38 @@ _READERS_LOCK = threading.Lock()
 _MAX_READERS = 4
 #: readers a forked child inherited: never used, never closed there (their instance is the parent's)
 _INHERITED: list[_Reader] = []
+
+
+#: write connections to a catalog this process opened and closed (``Warehouse._reader_stamp``)
+_WRITES = [0]
+#: (pid, catalog path) -> the exclusive write sessions this process holds on it (``_keeps_reader``)
+_HOLDERS: dict[tuple[int, str], int] = {}
+
+
+def _keeps_reader(wh: Warehouse) -> bool:
+    """Whether this process's reader keeps ``wh``'s catalog attached between questions: while it
+    holds the exclusive write lock (``Warehouse._reading``)."""
+    return _HOLDERS.get(wh._holder_key(), 0) > 0
+
+
+def _release_holder(wh: Warehouse) -> None:
+    """One exclusive write session of this process ended: after the last, its reader lets the
+    file go."""
+    key = wh._holder_key()
+    _HOLDERS[key] -= 1
+    if not _HOLDERS[key]:
+        del _HOLDERS[key]
+        _let_reader_go(wh)
+
+
+def _let_reader_go(wh: Warehouse) -> None:
+    """Detach the catalog from this process's reader if no question is open on it."""
+    with _READERS_LOCK:
+        reader = _READERS.get((os.getpid(), str(wh.catalog_path)))
+    if reader is not None:
+        with reader.lock:
+            if reader.users == 0 and reader.attached:
+                reader.detach()
 
 
 def _reader(wh: Warehouse) -> _Reader:
@@ -848,6 +901,10 @@ def _new_instance(spill: str) -> duckdb.DuckDBPyConnection:
 
 def _attach(wh: Warehouse, read_only: bool, timeout: float) -> _Attached:
     key = (os.getpid(), str(wh.catalog_path))
+    if not read_only:
+        _WRITES[0] += 1
+        if _keeps_reader(wh):  # (a reader kept attached never reads beside this process's writes)
+            _let_reader_go(wh)
     with _slot_lock(key):
         slot = _SLOTS.get(key)
         if slot is not None and slot.read_only != read_only:
@@ -893,6 +950,9 @@ def _release(slot: _Slot) -> None:
         except BaseException:
             slot.db.close()
             raise
+        finally:
+            if not slot.read_only:
+                _WRITES[0] += 1
         _keep_idle(slot.db)
 
 

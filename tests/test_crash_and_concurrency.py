@@ -408,3 +408,34 @@ def test_a_catalog_of_another_schema_version_is_refused_after_one_that_was_read(
             wh.query("SELECT 1")
         with pytest.raises(CatalogError, match="schema version 99.0"):
             wh.connect(read_only=True)
+
+
+def test_questions_inside_a_write_session_keep_the_catalog_attached_and_see_its_commits(tmp_path, cases, monkeypatch):
+    """While this process holds the exclusive write lock, the catalog stays attached to its reader
+    between questions (no other process can change it), is attached anew after this process's own
+    writes (each question sees them), and is let go when the session ends; outside a session each
+    question lets it go."""
+    import trajwh.lineage.catalog as catalog
+    from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+
+    wh = Warehouse(tmp_path / "wh")
+    ingest_paths(wh, [cases / "two_episodes.jsonl"], IngestOptions(source="a"))
+    attached = []
+    real = catalog._attach_with_retry
+    monkeypatch.setattr(catalog, "_attach_with_retry", lambda *a, **k: attached.append(1) or real(*a, **k))
+    runs = "SELECT count(*) FROM runs WHERE job = 'kept-reader-test'"
+    with wh.write_session("test") as session:
+        attached.clear()  # (the session's start asked the manifest)
+        for _ in range(3):
+            assert _count(wh, runs) == 0
+        assert len(attached) == 1  # once for the three questions
+        assert not _writer_can_open(wh.catalog_path)  # (held: the session's lock keeps writers out anyway)
+        for n in (1, 2):
+            session.upsert_rows("runs", [{"run_id": f"r{n}", "job": "kept-reader-test", "status": "succeeded"}])
+            assert _count(wh, runs) == n  # this process's write seen: attached anew
+        assert len(attached) == 3
+    assert _writer_can_open(wh.catalog_path)  # let go when the session ended
+    for _ in range(2):
+        assert _count(wh, runs) == 2
+        assert _writer_can_open(wh.catalog_path)  # outside a session: let go after each question
+    assert len(attached) == 5
