@@ -1132,16 +1132,9 @@ class WriteSession:
         removed = []
         for table in PARQUET_TABLES:
             folder = self.wh.table_dir(table)
-            if isinstance(folder, Path):  # a local folder's names listed alone (a Path per file: 18 -> 4 ms a session)
-                rel_dir = os.path.relpath(folder, self.wh.data)
-                with os.scandir(folder) as entries:
-                    names = [e.name for e in entries]
-                paths = ((folder / n, n, f"{rel_dir}/{n}") for n in names
-                         if n.startswith(TMP_PREFIX) or (n.endswith(".parquet") and f"{rel_dir}/{n}" not in listed))
-            else:
-                paths = ((p, p.name, str(p.relative_to(self.wh.data))) for p in folder.iterdir())
-            for path, name, rel in paths:
+            for name, rel in _names(folder, self.wh.data):
                 if name.startswith(TMP_PREFIX) or (name.endswith(".parquet") and rel not in listed):
+                    path = folder / name
                     path.unlink(missing_ok=True)
                     removed.append(path)
         return removed
@@ -1277,6 +1270,17 @@ def _replace_rows(con: duckdb.DuckDBPyConnection, table: str, rows: list[dict[st
         con.execute(f"DELETE FROM {table} USING _rows WHERE {match}")
     con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _rows")
     con.unregister("_rows")
+
+
+def _names(folder: DataPath, data: DataPath) -> list[tuple[str, str]]:
+    """A table folder's file names, each with its path under the data root (as the manifest lists
+    it); a local folder's names are listed alone (a ``Path`` made for each file cost a write
+    session 18 ms at 108,070 episodes, this 4)."""
+    if isinstance(folder, Path):
+        rel = os.path.relpath(folder, data)
+        with os.scandir(folder) as entries:
+            return [(e.name, f"{rel}/{e.name}") for e in entries]
+    return [(p.name, str(p.relative_to(data))) for p in folder.iterdir()]
 
 
 def _refresh_views(con: duckdb.DuckDBPyConnection, tables: Any, prefix: str) -> None:
