@@ -519,37 +519,33 @@ class Warehouse:
         if batches is None:
             batches = self.query("SELECT DISTINCT _batch_id FROM redacted_episodes WHERE trajectory_key IN "
                                  "(SELECT unnest(?::VARCHAR[]))", [list(keys)]).column(0).to_pylist() if keys else []
+        paths, every = self._batch_paths(table, batches)
         if keys and len(keys) <= LOCATE_KEYS:
-            return self._located(table, self._batch_paths(table, batches), keys)
-        return self.rows_in(table, batches)
+            return self._located(paths, keys)
+        return table if every else _parquet_source(paths)
 
     def rows_in(self, table: str, batches: Collection[str | None]) -> str:
         """A FROM source for the rows of a per-batch table in the files of ``batches`` (and of none,
         should a file have no batch); the table's view when they are every batch (``rows_of``)."""
-        paths = self._batch_paths(table, batches)
-        return table if paths is None else _parquet_source(paths)
+        paths, every = self._batch_paths(table, batches)
+        return table if every else _parquet_source(paths)
 
-    def _batch_paths(self, table: str, batches: Collection[str | None]) -> list[str] | None:
-        """What ``rows_in`` reads: the table's empty schema file and the files of ``batches`` (as
-        DuckDB reads them); None when that is every file (the view)."""
+    def _batch_paths(self, table: str, batches: Collection[str | None]) -> tuple[list[str], bool]:
+        """The table's empty schema file and its files of ``batches`` (and of none), as DuckDB reads
+        them; and whether those are every file (``None`` among ``batches`` says so too)."""
         rows = self.manifest_query("SELECT path, batch_id FROM table_files WHERE table_name = ? ORDER BY added_at, path",
                                    [table]).to_pylist()
-        if None in batches or {r["batch_id"] for r in rows} <= set(batches):
-            return None
+        every = None in batches or {r["batch_id"] for r in rows} <= set(batches)
         prefix = self._view_prefix()
         return [f"{prefix}_schemas/{table}.parquet"] + [
-            prefix + r["path"] for r in rows if r["batch_id"] is None or r["batch_id"] in batches]
+            prefix + r["path"] for r in rows if every or r["batch_id"] is None or r["batch_id"] in batches], every
 
-    def _located(self, table: str, paths: list[str] | None, keys: Sequence[str]) -> str:
-        """A FROM source for the rows of ``keys`` among the files ``paths`` (the view's files when
-        None): a scan of the key column alone finds the files and row numbers that hold them, and
-        the source reads those ranges of rows only, each file on its own (DuckDB skips a row group
-        no range of its file touches: a filter on the key decodes every column of every row
-        group; 2.3 M steps, the key column alone 0.08 s, every column 0.5 s)."""
-        if paths is None:
-            paths = [f"{self._view_prefix()}_schemas/{table}.parquet"] + [
-                self._view_prefix() + r["path"] for r in self.manifest_query(
-                    "SELECT path FROM table_files WHERE table_name = ? ORDER BY added_at, path", [table]).to_pylist()]
+    def _located(self, paths: list[str], keys: Sequence[str]) -> str:
+        """A FROM source for the rows of ``keys`` among the files ``paths`` (the first: the table's
+        empty schema file): a scan of the key column alone finds the files and row numbers that hold
+        them, and the source reads those ranges of rows only, each file on its own (DuckDB skips a
+        row group no range of its file touches: a filter on the key decodes every column of every
+        row group; 2.3 M steps, the key column alone 0.08 s, every column 0.5 s)."""
         found = self.query(
             "SELECT filename, min(file_row_number) AS lo, max(file_row_number) AS hi FROM read_parquet([{}], "
             "union_by_name = true, filename = true, file_row_number = true) WHERE trajectory_key IN "
@@ -596,7 +592,8 @@ class Warehouse:
             session.init_catalog()
             if not shared:
                 session.collect_garbage()
-                _HOLDERS[self._holder_key()] = _HOLDERS.get(self._holder_key(), 0) + 1
+                holder = self._holder_key()
+                _HOLDERS[holder] = _HOLDERS.get(holder, 0) + 1
             try:
                 yield session
             finally:
@@ -609,8 +606,7 @@ class Warehouse:
 
     def _reader_stamp(self) -> tuple:
         """What a kept reader's attachment is checked against: the catalog files' stamps, and the
-        write connections this process opened and closed (a file's time may not change within a
-        clock tick)."""
+        write connections this process closed (a file's time may not change within a clock tick)."""
         return self._catalog_stamp(), _WRITES[0]
 
     def _holder_key(self) -> tuple[int, str]:
@@ -751,7 +747,8 @@ _MAX_READERS = 4
 _INHERITED: list[_Reader] = []
 
 
-#: write connections to a catalog this process opened and closed (``Warehouse._reader_stamp``)
+#: write connections to a catalog this process closed (``Warehouse._reader_stamp``; a reader attached
+#: while one was open sees the count change when it closes)
 _WRITES = [0]
 #: (pid, catalog path) -> the exclusive write sessions this process holds on it (``_keeps_reader``)
 _HOLDERS: dict[tuple[int, str], int] = {}
@@ -901,10 +898,8 @@ def _new_instance(spill: str) -> duckdb.DuckDBPyConnection:
 
 def _attach(wh: Warehouse, read_only: bool, timeout: float) -> _Attached:
     key = (os.getpid(), str(wh.catalog_path))
-    if not read_only:
-        _WRITES[0] += 1
-        if _keeps_reader(wh):  # (a reader kept attached never reads beside this process's writes)
-            _let_reader_go(wh)
+    if not read_only and _keeps_reader(wh):  # (a reader kept attached never reads beside this process's writes)
+        _let_reader_go(wh)
     with _slot_lock(key):
         slot = _SLOTS.get(key)
         if slot is not None and slot.read_only != read_only:
