@@ -305,11 +305,7 @@ def _featurize(wh: Warehouse, session: Any, cfg: CurateConfig, run_id: str, full
     of their partitions); drop those of batches that are gone (not in a run of chosen batches).
     Streams each batch's episodes in key order and writes a file per ``chunk`` episodes, so
     memory holds one chunk. Returns (batches featurized, episodes)."""
-    fv = features_version(cfg)
-    sources = batch_fingerprints(wh, ["redacted_episodes", "redacted_steps"])
-    built = {r["batch_id"]: r["v"] for r in wh.query(
-        "SELECT batch_id, any_value(transform_version) AS v FROM table_files WHERE table_name = 'episode_features' "
-        "GROUP BY batch_id").to_pylist()}
+    fv, sources, built = _features_state(wh, cfg)
     gone = [b for b in built if b not in sources] if batches is None else []
     if gone:
         session.commit(removed=[wh.data / p for p in wh.query(
@@ -333,6 +329,24 @@ def _featurize(wh: Warehouse, session: Any, cfg: CurateConfig, run_id: str, full
                        guard=lambda con, b=batch_id: features_outputs(wh, b, con))
         done += 1
     return done, episodes
+
+
+def _features_state(wh: Warehouse, cfg: CurateConfig) -> tuple[str, dict[str, str], dict[str, str]]:
+    """(the features version of ``cfg``, each redacted batch's inputs fingerprint, each batch's
+    stored features version): a batch's features are current when the last is the first with the
+    second (``_featurize``)."""
+    return (features_version(cfg), batch_fingerprints(wh, _FEATURE_INPUTS), _feature_versions(wh))
+
+
+#: what a batch's features are computed from
+_FEATURE_INPUTS = ["redacted_episodes", "redacted_steps"]
+
+
+def features_current(wh: Warehouse, cfg: CurateConfig) -> bool:
+    """Whether every redacted batch's stored features are current, and no batch that is gone has
+    any (``_featurize`` would have nothing to do)."""
+    fv, sources, built = _features_state(wh, cfg)
+    return set(built) <= set(sources) and all(built.get(b) == f"{fv};inputs={src}" for b, src in sources.items())
 
 
 def features_outputs(wh: Warehouse, batch_id: str, con: Any) -> list[Any]:
@@ -394,11 +408,14 @@ def cluster_version(cfg: CurateConfig) -> str:
             f"min_actions={cfg.min_actions};features@{FEATURES_VERSION}")
 
 
-def _feature_versions(wh: Warehouse) -> dict[str, str]:
-    """Each batch's ``episode_features`` version (its inputs' fingerprint included)."""
-    return {r["batch_id"]: r["v"] for r in wh.manifest_query(
-        "SELECT batch_id, any_value(transform_version) AS v FROM table_files WHERE table_name = 'episode_features' "
-        "GROUP BY batch_id ORDER BY batch_id").to_pylist()}
+def _feature_versions(wh: Warehouse, con: Any = None) -> dict[str, str]:
+    """Each batch's ``episode_features`` version (its inputs' fingerprint included); ``con``: a
+    catalog connection to read through (a transaction's)."""
+    sql = ("SELECT batch_id, any_value(transform_version) AS v FROM table_files WHERE table_name = 'episode_features' "
+           "GROUP BY batch_id ORDER BY batch_id")
+    if con is not None:
+        return dict(con.execute(sql).fetchall())
+    return {r["batch_id"]: r["v"] for r in wh.manifest_query(sql).to_pylist()}
 
 
 def cluster_state(wh: Warehouse, cfg: CurateConfig, df: pl.DataFrame, basis: dict[str, str]) -> ClusterState | None:
@@ -441,6 +458,42 @@ def _state_fits(near_dup: Any, version: str) -> bool:
                                                    for r in rows) for rows in big.values()))
 
 
+def curated_without(wh: Warehouse, cfg: CurateConfig, run_id: str, keys: Sequence[str]) -> CuratedTables:
+    """The curated tables as ``curate_warehouse`` would make them once the episodes ``keys`` are
+    gone, made while they are still stored (their features and clusters only read): a forget
+    makes them beside its rewrite of the other layers and swaps both in at once (``swap_curated``).
+    The stored features must be current (``features_current``), as the curation's would be."""
+    df, leaks = stored_frame(wh)
+    gone = set(keys)
+    df = df.filter(~pl.col("trajectory_key").is_in(pl.Series(sorted(gone), dtype=pl.String).implode()))
+    leaks = [x for x in leaks if x.trajectory_key not in gone]
+    return curated_tables(wh, cfg, run_id, df, leaks, _feature_versions(wh), CurateSummary(run_id))
+
+
+def swap_curated(session: Any, con: Any, curated: CuratedTables, emptied: Sequence[str], started: Any
+                 ) -> tuple[set[str], list[Any], list[Any]]:
+    """In a forget's swap (``WriteSession.replace_files``' ``then``, through its transaction's
+    ``con``): the feature files of the batches ``emptied`` (each episode of theirs forgotten: the
+    swap listed empty copies of their files) marked current for their redacted files as they are
+    now, as a curation's featurize marks the empty file it would write for such a batch; then the
+    curated tables' files swapped for ``curated``'s, with the version and run row the curation
+    would give them. Returns (tables touched, files listed, files unlisted)."""
+    wh = session.wh
+    fv = features_version(curated.cfg)
+    sources = batch_fingerprints(wh, _FEATURE_INPUTS, con=con)
+    for batch in emptied:
+        if batch in sources:  # (else the next featurize drops its features: the batch is gone)
+            session.relabel(con, "episode_features", batch, f"{fv};inputs={sources[batch]}")
+    version = curated_version(wh, curated.cfg, inputs_fingerprint(wh, ["episode_features"], con=con))
+    old = [wh.data / p for (p,) in con.execute("SELECT path FROM table_files WHERE list_contains(?, table_name)",
+                                               [list(_MODELS)]).fetchall()]
+    added = [f for files in curated.files.values() for f in files]
+    touched = session.list_files(con, added, old, run_id=curated.summary.run_id, transform_version=version)
+    curated.basis = _feature_versions(wh, con)  # what the next update compares its batches with
+    session.upsert_in(con, "runs", [curated.run_row(started, version)])
+    return touched | {"episode_features"}, added, old
+
+
 def _previous_splits(wh: Warehouse) -> dict[str, str]:
     if not wh.manifest_query("SELECT count(*) FROM table_files WHERE table_name = 'splits'").column(0)[0].as_py():
         return {}
@@ -457,7 +510,7 @@ def curate_warehouse(wh: Warehouse, *, run_id: str, cfg: CurateConfig = CurateCo
     with wh.write_session("curate", timeout=lock_timeout) as session:
         mark_running(session, run_id, "curate", started)
         summary.batches_featurized, summary.episodes_featurized = _featurize(wh, session, cfg, run_id, full, progress)
-        version = f"{cfg.version()};inputs={inputs_fingerprint(wh, ['episode_features'])}"
+        version = curated_version(wh, cfg)
         if not full and is_current(wh, "splits", version):
             summary.skipped = True
             session.upsert_rows("runs", [run_row(run_id, "curate", started, params={"version": version, "skipped": True},
@@ -467,42 +520,77 @@ def curate_warehouse(wh: Warehouse, *, run_id: str, cfg: CurateConfig = CurateCo
             progress("reading stored features")
         df, leaks = stored_frame(wh)
         basis = _feature_versions(wh)
-        state = None if full else cluster_state(wh, cfg, df, basis)
-        if progress:
-            progress("clustering (" + ("updating the last clusters" if state else "in full") + "), grouping, splitting")
-        info = ClusterInfo()
-        frames = curate_frames(df, leaks, cfg, state, info)
-        del df, state
-        summary.clusters_incremental, summary.pairs_verified, summary.links_kept = info.incremental, info.verified, info.kept
-        splits = frames["splits"]
-        summary.moved = count_moves(_previous_splits(wh), dict(zip(splits["trajectory_key"].to_list(),
-                                                                   splits["split"].to_list(), strict=True)))
-        lineage = _lineage(cfg, run_id)
+        curated = curated_tables(wh, cfg, run_id, df, leaks, basis, summary, full=full, progress=progress)
+        del df
         writer = TableSetWriter(session, _MODELS)
-        # the four tables' files encoded side by side (Parquet writes run outside the GIL; 108,070 episodes:
-        # 0.28-0.31 -> 0.20-0.26 s, the same bytes), listed in the tables' order
-        with ThreadPoolExecutor(2) as pool:
-            tables = [(t, _with_lineage(frame, t, lineage)) for t, frame in frames.items()]
-            for (t, _), files in zip(tables, pool.map(lambda td: [write_table_file(wh, *td)] if td[1].num_rows else [],
-                                                        tables), strict=True):
-                writer.add_written(t, files)
+        for table, files in curated.files.items():
+            writer.add_written(table, files)
         writer.commit(run_id=run_id, version=version)
-        clusters, groups = frames["near_dup_clusters"], frames["task_groups"]
-        summary.episodes = splits.height
-        summary.clusters = clusters["cluster_id"].n_unique()
-        summary.duplicates = int((clusters["cluster_size"] > 1).sum())
-        summary.groups = groups["group_id"].n_unique()
-        summary.largest_group = int(groups["group_size"].max() or 0)
-        summary.weak_key_episodes = int(groups["flags"].list.contains("weak_key_dropped").sum())
-        summary.held_out = int((splits["split"] == "held_out").sum())
-        summary.splits = dict(sorted(splits["split"].value_counts().iter_rows()))
-        summary.leaks = frames["leak_flags"].height
-        sp = cfg.splits
+        session.upsert_rows("runs", [curated.run_row(started, version)])
+    return summary
+
+
+def curated_version(wh: Warehouse, cfg: CurateConfig, features_fingerprint: str | None = None) -> str:
+    """The curated tables' transform version: the configuration's and the fingerprint of every
+    ``episode_features`` file (``inputs_fingerprint``; given when the files are about to change)."""
+    return f"{cfg.version()};inputs={features_fingerprint or inputs_fingerprint(wh, ['episode_features'])}"
+
+
+@dataclass
+class CuratedTables:
+    """A curation's four tables, written as files no manifest lists yet (by table), with what its
+    run row records: the summary, and the clusters' state for the next update (``cluster_state``)."""
+
+    files: dict[str, list[Any]]
+    summary: CurateSummary
+    cfg: CurateConfig
+    basis: dict[str, str]  # each batch's features version the clusters were made from
+    big: dict[str, list[list[Any]]]
+
+    def run_row(self, started: Any, version: str) -> dict[str, Any]:
+        """The curate run's row (its params carry the state the next update starts from)."""
+        sp, cfg = self.cfg.splits, self.cfg
         requested = {"fractions": {"train": sp.train, "valid": sp.valid, "test": sp.test},
                      "cutoff": sp.cutoff.isoformat() if sp.cutoff else None, "hold_out_leaks": sp.hold_out_leaks,
                      "max_group_share": cfg.groups.max_group_share, "config_digest": cfg.digest}
-        near_dup = {"version": cluster_version(cfg), "basis": basis, "big": info.big}  # what the next update starts from
-        session.upsert_rows("runs", [run_row(run_id, "curate", started, params={"version": version, "requested": requested,
-                                                                                "near_dup": near_dup},
-                                             counts=summary.__dict__, code_version=f"{TRANSFORM}@{CURATE_VERSION}")])
-    return summary
+        near_dup = {"version": cluster_version(cfg), "basis": self.basis, "big": self.big}
+        return run_row(self.summary.run_id, "curate", started,
+                       params={"version": version, "requested": requested, "near_dup": near_dup},
+                       counts=self.summary.__dict__, code_version=f"{TRANSFORM}@{CURATE_VERSION}")
+
+
+def curated_tables(wh: Warehouse, cfg: CurateConfig, run_id: str, df: pl.DataFrame, leaks: list[LeakFlag],
+                   basis: dict[str, str], summary: CurateSummary, *, full: bool = False,
+                   progress: Callable[[str], None] | None = None) -> CuratedTables:
+    """The global steps over ``df`` (every episode's stored features, ``stored_frame``) and its leak
+    flags: clusters (updated from the stored ones unless ``full``: ``cluster_state`` with the
+    batches' features versions ``basis``), groups, splits and leak flags, written as files (not yet
+    listed); ``summary`` gains the figures. The stored tables are only read."""
+    state = None if full else cluster_state(wh, cfg, df, basis)
+    if progress:
+        progress("clustering (" + ("updating the last clusters" if state else "in full") + "), grouping, splitting")
+    info = ClusterInfo()
+    frames = curate_frames(df, leaks, cfg, state, info)
+    del state
+    summary.clusters_incremental, summary.pairs_verified, summary.links_kept = info.incremental, info.verified, info.kept
+    splits = frames["splits"]
+    summary.moved = count_moves(_previous_splits(wh), dict(zip(splits["trajectory_key"].to_list(),
+                                                               splits["split"].to_list(), strict=True)))
+    lineage = _lineage(cfg, run_id)
+    # the four tables' files encoded side by side (Parquet writes run outside the GIL; 108,070 episodes:
+    # 0.28-0.31 -> 0.20-0.26 s, the same bytes), listed in the tables' order; a table without rows
+    # gets an empty file (every table has one)
+    with ThreadPoolExecutor(2) as pool:
+        tables = [(t, _with_lineage(frame, t, lineage)) for t, frame in frames.items()]
+        files = dict(zip([t for t, _ in tables], pool.map(lambda td: [write_table_file(wh, *td)], tables), strict=True))
+    clusters, groups = frames["near_dup_clusters"], frames["task_groups"]
+    summary.episodes = splits.height
+    summary.clusters = clusters["cluster_id"].n_unique()
+    summary.duplicates = int((clusters["cluster_size"] > 1).sum())
+    summary.groups = groups["group_id"].n_unique()
+    summary.largest_group = int(groups["group_size"].max() or 0)
+    summary.weak_key_episodes = int(groups["flags"].list.contains("weak_key_dropped").sum())
+    summary.held_out = int((splits["split"] == "held_out").sum())
+    summary.splits = dict(sorted(splits["split"].value_counts().iter_rows()))
+    summary.leaks = frames["leak_flags"].height
+    return CuratedTables(files, summary, cfg, basis, info.big)

@@ -1171,46 +1171,66 @@ class WriteSession:
         it may raise to abort the commit, and returns more files to remove, read from the catalog
         as it is then (a writer that holds the lock shared decides there against what others
         committed meanwhile)."""
-        root = self.wh.data
-        touched = {f.table for f in added}
         with self._transaction() as con:
             if guard is not None:
                 removed = [*removed, *guard(con)]
-            since: dict[tuple[str, str], Any] = {}
-            if removed:
-                rels = [str(p.relative_to(root)) for p in removed]
-                found = con.execute(
-                    "SELECT table_name, path, sha256, added_at, blake3 FROM table_files WHERE list_contains(?, path)",
-                    [rels]).fetchall()
-                touched |= {t for t, *_ in found}
-                # a file listed again as it is (a stage keeps it) keeps when it was first listed: the
-                # proof of a forget reads a file listed before the forgotten data came by its digest
-                since = {(path, sha): (at, b3) for _, path, sha, at, b3 in found}
-                con.execute("DELETE FROM table_files WHERE list_contains(?, path)", [rels])
-            stamp = now_utc()
-            if added:
-                first: dict[str, WrittenFile] = {}
-                for f in added:  # a path listed twice: its first (as the row-at-a-time inserts kept)
-                    first.setdefault(str(f.path.relative_to(root)), f)
-                _insert_files(con, [(f.table, rel, f.sha256, f.rows, f.size, batch_id, run_id, transform_version,
-                                     *_listed_since(since.get((rel, f.sha256)), stamp, f))
-                                    for rel, f in first.items()])
+            touched = self.list_files(con, added, removed, batch_id=batch_id, run_id=run_id,
+                                 transform_version=transform_version)
             for table, table_rows in (rows or {}).items():
                 if not table_rows:
                     continue
                 _replace_rows(con, table, table_rows)
             _refresh_views(con, touched, self.wh._view_prefix())
+        self._delete_after(added, removed)
+
+    def list_files(self, con: duckdb.DuckDBPyConnection, added: Sequence[WrittenFile], removed: Sequence[DataPath], *,
+              batch_id: str | None = None, run_id: str | None = None, transform_version: str | None = None) -> set[str]:
+        """``commit``'s manifest changes through ``con`` (an open transaction): ``removed`` unlisted,
+        ``added`` listed with the attributes given. Returns the tables touched."""
+        root = self.wh.data
+        touched = {f.table for f in added}
+        since: dict[tuple[str, str], Any] = {}
+        if removed:
+            rels = [str(p.relative_to(root)) for p in removed]
+            found = con.execute(
+                "SELECT table_name, path, sha256, added_at, blake3 FROM table_files WHERE list_contains(?, path)",
+                [rels]).fetchall()
+            touched |= {t for t, *_ in found}
+            # a file listed again as it is (a stage keeps it) keeps when it was first listed: the
+            # proof of a forget reads a file listed before the forgotten data came by its digest
+            since = {(path, sha): (at, b3) for _, path, sha, at, b3 in found}
+            con.execute("DELETE FROM table_files WHERE list_contains(?, path)", [rels])
+        stamp = now_utc()
+        if added:
+            first: dict[str, WrittenFile] = {}
+            for f in added:  # a path listed twice: its first (as the row-at-a-time inserts kept)
+                first.setdefault(str(f.path.relative_to(root)), f)
+            _insert_files(con, [(f.table, rel, f.sha256, f.rows, f.size, batch_id, run_id, transform_version,
+                                 *_listed_since(since.get((rel, f.sha256)), stamp, f))
+                                for rel, f in first.items()])
+        return touched
+
+    @staticmethod
+    def _delete_after(added: Sequence[WrittenFile], removed: Sequence[DataPath]) -> None:
+        """The files a commit unlisted deleted (not one it listed again)."""
         keep = {str(f.path) for f in added}
         for p in removed:
             if str(p) not in keep:
                 p.unlink(missing_ok=True)
 
     def replace_files(self, pairs: Sequence[tuple[DataPath, WrittenFile]], *,
-                      rows: dict[str, list[dict[str, Any]]] | None = None) -> None:
+                      rows: dict[str, list[dict[str, Any]]] | None = None,
+                      then: Callable[[duckdb.DuckDBPyConnection], tuple[set[str], Sequence[WrittenFile],
+                                                                        Sequence[DataPath]]] | None = None) -> None:
         """Swap each listed file for its rewritten copy, keeping the manifest attributes of the
         old one (batch, run, transform version: what incremental builds compare), plus metadata
-        ``rows``, in one transaction; the old files are then deleted (deletion propagation)."""
+        ``rows``, in one transaction; the old files are then deleted (deletion propagation).
+        ``then`` runs last in the same transaction, reading the catalog as the swap left it and
+        changing more through the connection (``list_files``): it returns the tables it touched and
+        the files it listed and unlisted (those deleted after, as the old files)."""
         root = self.wh.data
+        listed: Sequence[WrittenFile] = ()
+        unlisted: Sequence[DataPath] = ()
         with self._transaction() as con:
             rels = [str(old.relative_to(root)) for old, _ in pairs]
             attrs = {r[0]: r[1:] for r in con.execute(
@@ -1229,11 +1249,25 @@ class WriteSession:
             for table, table_rows in (rows or {}).items():
                 if table_rows:
                     _replace_rows(con, table, table_rows)
+            if then is not None:
+                more, listed, unlisted = then(con)
+                touched |= more
             _refresh_views(con, touched, self.wh._view_prefix())
-        keep = {str(new.path) for _, new in pairs}
-        for old, _ in pairs:
-            if str(old) not in keep:
-                old.unlink(missing_ok=True)
+        self._delete_after([*(new for _, new in pairs), *listed], [*(old for old, _ in pairs), *unlisted])
+
+    @staticmethod
+    def upsert_in(con: duckdb.DuckDBPyConnection, table: str, rows: list[dict[str, Any]]) -> None:
+        """``upsert_rows`` through ``con`` (an open transaction: ``replace_files``' ``then``)."""
+        if table == "table_files":
+            raise ValueError("the manifest changes through commit() and replace_files() only")
+        _replace_rows(con, table, rows)
+
+    @staticmethod
+    def relabel(con: duckdb.DuckDBPyConnection, table: str, batch_id: str, transform_version: str) -> None:
+        """Through ``con`` (``replace_files``' ``then``): the transform version a batch's files of
+        ``table`` are listed with (files whose rows a stage would write again as they are)."""
+        con.execute("UPDATE table_files SET transform_version = ? WHERE table_name = ? AND batch_id = ?",
+                    [transform_version, table, batch_id])
 
     def upsert_rows(self, table: str, rows: list[dict[str, Any]]) -> None:
         """Replace metadata rows by ``key`` (used for run records that change state)."""

@@ -37,7 +37,7 @@ import os
 import re
 import shutil
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -204,27 +204,44 @@ def _windows(candidates: Candidates) -> list[str]:
     return sorted({w for ws, _ in candidates.values() for w in ws})
 
 
-def _with_probes(wh: Warehouse, candidates: Candidates | None, exclude: list[str],
-                 work: Callable[[], Any], pool: ProcessPoolExecutor) -> tuple[list[str] | None, Any]:
-    """(the probes, ``work()``): ``work`` runs here while the worker of ``pool`` (``_worker``)
-    searches every surviving payload for the candidates (in this process the search took the
-    repair's interpreter lock). The probes: candidate windows that no raw record outside
-    ``exclude`` holds (a shared system prompt, another attempt's file prove nothing), up to 4 per
-    record and 2 per episode's redacted text. None without candidates (a request resumed after a
-    crash)."""
+def _start_search(candidates: Candidates | None, paths: list[str], exclude: list[str], pool: ProcessPoolExecutor
+                  ) -> tuple[_Matcher, Any] | None:
+    """The worker of ``pool`` (``_worker``) set to search the raw records' files ``paths`` (the
+    surviving payloads, ``exclude``: records not to read) for the candidate windows; (its matcher,
+    the future of the fingerprints found), None without a candidate."""
     every = _windows(candidates) if candidates else []
     if not every:
-        return ([] if candidates else None), work()
+        return None
     matcher = _Matcher(every, set(), b"plan")
-    search = pool.submit(_shared_part, (_table_paths(wh, "raw_records"), matcher, exclude))
+    return matcher, pool.submit(_shared_part, (paths, matcher, exclude))
+
+
+def _with_probes(candidates: Candidates | None, search: tuple[_Matcher, Any] | None, work: Callable[[], Any]
+                 ) -> tuple[list[str] | None, Any]:
+    """(the probes, ``work()``): ``work`` runs here while the worker searches every surviving payload
+    for the candidates (``_start_search``; in this process the search took the repair's interpreter
+    lock). The probes: candidate windows that no raw record outside the forgotten ones holds (a
+    shared system prompt, another attempt's file prove nothing), up to 4 per record and 2 per
+    episode's redacted text. None without candidates (a request resumed after a crash)."""
+    if search is None:
+        return ([] if candidates else None), work()
+    matcher, found = search
     try:
         done = work()
     except BaseException:
-        search.cancel()
+        found.cancel()
         raise
-    shared_keys = search.result()
-    shared = {w for w in every if matcher.key(w) in shared_keys}
-    return sorted({w for ws, n in candidates.values() for w in [w for w in ws if w not in shared][:n]}), done
+    shared_keys = found.result()
+    shared = {w for w in _windows(candidates or {}) if matcher.key(w) in shared_keys}
+    return sorted({w for ws, n in (candidates or {}).values() for w in [w for w in ws if w not in shared][:n]}), done
+
+
+def _surviving_raw(wh: Warehouse, removal: _Removal) -> list[str]:
+    """The raw records' files as stage 1's swap will leave them: the copies it rewrote (those with
+    rows) instead of the files they replace (readable before the swap, and after it)."""
+    copies = {wh_path: new for table, wh_path, _, new in removal.files if table == "raw_records" and new is not None}
+    return ([p for p in _table_paths(wh, "raw_records") if p not in copies]
+            + sorted({str(new.path) for new in copies.values() if new.rows}))
 
 
 def _ingested_since(wh: Warehouse, records: list[str], episodes: list[str], quarantined: list[str]) -> str | None:
@@ -394,14 +411,60 @@ class _Removal:
     files: list[tuple[str, str, int, Any]]
 
 
-def _prepare_removal(wh: Warehouse, req: dict[str, Any], session: Any, older: frozenset[str]) -> _Removal:
-    """The affected data files' rewritten copies, written in ``session`` (the forget's write
-    session): nothing is deleted and nothing listed, so it may run before the request is stored (a
-    crash then leaves unlisted files, which the next exclusive writer removes)."""
-    s = _key_sets(wh, req, older)
+#: the tables a curation writes whole
+_CURATED = ("near_dup_clusters", "task_groups", "splits", "leak_flags")
+
+
+@dataclass
+class _CurationAhead:
+    """The curated tables made without the forgotten episodes while stage 1 prepares the rest
+    (``_curate_ahead``), swapped in with it: ``tables`` (``dedup.layer.CuratedTables``), the batches
+    whose every episode goes (``batches``), the rows each curated table loses, and when it began."""
+
+    tables: Any
+    batches: list[str]
+    rows: dict[str, int]
+    started: Any
+
+
+def _curate_ahead(wh: Warehouse, plan: Impact, pool: ThreadPoolExecutor) -> Any:
+    """A future of the curated tables as the repair's curation would make them (``_CurationAhead``),
+    made in a thread of ``pool`` while this one prepares stage 1 (108,070 episodes + 1 %: the
+    curation's 4.5 s beside the plan's 2 s), or None where a curation must run after the rewrite:
+    no episode goes, a batch would lose only some of its episodes (its features would be computed
+    again), or the stored features are not current."""
+    from trajwh.dedup.layer import CurateConfig, curated_without, features_current
+    from trajwh.pipelines import settings as settings_mod
+    from trajwh.schemas.config import load_settings
+
+    if not plan.episodes:
+        return None
+    batches = wh.query("SELECT _batch_id AS b, count(*) FILTER (WHERE trajectory_key IN (SELECT unnest(?::VARCHAR[]))) "
+                       "AS n, count(*) AS total FROM episode_features GROUP BY 1 HAVING n > 0", [plan.episodes]).to_pylist()
+    if sum(r["n"] for r in batches) != len(set(plan.episodes)) or any(r["n"] != r["total"] for r in batches):
+        return None
+    cfg: CurateConfig = settings_mod.curate_config(load_settings(None, wh.root))
+    if not features_current(wh, cfg):
+        return None
+    import uuid
+
+    started = now_utc()
+    rows = {t: plan.layers.get(t, {}).get("rows", 0) for t in _CURATED}
+    return pool.submit(lambda: _CurationAhead(curated_without(wh, cfg, str(uuid.uuid4()), plan.episodes),
+                                              sorted(r["b"] for r in batches), rows, started))
+
+
+def _prepare_removal(wh: Warehouse, req: dict[str, Any], session: Any, older: frozenset[str],
+                     tables: Collection[str] = PARQUET_TABLES.keys(), keys: dict[str, pa.Array] | None = None
+                     ) -> _Removal:
+    """The affected data files of ``tables`` rewritten as copies, written in ``session`` (the
+    forget's write session): nothing is deleted and nothing listed, so it may run before the
+    request is stored (a crash then leaves unlisted files, which the next exclusive writer
+    removes). ``keys``: the ids by kind (``_key_sets``), when known."""
+    s = keys if keys is not None else _key_sets(wh, req, older)
     con = wh.connect(read_only=True)
     try:  # the files to rewrite, found over one connection (one per table: 0.4 s of 25 connects)
-        todo = [(table, path, counts) for table in PARQUET_TABLES
+        todo = [(table, path, counts) for table in PARQUET_TABLES if table in tables
                 for path, counts in sorted(_affected_files(wh, table, s, older, con).items())]
     finally:
         con.close()
@@ -422,11 +485,12 @@ def _prepare_removal(wh: Warehouse, req: dict[str, Any], session: Any, older: fr
 
 
 def _apply_removal(wh: Warehouse, req: dict[str, Any], session: Any, removal: _Removal,
-                   progress: Callable[[str], None]) -> dict[str, int]:
+                   progress: Callable[[str], None], ahead: _CurationAhead | None = None) -> dict[str, int]:
     """The stored request carried out at the sources: the vault entries removed, then the rewritten
     copies swapped in with the request's new status in one catalog transaction (the old files
-    deleted after it), the opt-out matches of the forgotten records dropped. Returns the rows
-    removed per table (``req["moved"]`` gains them)."""
+    deleted after it), the opt-out matches of the forgotten records dropped. With ``ahead`` (the
+    curated tables made without the forgotten episodes), those tables' files are swapped for its
+    in the same transaction. Returns the rows removed per table (``req["moved"]`` gains them)."""
     removed: dict[str, int] = {}
     _forget_vault(wh, removal.keys, removed)
     pairs = []
@@ -434,12 +498,21 @@ def _apply_removal(wh: Warehouse, req: dict[str, Any], session: Any, removal: _R
         if written is not None:
             pairs.append((wh.data_path(path), written))
             removed[table] = removed.get(table, 0) + n
+    if ahead is not None:
+        for table, n in ahead.rows.items():
+            removed[table] = removed.get(table, 0) + n
     for table, n in removed.items():
         progress(f"forget: {table}: {n:,} rows")
     sources = {"files_rewritten": len(pairs), "bytes_replaced": sum(old.stat().st_size for old, _ in pairs),
                "bytes_written": sum(new.size for _, new in pairs), "rows_removed": removed}
     req["moved"] = orjson.dumps({**orjson.loads(req["moved"] or "{}"), "sources": sources}).decode()
-    session.replace_files(pairs, rows={"deletions": [_request_row(req, status="sources_removed")]})
+    then = None
+    if ahead is not None:
+        from trajwh.dedup.layer import swap_curated
+
+        then = functools.partial(swap_curated, session, curated=ahead.tables, emptied=ahead.batches,
+                                 started=ahead.started)
+    session.replace_files(pairs, rows={"deletions": [_request_row(req, status="sources_removed")]}, then=then)
     con = wh.connect(read_only=False)
     try:  # what opt-outs matched among the forgotten records (ids only) goes with them
         con.execute("DELETE FROM opt_out_matches WHERE record_id IN (SELECT unnest(?::VARCHAR[]))",
@@ -512,7 +585,7 @@ def _shared_scopes_in_use(wh: Warehouse, keys: pa.Array, batches: list[str]) -> 
 
 
 def _repair(wh: Warehouse, before: dict[str, str], keys: set[str],
-            progress: Callable[[str], None] = lambda m: None) -> list[dict[str, Any]]:
+            progress: Callable[[str], None] = lambda m: None, *, curated: bool = False) -> list[dict[str, Any]]:
     """The derived layers brought up to date without the forgotten rows, in this process: the
     stages a build runs after the per-batch ones (curation, eligibility, outcomes and fragments,
     packs), each incremental as in a build (the clusters updated for the buckets the forgotten
@@ -523,7 +596,9 @@ def _repair(wh: Warehouse, before: dict[str, str], keys: set[str],
     and kept each file's manifest attributes. The stages' checks run at the next build (the
     compaction drops the record that the warehouse is up to date, and the cached check results are
     keyed by the files they read). The warehouse's own data card is withdrawn by the next stage
-    (``datacards.card.withdraw_cards``). Returns the staying episodes whose split changed."""
+    (``datacards.card.withdraw_cards``). ``curated``: stage 1 swapped in the curated tables made
+    without the forgotten episodes (``_curate_ahead``), so the curation is not run again. Returns
+    the staying episodes whose split changed."""
     import uuid
 
     from trajwh.dedup.layer import curate_warehouse
@@ -537,12 +612,14 @@ def _repair(wh: Warehouse, before: dict[str, str], keys: set[str],
     settings = load_settings(None, wh.root)
     run_id, started = str(uuid.uuid4()), now_utc()
     row = functools.partial(run_row, run_id, "forget", started, code_version="", counts={},
-                            params={"stages": ["curate", "eligibility", "fragments", "packs"]})
+                            params={"stages": ["eligibility", "fragments", "packs"] if curated else
+                                    ["curate", "eligibility", "fragments", "packs"]})
     with wh.write_session("forget") as session:
         mark_running(session, run_id, "forget", started)
     try:
-        progress("forget: repair: clusters, groups and splits")
-        curate_warehouse(wh, run_id=run_id, cfg=settings_mod.curate_config(settings))
+        if not curated:
+            progress("forget: repair: clusters, groups and splits")
+            curate_warehouse(wh, run_id=run_id, cfg=settings_mod.curate_config(settings))
         progress("forget: repair: license eligibility")
         build_eligibility(wh, run_id=run_id, policy=settings_mod.license_policy(settings))
         progress("forget: repair: outcomes and fragments")
@@ -1227,31 +1304,47 @@ def _plan_and_run(wh: Warehouse, sel: Selector, reason: str, progress: Callable[
     # should one not be
     recorded = _older_files(wh, counts["_since"])
     drawn = pool.submit(_candidates_part, (str(wh.root), plan.records, plan.episodes, frozenset(recorded)))
-    older = _unchanged(recorded)
-    now = now_utc()
-    req = {"request_id": "del-" + ids.digest([str(sel), reason, now.isoformat()])[:16], "requested_at": now,
-           "selector": str(sel), "reason": reason.strip(), "status": "planned", "record_ids": plan.records,
-           "trajectory_keys": plan.episodes, "record_digests": [], "probe_fingerprints": [],
-           "counts": orjson.dumps(counts).decode(), "moved": None, "verify_result": None}
-    splits_before = {r["trajectory_key"]: r["split"] for r in wh.query("SELECT trajectory_key, split FROM splits").to_pylist()}
-    req["moved"] = orjson.dumps({"splits_before": splits_before}).decode()
-    with wh.write_session("forget") as session:
-        # stage 1's copies are written while the worker draws the candidates (108,070 episodes + 1 %:
-        # the plan waited 0.9 s for them); nothing is deleted before the request is stored with them
-        removal = _prepare_removal(wh, req, session, older)
-        digests, candidates = drawn.result()
-        if older != frozenset(recorded):
-            digests, candidates = _plan_candidates(wh, plan.records, plan.episodes, older)
-        salt = _salt(wh)
-        # every candidate's fingerprint, until the repair stage has chosen the probes among them
-        req.update(record_digests=digests, probe_fingerprints=sorted({fingerprint(p, salt) for p in _windows(candidates)}))
-        session.upsert_rows("deletions", [_request_row(req)])
-        progress(f"forget {req['request_id']}: planned ({len(plan.records)} raw records, {len(plan.episodes)} episodes)")
-        _maybe_crash("planned")
-        _apply_removal(wh, req, session, removal, progress)
+    with ThreadPoolExecutor(1) as curating:
+        ahead = _curate_ahead(wh, plan, curating)
+        older = _unchanged(recorded)
+        now = now_utc()
+        req = {"request_id": "del-" + ids.digest([str(sel), reason, now.isoformat()])[:16], "requested_at": now,
+               "selector": str(sel), "reason": reason.strip(), "status": "planned", "record_ids": plan.records,
+               "trajectory_keys": plan.episodes, "record_digests": [], "probe_fingerprints": [],
+               "counts": orjson.dumps(counts).decode(), "moved": None, "verify_result": None}
+        splits_before = {r["trajectory_key"]: r["split"] for r in wh.query("SELECT trajectory_key, split FROM splits").to_pylist()}
+        req["moved"] = orjson.dumps({"splits_before": splits_before}).decode()
+        with wh.write_session("forget") as session:
+            # stage 1's copies are written while the worker draws the candidates (108,070 episodes + 1 %:
+            # the plan waited 0.9 s for them) and a thread curates without the forgotten episodes;
+            # nothing is deleted before the request is stored with them
+            keys = _key_sets(wh, req, older)
+            removal = _prepare_removal(wh, req, session, older, [t for t in PARQUET_TABLES
+                                                                 if ahead is None or t not in _CURATED], keys)
+            digests, candidates = drawn.result()
+            if older != frozenset(recorded):
+                digests, candidates = _plan_candidates(wh, plan.records, plan.episodes, older)
+            # the worker searches the surviving payloads from here (the files the swap will leave)
+            search = _start_search(candidates, _surviving_raw(wh, removal), plan.records, pool)
+            salt = _salt(wh)
+            # every candidate's fingerprint, until the repair stage has chosen the probes among them
+            req.update(record_digests=digests, probe_fingerprints=sorted({fingerprint(p, salt) for p in _windows(candidates)}))
+            session.upsert_rows("deletions", [_request_row(req)])
+            progress(f"forget {req['request_id']}: planned ({len(plan.records)} raw records, {len(plan.episodes)} episodes)")
+            _maybe_crash("planned")
+            curated = None
+            if ahead is not None:
+                try:
+                    curated = ahead.result()
+                except Exception as exc:  # noqa: BLE001 - the curation runs after the rewrite instead
+                    progress(f"forget: the curation beside the plan failed ({type(exc).__name__}: {str(exc)[:200]}); "
+                             "the curated tables are rewritten and curated again after the rewrite")
+                    more = _prepare_removal(wh, req, session, older, _CURATED, keys)
+                    removal.files.extend(more.files)
+            _apply_removal(wh, req, session, removal, progress, curated)
     req = _request_row(req, status="sources_removed")
     _maybe_crash("sources_removed")
-    return _resume(wh, req, candidates, older, progress, pool)
+    return _resume(wh, req, candidates, older, progress, pool, curated=curated is not None, search=search)
 
 
 def resume(wh: Warehouse, req: dict[str, Any], *, candidates: Candidates | None = None,
@@ -1266,7 +1359,8 @@ def resume(wh: Warehouse, req: dict[str, Any], *, candidates: Candidates | None 
 
 
 def _resume(wh: Warehouse, req: dict[str, Any], candidates: Candidates | None, older: frozenset[str] | None,
-            progress: Callable[[str], None], pool: ProcessPoolExecutor) -> ForgetResult:
+            progress: Callable[[str], None], pool: ProcessPoolExecutor, *, curated: bool = False,
+            search: tuple[_Matcher, Any] | None = None) -> ForgetResult:
     status = req["status"]
     resumed = candidates is None
     probes: list[str] | None = None
@@ -1278,8 +1372,10 @@ def _resume(wh: Warehouse, req: dict[str, Any], candidates: Candidates | None, o
         status = req["status"]
     if status == "sources_removed":
         progress("forget: repairing the derived layers (the probes chosen beside it) ...")
-        probes, moved = _with_probes(wh, candidates, req["record_ids"], lambda: _repair(
-            wh, moved_doc.get("splits_before", {}), set(req["trajectory_keys"]), progress), pool)
+        if search is None:  # (not started in the plan: a request resumed)
+            search = _start_search(candidates, _table_paths(wh, "raw_records"), req["record_ids"], pool)
+        probes, moved = _with_probes(candidates, search, lambda: _repair(
+            wh, moved_doc.get("splits_before", {}), set(req["trajectory_keys"]), progress, curated=curated))
         kept = {k: v for k, v in orjson.loads(req["moved"] or "{}").items() if k != "splits_before"}
         salt = _salt(wh)
         chosen_fps = {"probe_fingerprints": sorted({fingerprint(p, salt) for p in probes})} if probes is not None else {}

@@ -19,21 +19,26 @@ from trajwh.schemas import ids
 from trajwh.schemas.arrow import arrow_schema
 
 
-def inputs_fingerprint(wh: Warehouse, tables: list[str], where: str = "") -> str:
+def inputs_fingerprint(wh: Warehouse, tables: list[str], where: str = "", con: Any = None) -> str:
     """Digest of the content hashes of every file of ``tables`` (any change -> a new digest);
-    ``where``: a further condition on ``table_files`` rows (e.g. only one stage's edges)."""
-    shas = wh.manifest_query("SELECT string_agg(sha256, ',' ORDER BY sha256) FROM table_files WHERE list_contains(?, table_name)"
-                    + (f" AND ({where})" if where else ""), [tables]).column(0)[0].as_py() or ""
+    ``where``: a further condition on ``table_files`` rows (e.g. only one stage's edges); ``con``:
+    a catalog connection to read through (a transaction's, seeing its own changes)."""
+    shas = _manifest(wh, "SELECT string_agg(sha256, ',' ORDER BY sha256) FROM table_files WHERE list_contains(?, table_name)"
+                     + (f" AND ({where})" if where else ""), [tables], con).column(0)[0].as_py() or ""
     return ids.digest(shas)[:16]
 
 
-def batch_fingerprints(wh: Warehouse, tables: list[str], where: str = "") -> dict[str, str]:
-    """Per ingest batch, the digest of the content hashes of its files of ``tables`` (``where``: as
-    for ``inputs_fingerprint``)."""
-    rows = wh.manifest_query("SELECT batch_id, string_agg(sha256, ',' ORDER BY sha256) AS shas FROM table_files "
-                             "WHERE list_contains(?, table_name)" + (f" AND ({where})" if where else "")
-                             + " GROUP BY batch_id", [tables]).to_pylist()
+def batch_fingerprints(wh: Warehouse, tables: list[str], where: str = "", con: Any = None) -> dict[str, str]:
+    """Per ingest batch, the digest of the content hashes of its files of ``tables`` (``where``,
+    ``con``: as for ``inputs_fingerprint``)."""
+    rows = _manifest(wh, "SELECT batch_id, string_agg(sha256, ',' ORDER BY sha256) AS shas FROM table_files "
+                     "WHERE list_contains(?, table_name)" + (f" AND ({where})" if where else "")
+                     + " GROUP BY batch_id", [tables], con).to_pylist()
     return {r["batch_id"]: ids.digest(r["shas"])[:16] for r in rows}
+
+
+def _manifest(wh: Warehouse, sql: str, params: list[Any], con: Any) -> pa.Table:
+    return wh.manifest_query(sql, params) if con is None else con.sql(sql, params=params).to_arrow_table()
 
 
 def joined_by_key(outer: Iterator[list[dict[str, Any]]], inner: Iterator[list[dict[str, Any]]],

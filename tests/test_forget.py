@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import orjson
@@ -329,6 +330,71 @@ def test_tool_definitions_an_older_episode_shares_stay(tmp_path):
         assert wh.query(f"SELECT tool_schema_digest FROM {table}").column(0).to_pylist() == \
             [digests[0]["tool_schema_digest"]], table
     assert wh.query("SELECT source FROM redacted_episodes").column(0).to_pylist() == ["a"]
+
+
+def _curate_state(wh: Warehouse) -> dict:
+    params = orjson.loads(wh.query("SELECT params FROM runs WHERE job = 'curate' AND status = 'succeeded' "
+                                   "ORDER BY finished_at DESC LIMIT 1").column(0)[0].as_py())
+    features = sorted(tuple(r.values()) for r in wh.query(
+        "SELECT batch_id, transform_version FROM table_files WHERE table_name = 'episode_features'").to_pylist())
+    return {"version": params["version"], "near_dup": params["near_dup"], "features": features}
+
+
+def test_the_curation_made_beside_the_plan_equals_the_one_after_the_rewrite(wh, tmp_path, monkeypatch):
+    """A forget whose episodes make up whole batches curates without them while it prepares the
+    rewrite, and swaps the curated tables in with it (``_curate_ahead``). The tables are those a
+    curation after the rewrite makes (apart from the run that made them), with the same state for
+    the next cluster update and the features marked current: the next curation has nothing to do.
+    Should that curation fail, the tables are rewritten and curated after the rewrite instead."""
+    import trajwh.dedup.layer as dedup_layer
+    from trajwh.dedup.layer import curate_warehouse
+    from trajwh.lineage import forget as forget_mod
+    from trajwh.pipelines.settings import curate_config
+    from trajwh.schemas.config import load_settings
+
+    after, failed = (Warehouse(tmp_path / name) for name in ("after", "failed"))
+    for other in (after, failed):
+        shutil.copytree(wh.root, other.root)
+    real, made = forget_mod._curate_ahead, []
+    monkeypatch.setattr(forget_mod, "_curate_ahead", lambda *a: made.append(real(*a)) or made[-1])
+    assert forget(wh, "source:cases", "withdrawn").status == "verified"
+    assert made and made[0] is not None  # the batch goes whole: curated beside the plan
+    monkeypatch.setattr(forget_mod, "_curate_ahead", lambda *a: None)
+    assert forget(after, "source:cases", "withdrawn").status == "verified"
+    monkeypatch.setattr(forget_mod, "_curate_ahead", real)
+
+    def boom(*args, **kwargs):
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(dedup_layer, "curated_without", boom)
+    messages: list[str] = []
+    assert forget(failed, "source:cases", "withdrawn", progress=messages.append).status == "verified"
+    assert any("MemoryError: no room" in m for m in messages)
+    for table in ("near_dup_clusters", "task_groups", "splits", "leak_flags", "fragments", "outcomes", "episode_features"):
+        expected = _hashes_all(after, table, _LINEAGE)
+        assert _hashes_all(wh, table, _LINEAGE) == expected == _hashes_all(failed, table, _LINEAGE), table
+    state = _curate_state(after)
+    assert _curate_state(wh) == state == _curate_state(failed)
+    cfg = curate_config(load_settings(None, wh.root))
+    summary = curate_warehouse(wh, run_id="next", cfg=cfg)
+    assert summary.skipped and summary.batches_featurized == 0
+
+
+def test_a_batch_that_loses_some_of_its_episodes_is_curated_after_the_rewrite(wh):
+    """Its features would be computed again from its rewritten files, so the curation waits for
+    them; so it does when the stored features are not current."""
+    from trajwh.dedup.layer import CurateConfig, features_current
+    from trajwh.lineage import forget as forget_mod
+
+    key = wh.query("SELECT trajectory_key FROM episodes WHERE source = 'synth' ORDER BY 1 LIMIT 1").column(0)[0].as_py()
+    with ThreadPoolExecutor(1) as pool:
+        assert forget_mod._curate_ahead(wh, impact(wh, f"episode:{key}"), pool) is None
+        ahead = forget_mod._curate_ahead(wh, impact(wh, "source:cases"), pool)
+        assert ahead is not None and ahead.result().batches
+    assert features_current(wh, CurateConfig())
+    assert not features_current(wh, CurateConfig(min_actions=CurateConfig().min_actions + 1))
+    assert forget(wh, f"episode:{key}", "withdrawn").status == "verified"
+    assert _count(wh, "SELECT count(*) FROM splits WHERE trajectory_key = ?", [key]) == 0
 
 
 def test_a_representative_that_goes_is_replaced(wh, tmp_path):
