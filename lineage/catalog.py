@@ -355,9 +355,15 @@ class Warehouse:
         stamp changed (this process's own commits) or a write connection is opened here: a forget
         at 108,070 episodes asked 105 questions, each attachment and detachment about 7 ms."""
         self.require()
-        with _READERS_LOCK:
-            reader = _reader(self)
-            reader.users += 1  # (a reader in use is never closed)
+        me, key = threading.get_ident(), self._holder_key()
+        _enter(_READING, _WRITERS, key, me)  # (waits while another thread has a write connection open)
+        try:
+            with _READERS_LOCK:
+                reader = _reader(self)
+                reader.users += 1  # (a reader in use is never closed)
+        except BaseException:
+            _leave(_READING, key, me)
+            raise
         cur = None
         try:
             with reader.lock:
@@ -383,6 +389,7 @@ class Warehouse:
                 cur.close()
             with _READERS_LOCK:
                 reader.users -= 1
+            _leave(_READING, key, me)
             with reader.lock:  # the last one out lets the file go (unless another came in meanwhile, or
                 if reader.users == 0 and reader.attached and not _keeps_reader(self):  # this process writes)
                     reader.detach()
@@ -747,6 +754,45 @@ _MAX_READERS = 4
 _INHERITED: list[_Reader] = []
 
 
+#: per catalog (``Warehouse._holder_key``), the threads of this process with questions or read-only
+#: connections open on it, and with write connections open, and how many. Within one process
+#: DuckDB attaches a file to one instance at a time when one of them writes, so a thread that
+#: reads waits while another thread has a write connection open, and a write connection waits for
+#: the reads other threads have open (``_GATE``: a forget curates in a thread while it stores its
+#: request). A thread's own read beside its own write connection is refused as before (the
+#: attach fails): it would wait for itself.
+_READING: dict[tuple[int, str], dict[int, int]] = {}
+_WRITERS: dict[tuple[int, str], dict[int, int]] = {}
+_GATE = threading.Condition()
+
+
+def _enter(mine: dict[tuple[int, str], dict[int, int]], others: dict[tuple[int, str], dict[int, int]],
+           key: tuple[int, str], me: int) -> None:
+    """Thread ``me`` opens a read (``mine`` is ``_READING``) or a write (``_WRITERS``) on the
+    catalog ``key``: it waits while another thread holds the other kind open."""
+    with _GATE:
+        while any(t != me for t in others.get(key, {})):
+            _GATE.wait()
+        held = mine.setdefault(key, {})
+        held[me] = held.get(me, 0) + 1
+
+
+def _leave(mine: dict[tuple[int, str], dict[int, int]], key: tuple[int, str], me: int | None = None) -> None:
+    """One read or write (``_enter``) of thread ``me`` closed (the caller's; any thread's, if it
+    holds none: a connection collected in another thread)."""
+    me = threading.get_ident() if me is None else me
+    with _GATE:
+        held = mine.get(key, {})
+        holder = me if me in held else next(iter(held), None)
+        if holder is not None:
+            held[holder] -= 1
+            if not held[holder]:
+                del held[holder]
+        if not held:
+            mine.pop(key, None)
+        _GATE.notify_all()
+
+
 #: write connections to a catalog this process closed (``Warehouse._reader_stamp``; a reader attached
 #: while one was open sees the count change when it closes)
 _WRITES = [0]
@@ -898,8 +944,18 @@ def _new_instance(spill: str) -> duckdb.DuckDBPyConnection:
 
 def _attach(wh: Warehouse, read_only: bool, timeout: float) -> _Attached:
     key = (os.getpid(), str(wh.catalog_path))
-    if not read_only and _keeps_reader(wh):  # (a reader kept attached never reads beside this process's writes)
-        _let_reader_go(wh)
+    gate = _READING if read_only else _WRITERS
+    _enter(gate, _WRITERS if read_only else _READING, key, threading.get_ident())  # (``_GATE``)
+    try:
+        if not read_only and _keeps_reader(wh):  # (a reader kept attached never reads beside this process's writes)
+            _let_reader_go(wh)
+        return _attach_slot(wh, key, read_only, timeout)
+    except BaseException:
+        _leave(gate, key)
+        raise
+
+
+def _attach_slot(wh: Warehouse, key: tuple[int, str], read_only: bool, timeout: float) -> _Attached:
     with _slot_lock(key):
         slot = _SLOTS.get(key)
         if slot is not None and slot.read_only != read_only:
@@ -924,14 +980,23 @@ def _attach(wh: Warehouse, read_only: bool, timeout: float) -> _Attached:
         except BaseException:
             if cur is not None:
                 cur.close()
-            _release(slot)
+            _release(slot, leave=False)  # (``_attach`` leaves the gate)
             raise
     return _Attached(cur, slot)
 
 
-def _release(slot: _Slot) -> None:
+def _release(slot: _Slot, *, leave: bool = True) -> None:
     """One connection of ``slot`` closed: after the last, the file is detached (a detach that fails
-    closes the instance, which lets the file go as surely) and the instance kept for the next."""
+    closes the instance, which lets the file go as surely) and the instance kept for the next; then
+    the connection leaves the gate (``_GATE``)."""
+    try:
+        _release_slot(slot)
+    finally:
+        if leave:
+            _leave(_READING if slot.read_only else _WRITERS, slot.key)
+
+
+def _release_slot(slot: _Slot) -> None:
     with _slot_lock(slot.key):
         slot.users -= 1
         if slot.users:

@@ -419,12 +419,13 @@ _CURATED = ("near_dup_clusters", "task_groups", "splits", "leak_flags")
 class _CurationAhead:
     """The curated tables made without the forgotten episodes while stage 1 prepares the rest
     (``_curate_ahead``), swapped in with it: ``tables`` (``dedup.layer.CuratedTables``), the batches
-    whose every episode goes (``batches``), the rows each curated table loses, and when it began."""
+    whose every episode goes (``batches``), when it began, and the rows each curated table loses
+    (the plan's counts, set once they are known)."""
 
     tables: Any
     batches: list[str]
-    rows: dict[str, int]
     started: Any
+    rows: dict[str, int] = field(default_factory=dict)
 
 
 def _curate_ahead(wh: Warehouse, plan: Impact, pool: ThreadPoolExecutor) -> Any:
@@ -449,9 +450,8 @@ def _curate_ahead(wh: Warehouse, plan: Impact, pool: ThreadPoolExecutor) -> Any:
     import uuid
 
     started = now_utc()
-    rows = {t: plan.layers.get(t, {}).get("rows", 0) for t in _CURATED}
     return pool.submit(lambda: _CurationAhead(curated_without(wh, cfg, str(uuid.uuid4()), plan.episodes),
-                                              sorted(r["b"] for r in batches), rows, started))
+                                              sorted(r["b"] for r in batches), started))
 
 
 def _prepare_removal(wh: Warehouse, req: dict[str, Any], session: Any, older: frozenset[str],
@@ -1291,7 +1291,16 @@ def forget(wh: Warehouse, selector: str | None, reason: str, *, dry_run: bool = 
 
 def _plan_and_run(wh: Warehouse, sel: Selector, reason: str, progress: Callable[[str], None],
                   pool: ProcessPoolExecutor) -> ForgetResult:
-    plan = impact(wh, sel)
+    with ThreadPoolExecutor(1) as curating:
+        # the curation beside the plan starts once the episodes are known, before the layers are counted
+        started: list[Any] = []
+        plan = impact(wh, sel, lambda selected: started.append(_curate_ahead(wh, selected, curating)))
+        return _plan_more(wh, sel, reason, progress, pool, plan, started[0] if started else None)
+
+
+def _plan_more(wh: Warehouse, sel: Selector, reason: str, progress: Callable[[str], None], pool: ProcessPoolExecutor,
+               plan: Impact, ahead: Any) -> ForgetResult:
+    """``_plan_and_run`` once the plan is made (``ahead``: the future of ``_curate_ahead``, or None)."""
     if plan.empty:
         raise ConfigError(f"{sel} matches nothing in {wh.root}", valid="a selector `trajwh impact` finds rows for")
     counts = {k: v["rows"] for k, v in plan.layers.items()}
@@ -1304,44 +1313,43 @@ def _plan_and_run(wh: Warehouse, sel: Selector, reason: str, progress: Callable[
     # should one not be
     recorded = _older_files(wh, counts["_since"])
     drawn = pool.submit(_candidates_part, (str(wh.root), plan.records, plan.episodes, frozenset(recorded)))
-    with ThreadPoolExecutor(1) as curating:
-        ahead = _curate_ahead(wh, plan, curating)
-        older = _unchanged(recorded)
-        now = now_utc()
-        req = {"request_id": "del-" + ids.digest([str(sel), reason, now.isoformat()])[:16], "requested_at": now,
-               "selector": str(sel), "reason": reason.strip(), "status": "planned", "record_ids": plan.records,
-               "trajectory_keys": plan.episodes, "record_digests": [], "probe_fingerprints": [],
-               "counts": orjson.dumps(counts).decode(), "moved": None, "verify_result": None}
-        splits_before = {r["trajectory_key"]: r["split"] for r in wh.query("SELECT trajectory_key, split FROM splits").to_pylist()}
-        req["moved"] = orjson.dumps({"splits_before": splits_before}).decode()
-        with wh.write_session("forget") as session:
-            # stage 1's copies are written while the worker draws the candidates (108,070 episodes + 1 %:
-            # the plan waited 0.9 s for them) and a thread curates without the forgotten episodes;
-            # nothing is deleted before the request is stored with them
-            keys = _key_sets(wh, req, older)
-            removal = _prepare_removal(wh, req, session, older, [t for t in PARQUET_TABLES
-                                                                 if ahead is None or t not in _CURATED], keys)
-            digests, candidates = drawn.result()
-            if older != frozenset(recorded):
-                digests, candidates = _plan_candidates(wh, plan.records, plan.episodes, older)
-            # the worker searches the surviving payloads from here (the files the swap will leave)
-            search = _start_search(candidates, _surviving_raw(wh, removal), plan.records, pool)
-            salt = _salt(wh)
-            # every candidate's fingerprint, until the repair stage has chosen the probes among them
-            req.update(record_digests=digests, probe_fingerprints=sorted({fingerprint(p, salt) for p in _windows(candidates)}))
-            session.upsert_rows("deletions", [_request_row(req)])
-            progress(f"forget {req['request_id']}: planned ({len(plan.records)} raw records, {len(plan.episodes)} episodes)")
-            _maybe_crash("planned")
-            curated = None
-            if ahead is not None:
-                try:
-                    curated = ahead.result()
-                except Exception as exc:  # noqa: BLE001 - the curation runs after the rewrite instead
-                    progress(f"forget: the curation beside the plan failed ({type(exc).__name__}: {str(exc)[:200]}); "
-                             "the curated tables are rewritten and curated again after the rewrite")
-                    more = _prepare_removal(wh, req, session, older, _CURATED, keys)
-                    removal.files.extend(more.files)
-            _apply_removal(wh, req, session, removal, progress, curated)
+    older = _unchanged(recorded)
+    now = now_utc()
+    req = {"request_id": "del-" + ids.digest([str(sel), reason, now.isoformat()])[:16], "requested_at": now,
+           "selector": str(sel), "reason": reason.strip(), "status": "planned", "record_ids": plan.records,
+           "trajectory_keys": plan.episodes, "record_digests": [], "probe_fingerprints": [],
+           "counts": orjson.dumps(counts).decode(), "moved": None, "verify_result": None}
+    splits_before = {r["trajectory_key"]: r["split"] for r in wh.query("SELECT trajectory_key, split FROM splits").to_pylist()}
+    req["moved"] = orjson.dumps({"splits_before": splits_before}).decode()
+    with wh.write_session("forget") as session:
+        # stage 1's copies are written while the worker draws the candidates (108,070 episodes + 1 %:
+        # the plan waited 0.9 s for them) and a thread curates without the forgotten episodes;
+        # nothing is deleted before the request is stored with them
+        keys = _key_sets(wh, req, older)
+        removal = _prepare_removal(wh, req, session, older, [t for t in PARQUET_TABLES
+                                                             if ahead is None or t not in _CURATED], keys)
+        digests, candidates = drawn.result()
+        if older != frozenset(recorded):
+            digests, candidates = _plan_candidates(wh, plan.records, plan.episodes, older)
+        # the worker searches the surviving payloads from here (the files the swap will leave)
+        search = _start_search(candidates, _surviving_raw(wh, removal), plan.records, pool)
+        salt = _salt(wh)
+        # every candidate's fingerprint, until the repair stage has chosen the probes among them
+        req.update(record_digests=digests, probe_fingerprints=sorted({fingerprint(p, salt) for p in _windows(candidates)}))
+        session.upsert_rows("deletions", [_request_row(req)])
+        progress(f"forget {req['request_id']}: planned ({len(plan.records)} raw records, {len(plan.episodes)} episodes)")
+        _maybe_crash("planned")
+        curated = None
+        if ahead is not None:
+            try:
+                curated = ahead.result()
+                curated.rows = {t: plan.layers.get(t, {}).get("rows", 0) for t in _CURATED}
+            except Exception as exc:  # noqa: BLE001 - the curation runs after the rewrite instead
+                progress(f"forget: the curation beside the plan failed ({type(exc).__name__}: {str(exc)[:200]}); "
+                         "the curated tables are rewritten and curated again after the rewrite")
+                more = _prepare_removal(wh, req, session, older, _CURATED, keys)
+                removal.files.extend(more.files)
+        _apply_removal(wh, req, session, removal, progress, curated)
     req = _request_row(req, status="sources_removed")
     _maybe_crash("sources_removed")
     return _resume(wh, req, candidates, older, progress, pool, curated=curated is not None, search=search)

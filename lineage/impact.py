@@ -15,6 +15,7 @@ Ids are returned in full (JSON) so a reviewer can check the plan a forget would 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,8 +152,10 @@ def _count(con: Any, sql: str, params: list[Any] | None = None) -> int:
     return con.execute(f"SELECT count(*) FROM ({sql})", params or []).fetchall()[0][0]
 
 
-def impact(wh: Warehouse, selector: Selector | str) -> Impact:
-    """What a forget of ``selector`` would remove or recompute, per layer (read only)."""
+def impact(wh: Warehouse, selector: Selector | str, selected: Callable[[Impact], Any] | None = None) -> Impact:
+    """What a forget of ``selector`` would remove or recompute, per layer (read only). ``selected``
+    is called with the impact once its records and episodes are known, before the layers are
+    counted (a forget starts work that needs only those)."""
     sel = Selector.parse(selector) if isinstance(selector, str) else selector
     wh.require()
     con = wh.connect(read_only=True)
@@ -179,6 +182,8 @@ def impact(wh: Warehouse, selector: Selector | str) -> Impact:
             keys = _ids(con, f"SELECT child_id FROM {edges} WHERE child_table = 'episodes' AND "
                              "parent_table = 'raw_records' AND parent_id IN (SELECT id FROM _r0)")
         out.records, out.episodes = records, keys
+        if selected is not None:
+            selected(out)
         con.register("_r", pa.table({"id": pa.array(records, pa.string())}))
         con.register("_k", pa.table({"k": pa.array(keys, pa.string())}))
         _layers(wh, con, sel, out)

@@ -439,3 +439,55 @@ def test_questions_inside_a_write_session_keep_the_catalog_attached_and_see_its_
         assert _count(wh, runs) == 2
         assert _writer_can_open(wh.catalog_path)  # outside a session: let go after each question
     assert len(attached) == 5
+
+
+def test_a_question_from_another_thread_waits_for_a_write_connection_and_the_other_way_round(tmp_path, cases):
+    """The catalog file cannot be attached to the reader's instance and to a write connection's at
+    once (within one process DuckDB refuses the second). A question from one thread waits while
+    another thread has a write connection open, and a write connection waits for the questions
+    other threads have open (a forget curates in a thread while it stores its request)."""
+    import threading
+
+    from trajwh.ingest.raw_store import IngestOptions, ingest_paths
+
+    wh = Warehouse(tmp_path / "wh")
+    ingest_paths(wh, [cases / "two_episodes.jsonl"], IngestOptions(source="a"))
+    batches = _count(wh, "SELECT count(*) FROM batches")
+    with wh.write_session("test"):
+        answers: list[int] = []
+        con = wh.connect(read_only=False)
+        try:
+            asker = threading.Thread(target=lambda: answers.append(_count(wh, "SELECT count(*) FROM batches")))
+            asker.start()
+            asker.join(0.5)
+            assert asker.is_alive() and not answers  # waits for the write connection
+        finally:
+            con.close()
+        asker.join(30)
+        assert answers == [batches]
+        # a question held open in one thread (a stream not read to its end): a write connection waits
+        opened, release, wrote = threading.Event(), threading.Event(), []
+
+        def hold() -> None:
+            rows = wh.stream("SELECT * FROM range(100000)", batch_rows=10)
+            next(rows)
+            opened.set()
+            release.wait(30)
+            rows.close()
+
+        def write() -> None:
+            c = wh.connect(read_only=False)
+            wrote.append(1)
+            c.close()
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        assert opened.wait(30)
+        writer = threading.Thread(target=write)
+        writer.start()
+        writer.join(0.5)
+        assert writer.is_alive() and not wrote
+        release.set()
+        for t in (holder, writer):
+            t.join(30)
+        assert wrote == [1]
