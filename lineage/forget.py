@@ -378,13 +378,36 @@ def _same_bytes(path: str, recorded: tuple[str, str]) -> bool:
     return content_digest(data_root(path), recorded) == recorded[1]
 
 
-def _unchanged(recorded: dict[str, tuple[str, str]]) -> frozenset[str]:
+def _unchanged(recorded: dict[str, tuple[str, str]], stamps: dict[str, tuple[int, ...]] | None = None
+               ) -> frozenset[str]:
     """The files of ``recorded`` whose bytes still have the digest recorded (read on two threads:
-    hashing releases the interpreter's lock)."""
+    hashing releases the interpreter's lock). ``stamps`` gains each such local file's stamp
+    (``_stamp``) when it was the same before and after the read."""
     paths = sorted(recorded)
+
+    def same(path: str) -> bool:
+        before = _stamp(path)
+        ok = _same_bytes(path, recorded[path])
+        if ok and stamps is not None and before is not None and _stamp(path) == before:
+            stamps[path] = before
+        return ok
+
     with ThreadPoolExecutor(2) as pool:
-        same = list(pool.map(lambda p: _same_bytes(p, recorded[p]), paths))
-    return frozenset(p for p, ok in zip(paths, same, strict=True) if ok)
+        found = list(pool.map(same, paths))
+    return frozenset(p for p, ok in zip(paths, found, strict=True) if ok)
+
+
+def _stamp(path: str) -> tuple[int, ...] | None:
+    """A local file's (inode, size, modification and change times in ns), None for an object in a
+    store or a file that is gone. The change time cannot be set back: any write to the file, or
+    to its times, moves it."""
+    if is_uri(path):
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _remove_sources(wh: Warehouse, req: dict[str, Any], progress: Callable[[str], None],
@@ -1067,16 +1090,18 @@ _PART_MB = 400
 _PARALLEL_SCAN_BYTES = 64 * 2**20
 
 
-def _scan_files(task: tuple[list[str], _Matcher, dict[str, tuple[str, str]], _RowCheck | None]
-                ) -> tuple[dict[str, set[str]], list[str], _RowCheck | None]:
+def _scan_files(task: tuple[list[str], _Matcher, dict[str, tuple[str, str]], _RowCheck | None,
+                            dict[str, tuple[int, ...]]]) -> tuple[dict[str, set[str]], list[str], _RowCheck | None]:
     """(probe hits by file, the files read by digest alone, the rows counted) of a part's files. A
     file in ``recorded`` (path -> the digest the manifest recorded before the forgotten data was
     ingested: ``_older_files``) whose bytes still have that digest is not searched; any other file,
-    one whose bytes changed included, is."""
-    paths, matcher, recorded, rows = task
+    one whose bytes changed included, is. A file of ``stamps`` (path -> its stamp when the plan of
+    the same forget found its bytes with that digest: ``_unchanged``) whose stamp is still that
+    one is not read again."""
+    paths, matcher, recorded, rows, stamps = task
     found, unchanged = {}, []
     for path in paths:
-        if path in recorded and _same_bytes(path, recorded[path]):
+        if path in recorded and ((path in stamps and _stamp(path) == stamps[path]) or _same_bytes(path, recorded[path])):
             unchanged.append(path)
         elif hits := _scan_file(path, matcher, rows):
             found[path] = hits
@@ -1090,7 +1115,8 @@ _DIGEST_WEIGHT = {"blake3": 0.01, "sha256": 0.05}
 
 
 def _scan(wh: Warehouse, matcher: _Matcher, since: str | None = None, rows: _RowCheck | None = None,
-          pool: ProcessPoolExecutor | None = None) -> tuple[dict[str, set[str]], frozenset[str]]:
+          pool: ProcessPoolExecutor | None = None, stamps: dict[str, tuple[int, ...]] | None = None
+          ) -> tuple[dict[str, set[str]], frozenset[str]]:
     """Fingerprints of the probes found, by file, over every file under the warehouse: Parquet
     decoded, anything else (the catalog and its WAL, vault salt, caches, logs) as bytes; the
     catalog's own tables are read through DuckDB too (its strings may be compressed on disk).
@@ -1111,8 +1137,10 @@ def _scan(wh: Warehouse, matcher: _Matcher, since: str | None = None, rows: _Row
     weights = {p: n * _DIGEST_WEIGHT[recorded[p][0]] if p in recorded else n for p, n in sizes.items()}
     found: dict[str, set[str]] = {}
     unchanged: set[str] = set()
+    stamps = stamps or {}
     for part, same, counted in run_parts(_scan_files, [(part, matcher, {p: recorded[p] for p in part if p in recorded},
-                                                         rows.part(part) if rows is not None else None)
+                                                         rows.part(part) if rows is not None else None,
+                                                         {p: stamps[p] for p in part if p in stamps})
                                                         for part in _by_size(weights)], pool=pool):
         unchanged.update(same)
         if rows is not None and counted is not None:
@@ -1230,7 +1258,8 @@ def _table_paths(wh: Warehouse, table: str) -> list[str]:
 
 
 def verify_request(wh: Warehouse, req: dict[str, Any], probes: list[str] | None = None, *,
-                   pool: ProcessPoolExecutor | None = None) -> dict[str, Any]:
+                   pool: ProcessPoolExecutor | None = None, stamps: dict[str, tuple[int, ...]] | None = None
+                   ) -> dict[str, Any]:
     """The proof: forgotten ids left per table, and probe hits per file outside shared text. Only
     the probes some file holds are sought in the surviving raw records (read again: data ingested
     since the forget may share one). ``pool``: the forget's worker (``_worker``), which takes a
@@ -1245,7 +1274,7 @@ def verify_request(wh: Warehouse, req: dict[str, Any], probes: list[str] | None 
     tables = {str(wh.data_path(r["path"])): r["table_name"] for r in wh.manifest_query(
         "SELECT path, table_name FROM table_files").to_pylist() if r["table_name"] in PARQUET_TABLES}
     rows = _RowCheck(tables, _key_sets(wh, req, frozenset(_older_files(wh, since))))
-    found, unchanged = _scan(wh, matcher, since, rows, pool)
+    found, unchanged = _scan(wh, matcher, since, rows, pool, stamps)
     left = _leftover_rows(wh, unchanged, rows)
     hit = set().union(*found.values()) if found else set()
     shared = _shared(wh, matcher.only(hit)) if hit else set()
@@ -1313,7 +1342,8 @@ def _plan_more(wh: Warehouse, sel: Selector, reason: str, progress: Callable[[st
     # should one not be
     recorded = _older_files(wh, counts["_since"])
     drawn = pool.submit(_candidates_part, (str(wh.root), plan.records, plan.episodes, frozenset(recorded)))
-    older = _unchanged(recorded)
+    stamps: dict[str, tuple[int, ...]] = {}  # the files found unchanged, for the proof (``_scan_files``)
+    older = _unchanged(recorded, stamps)
     now = now_utc()
     req = {"request_id": "del-" + ids.digest([str(sel), reason, now.isoformat()])[:16], "requested_at": now,
            "selector": str(sel), "reason": reason.strip(), "status": "planned", "record_ids": plan.records,
@@ -1352,7 +1382,8 @@ def _plan_more(wh: Warehouse, sel: Selector, reason: str, progress: Callable[[st
         _apply_removal(wh, req, session, removal, progress, curated)
     req = _request_row(req, status="sources_removed")
     _maybe_crash("sources_removed")
-    return _resume(wh, req, candidates, older, progress, pool, curated=curated is not None, search=search)
+    return _resume(wh, req, candidates, older, progress, pool, curated=curated is not None, search=search,
+                   stamps=stamps)
 
 
 def resume(wh: Warehouse, req: dict[str, Any], *, candidates: Candidates | None = None,
@@ -1368,7 +1399,8 @@ def resume(wh: Warehouse, req: dict[str, Any], *, candidates: Candidates | None 
 
 def _resume(wh: Warehouse, req: dict[str, Any], candidates: Candidates | None, older: frozenset[str] | None,
             progress: Callable[[str], None], pool: ProcessPoolExecutor, *, curated: bool = False,
-            search: tuple[_Matcher, Any] | None = None) -> ForgetResult:
+            search: tuple[_Matcher, Any] | None = None, stamps: dict[str, tuple[int, ...]] | None = None
+            ) -> ForgetResult:
     status = req["status"]
     resumed = candidates is None
     probes: list[str] | None = None
@@ -1407,7 +1439,7 @@ def _resume(wh: Warehouse, req: dict[str, Any], candidates: Candidates | None, o
         _maybe_crash("compacted")
         status = req["status"]
     progress("forget: the proof: every file the warehouse holds searched for the probes ...")
-    result = verify_request(wh, req, probes, pool=pool)
+    result = verify_request(wh, req, probes, pool=pool, stamps=stamps)
     req = _save(wh, req, status="verified" if result["ok"] else "verify_failed",
                 verify_result=orjson.dumps(result).decode())
     doc = orjson.loads(req["moved"] or "{}")
