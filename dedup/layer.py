@@ -181,6 +181,8 @@ def curate(features: list[EpisodeFeatures], leaks: list, cfg: CurateConfig, run_
 _FEATURE_SCHEMA = arrow_schema(EpisodeFeatureRow)
 _MODELS = {"near_dup_clusters": NearDupClusterRow, "task_groups": TaskGroupRow, "splits": SplitRow,
            "leak_flags": LeakFlagRow}
+#: the tables a curation writes whole
+CURATED_TABLES = tuple(_MODELS)
 
 
 @dataclass

@@ -204,16 +204,16 @@ def _windows(candidates: Candidates) -> list[str]:
     return sorted({w for ws, _ in candidates.values() for w in ws})
 
 
-def _start_search(candidates: Candidates | None, paths: list[str], exclude: list[str], pool: ProcessPoolExecutor
+def _start_search(candidates: Candidates | None, paths: list[str], pool: ProcessPoolExecutor
                   ) -> tuple[_Matcher, Any] | None:
     """The worker of ``pool`` (``_worker``) set to search the raw records' files ``paths`` (the
-    surviving payloads, ``exclude``: records not to read) for the candidate windows; (its matcher,
-    the future of the fingerprints found), None without a candidate."""
+    surviving payloads: files stage 1 left or wrote, which hold no forgotten record) for the
+    candidate windows; (its matcher, the future of the fingerprints found), None without a candidate."""
     every = _windows(candidates) if candidates else []
     if not every:
         return None
     matcher = _Matcher(every, set(), b"plan")
-    return matcher, pool.submit(_shared_part, (paths, matcher, exclude))
+    return matcher, pool.submit(_shared_part, (paths, matcher))
 
 
 def _with_probes(candidates: Candidates | None, search: tuple[_Matcher, Any] | None, work: Callable[[], Any]
@@ -434,10 +434,6 @@ class _Removal:
     files: list[tuple[str, str, int, Any]]
 
 
-#: the tables a curation writes whole
-_CURATED = ("near_dup_clusters", "task_groups", "splits", "leak_flags")
-
-
 @dataclass
 class _CurationAhead:
     """The curated tables made without the forgotten episodes while stage 1 prepares the rest
@@ -529,8 +525,10 @@ def _apply_removal(wh: Warehouse, req: dict[str, Any], session: Any, removal: _R
     sources = {"files_rewritten": len(pairs), "bytes_replaced": sum(old.stat().st_size for old, _ in pairs),
                "bytes_written": sum(new.size for _, new in pairs), "rows_removed": removed}
     if ahead is not None:  # the curated tables' files, swapped whole for those made without the episodes
+        from trajwh.dedup.layer import CURATED_TABLES
+
         curated_old = [wh.data_path(p) for p in wh.query("SELECT path FROM table_files WHERE list_contains(?, table_name)",
-                                                         [list(_CURATED)]).column(0).to_pylist()]
+                                                         [list(CURATED_TABLES)]).column(0).to_pylist()]
         sources["files_rewritten"] += len(curated_old)
         sources["bytes_replaced"] += sum(p.stat().st_size for p in curated_old)
         sources["bytes_written"] += sum(f.size for files in ahead.tables.files.values() for f in files)
@@ -1169,34 +1167,28 @@ def _scan(wh: Warehouse, matcher: _Matcher, since: str | None = None, rows: _Row
     return found, frozenset(unchanged)
 
 
-def _shared(wh: Warehouse, matcher: _Matcher, *, exclude: list[str] | None = None) -> set[str]:
+def _shared(wh: Warehouse, matcher: _Matcher) -> set[str]:
     """The probes (fingerprints) the surviving raw records hold too (shared text, e.g. a system
-    prompt): not evidence. ``exclude``: records not to read. The raw layer's files are read column
-    by column (ids and payloads), not through a query, shared out by size over the cores; a probe
-    found once is not sought again."""
+    prompt): not evidence. The raw layer's files (after stage 1: no forgotten record is left in
+    them) are read by their payload column, not through a query, shared out by size over the
+    cores; a probe found once is not sought again."""
     from trajwh.lineage.parallel import run_parts
 
     paths = _table_paths(wh, "raw_records")
     sizes = {p: wh.data_path(p).stat().st_size for p in paths}
-    return set().union(*run_parts(_shared_part, [(part, matcher, exclude or []) for part in _by_size(sizes)]))
+    return set().union(*run_parts(_shared_part, [(part, matcher) for part in _by_size(sizes)]))
 
 
-def _shared_part(task: tuple[list[str], _Matcher, list[str]]) -> set[str]:
-    paths, matcher, exclude = task
+def _shared_part(task: tuple[list[str], _Matcher]) -> set[str]:
+    paths, matcher = task
     shared: set[str] = set()
     search = _Search(matcher.probes, confirm=False) if matcher.plain else None
-    skip = pa.array(exclude, pa.string())
     for path in paths:
         # in batches of rows, not whole row groups (64 MB of payloads each): the search of 108,070
         # episodes' payloads alone peaked at 839 MB, 639 MB now, and a forget's processes together
         # at 1.94-1.98 GB, 1.56-1.62 GB now
-        for rb in pq.ParquetFile(path).iter_batches(batch_size=_SEARCH_ROWS, columns=["record_id", "payload"]):
-            t = pa.Table.from_batches([rb])
-            # filtered only when it holds one (a filter copies every payload: a forget's search runs
-            # after the rewrite took its records out, so there is none to drop)
-            if len(skip) and pc.any(drop := pc.is_in(t["record_id"], skip)).as_py():
-                t = t.filter(pc.invert(drop))
-            shared |= _find_in_table(t, ["payload"], matcher, search)
+        for rb in pq.ParquetFile(path).iter_batches(batch_size=_SEARCH_ROWS, columns=["payload"]):
+            shared |= _find_in_table(pa.Table.from_batches([rb]), ["payload"], matcher, search)
             if search is not None and search.done:
                 return shared
     return shared
@@ -1264,12 +1256,14 @@ def _table_paths(wh: Warehouse, table: str) -> list[str]:
 
 
 def verify_request(wh: Warehouse, req: dict[str, Any], probes: list[str] | None = None, *,
-                   pool: ProcessPoolExecutor | None = None, stamps: dict[str, tuple[int, ...]] | None = None
-                   ) -> dict[str, Any]:
+                   pool: ProcessPoolExecutor | None = None, stamps: dict[str, tuple[int, ...]] | None = None,
+                   keys: dict[str, pa.Array] | None = None) -> dict[str, Any]:
     """The proof: forgotten ids left per table, and probe hits per file outside shared text. Only
     the probes some file holds are sought in the surviving raw records (read again: data ingested
     since the forget may share one). ``pool``: the forget's worker (``_worker``), which takes a
-    part of the scan instead of a process started for it."""
+    part of the scan instead of a process started for it. ``keys``: the ids stage 1 of the same
+    forget removed (``_key_sets`` before the rewrite: its forgotten steps' ids and the tool schemas
+    only its episodes used, which the warehouse no longer shows afterwards), else found now."""
     salt = _salt(wh)
     fingerprints = set(req["probe_fingerprints"])
     matcher = _Matcher(probes, fingerprints, salt)
@@ -1279,7 +1273,7 @@ def verify_request(wh: Warehouse, req: dict[str, Any], probes: list[str] | None 
     # whose bytes changed, and a forgotten step's own row is counted there by its episode's key)
     tables = {str(wh.data_path(r["path"])): r["table_name"] for r in wh.manifest_query(
         "SELECT path, table_name FROM table_files").to_pylist() if r["table_name"] in PARQUET_TABLES}
-    rows = _RowCheck(tables, _key_sets(wh, req, frozenset(_older_files(wh, since))))
+    rows = _RowCheck(tables, keys if keys is not None else _key_sets(wh, req, frozenset(_older_files(wh, since))))
     found, unchanged = _scan(wh, matcher, since, rows, pool, stamps)
     left = _leftover_rows(wh, unchanged, rows)
     hit = set().union(*found.values()) if found else set()
@@ -1336,6 +1330,9 @@ def _plan_and_run(wh: Warehouse, sel: Selector, reason: str, progress: Callable[
 def _plan_more(wh: Warehouse, sel: Selector, reason: str, progress: Callable[[str], None], pool: ProcessPoolExecutor,
                plan: Impact, ahead: Any) -> ForgetResult:
     """``_plan_and_run`` once the plan is made (``ahead``: the future of ``_curate_ahead``, or None)."""
+    # (polars and the engines: the repair imports them in any case)
+    from trajwh.dedup.layer import CURATED_TABLES
+
     if plan.empty:
         raise ConfigError(f"{sel} matches nothing in {wh.root}", valid="a selector `trajwh impact` finds rows for")
     counts = {k: v["rows"] for k, v in plan.layers.items()}
@@ -1363,12 +1360,12 @@ def _plan_more(wh: Warehouse, sel: Selector, reason: str, progress: Callable[[st
         # nothing is deleted before the request is stored with them
         keys = _key_sets(wh, req, older)
         removal = _prepare_removal(wh, req, session, older, [t for t in PARQUET_TABLES
-                                                             if ahead is None or t not in _CURATED], keys)
+                                                             if ahead is None or t not in CURATED_TABLES], keys)
         digests, candidates = drawn.result()
         if older != frozenset(recorded):
             digests, candidates = _plan_candidates(wh, plan.records, plan.episodes, older)
         # the worker searches the surviving payloads from here (the files the swap will leave)
-        search = _start_search(candidates, _surviving_raw(wh, removal), plan.records, pool)
+        search = _start_search(candidates, _surviving_raw(wh, removal), pool)
         salt = _salt(wh)
         # every candidate's fingerprint, until the repair stage has chosen the probes among them
         req.update(record_digests=digests, probe_fingerprints=sorted({fingerprint(p, salt) for p in _windows(candidates)}))
@@ -1379,17 +1376,17 @@ def _plan_more(wh: Warehouse, sel: Selector, reason: str, progress: Callable[[st
         if ahead is not None:
             try:
                 curated = ahead.result()
-                curated.rows = {t: plan.layers.get(t, {}).get("rows", 0) for t in _CURATED}
+                curated.rows = {t: plan.layers.get(t, {}).get("rows", 0) for t in CURATED_TABLES}
             except Exception as exc:  # noqa: BLE001 - the curation runs after the rewrite instead
                 progress(f"forget: the curation beside the plan failed ({type(exc).__name__}: {str(exc)[:200]}); "
                          "the curated tables are rewritten and curated again after the rewrite")
-                more = _prepare_removal(wh, req, session, older, _CURATED, keys)
+                more = _prepare_removal(wh, req, session, older, CURATED_TABLES, keys)
                 removal.files.extend(more.files)
         _apply_removal(wh, req, session, removal, progress, curated)
     req = _request_row(req, status="sources_removed")
     _maybe_crash("sources_removed")
     return _resume(wh, req, candidates, older, progress, pool, curated=curated is not None, search=search,
-                   stamps=stamps)
+                   stamps=stamps, keys=keys)
 
 
 def resume(wh: Warehouse, req: dict[str, Any], *, candidates: Candidates | None = None,
@@ -1405,8 +1402,8 @@ def resume(wh: Warehouse, req: dict[str, Any], *, candidates: Candidates | None 
 
 def _resume(wh: Warehouse, req: dict[str, Any], candidates: Candidates | None, older: frozenset[str] | None,
             progress: Callable[[str], None], pool: ProcessPoolExecutor, *, curated: bool = False,
-            search: tuple[_Matcher, Any] | None = None, stamps: dict[str, tuple[int, ...]] | None = None
-            ) -> ForgetResult:
+            search: tuple[_Matcher, Any] | None = None, stamps: dict[str, tuple[int, ...]] | None = None,
+            keys: dict[str, pa.Array] | None = None) -> ForgetResult:
     status = req["status"]
     resumed = candidates is None
     probes: list[str] | None = None
@@ -1419,7 +1416,7 @@ def _resume(wh: Warehouse, req: dict[str, Any], candidates: Candidates | None, o
     if status == "sources_removed":
         progress("forget: repairing the derived layers (the probes chosen beside it) ...")
         if search is None:  # (not started in the plan: a request resumed)
-            search = _start_search(candidates, _table_paths(wh, "raw_records"), req["record_ids"], pool)
+            search = _start_search(candidates, _table_paths(wh, "raw_records"), pool)
         probes, moved = _with_probes(candidates, search, lambda: _repair(
             wh, moved_doc.get("splits_before", {}), set(req["trajectory_keys"]), progress, curated=curated))
         kept = {k: v for k, v in orjson.loads(req["moved"] or "{}").items() if k != "splits_before"}
@@ -1445,7 +1442,7 @@ def _resume(wh: Warehouse, req: dict[str, Any], candidates: Candidates | None, o
         _maybe_crash("compacted")
         status = req["status"]
     progress("forget: the proof: every file the warehouse holds searched for the probes ...")
-    result = verify_request(wh, req, probes, pool=pool, stamps=stamps)
+    result = verify_request(wh, req, probes, pool=pool, stamps=stamps, keys=keys)
     req = _save(wh, req, status="verified" if result["ok"] else "verify_failed",
                 verify_result=orjson.dumps(result).decode())
     doc = orjson.loads(req["moved"] or "{}")
