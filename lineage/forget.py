@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ahocorasick_rs
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -134,7 +135,7 @@ def probe_windows(text: str, seed: str, n: int = _PROBES_PER_TEXT) -> list[str]:
     text is favoured over boilerplate it repeats): from each of ``n`` evenly spaced places in the
     list of distinct windows, the first distinctive one; the first place chosen by ``seed``
     (deterministic). Only the windows walked are tested, not every one."""
-    distinct = list(dict.fromkeys(_SAFE.findall(text)))
+    distinct = _distinct_windows(text)
     size = len(distinct)
     if not size:
         return []
@@ -143,11 +144,67 @@ def probe_windows(text: str, seed: str, n: int = _PROBES_PER_TEXT) -> list[str]:
     for k in range(n):
         at = first + k * max(1, size // n)
         for j in range(min(size, _WINDOWS_PER_PLACE)):
-            w = distinct[(at + j) % size]
+            start = int(distinct[(at + j) % size])
+            w = text[start:start + _PROBE_LEN]
             if len(w.translate(_NOT_ALNUM)) >= 20 and len(set(w)) >= 10:
                 out.setdefault(w)
                 break
     return list(out)
+
+
+def _codes(chars: str) -> np.ndarray:
+    table = np.zeros(128, bool)
+    table[[ord(c) for c in chars]] = True
+    return table
+
+
+_ALNUM_CODES = _codes("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+_SAFE_CODES = _ALNUM_CODES | _codes(" ,.:;_()/=+-")
+#: a polynomial hash of every window at once (uint64 arithmetic wraps: modulo 2**64), odd so it has
+#: an inverse modulo 2**64; its powers and its inverse's, grown as longer texts come
+_BASE = 0x9E3779B97F4A7C15
+_POWERS: list[np.ndarray] = [np.ones(1, np.uint64), np.ones(1, np.uint64)]
+
+
+def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """_BASE ** i and its inverse ** i modulo 2**64, for i < n (at least)."""
+    if len(_POWERS[0]) < n:
+        size = max(n, 2 * len(_POWERS[0]))
+        with np.errstate(over="ignore"):
+            for k, base in enumerate((_BASE, pow(_BASE, -1, 2**64))):
+                steps = np.full(size, base, np.uint64)
+                steps[0] = 1
+                _POWERS[k] = np.cumprod(steps, dtype=np.uint64)
+    return _POWERS[0], _POWERS[1]
+
+
+def _distinct_windows(text: str) -> np.ndarray:
+    """The start (code point offset) of each distinct window ``_SAFE`` finds in ``text``, at its
+    first occurrence, in order: the same windows as ``dict.fromkeys(_SAFE.findall(text))``, found
+    with array operations over the code points (a regular expression tried at every position took
+    1.6 s of the plan's 2.1 for the candidates of 1,070 records and episodes). Windows are told
+    apart by a 64-bit polynomial hash of their code points."""
+    c = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    n = len(c) - _PROBE_LEN + 1
+    if n <= 0:
+        return np.empty(0, np.int64)
+    low = np.where(c < 128, c, 0)  # (code 0 is neither safe nor a letter or digit)
+    alnum, unsafe = _ALNUM_CODES[low], ~_SAFE_CODES[low]
+    word = alnum.copy()
+    word[1:] &= ~alnum[:-1]
+    before = np.zeros(len(c) + 1, np.int64)  # unsafe characters before each position
+    np.cumsum(unsafe, out=before[1:])
+    starts = np.flatnonzero(word[:n] & (before[_PROBE_LEN:] == before[:n]))
+    if not len(starts):
+        return starts
+    power, inverse = _powers(len(c) + 1)
+    with np.errstate(over="ignore"):
+        prefix = np.zeros(len(c) + 1, np.uint64)
+        np.cumsum(c.astype(np.uint64) * power[:len(c)], out=prefix[1:])
+        # sum of c[i + k] * BASE ** (i + k), shifted back to i = 0: the same for the same window anywhere
+        hashes = (prefix[starts + _PROBE_LEN] - prefix[starts]) * inverse[starts]
+    first = np.unique(hashes, return_index=True)[1]
+    return starts[np.sort(first)]
 
 
 #: distinct windows walked from one place before giving up on it (text with no distinctive window for long)

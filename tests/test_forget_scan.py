@@ -171,3 +171,38 @@ def test_probe_windows_are_distinctive_spread_and_deterministic():
     own = "The traceback names parse_header in module mail/utils.py line 88"
     picks = {w for seed in range(20) for w in F.probe_windows(boiler + own + " " + boiler, str(seed), 2)}
     assert any(w in own for w in picks)
+
+
+def _windows_by_regex(text: str) -> list[str]:
+    """The definition: every window ``_SAFE`` finds, distinct, in the order of first occurrence."""
+    return list(dict.fromkeys(F._SAFE.findall(text)))
+
+
+def test_distinct_windows_are_the_regular_expressions():
+    """The array search finds the windows the regular expression defines, in the same order: on
+    random text over the characters that matter (letters, digits, the safe punctuation, characters
+    that end a window, non-ASCII ones, a text repeated), around texts of the window's length."""
+    import random
+
+    rng = random.Random(11)
+    alphabet = "ab cD19,.:;_()/=+-\n\"\\é😀\u0300x"
+    for _ in range(2_000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 120)))
+        if rng.random() < 0.5:
+            text = (text + " the quick brown fox jumps over 12 lazy dogs; ") * rng.randint(1, 3)
+        got = [text[i:i + F._PROBE_LEN] for i in F._distinct_windows(text)]
+        assert got == _windows_by_regex(text), repr(text)
+    exact = "a" * F._PROBE_LEN
+    assert [int(i) for i in F._distinct_windows(exact)] == [0] and len(F._distinct_windows(exact[1:])) == 0
+    assert len(F._distinct_windows("\ud800" + exact)) == 1  # a lone surrogate (counted as one code point)
+
+
+def test_distinct_windows_on_real_trajectories():
+    from conftest import SHARED_CORPUS
+
+    files = sorted(p for p in SHARED_CORPUS.rglob("*") if p.is_file() and p.suffix in (".json", ".jsonl", ".md", ".txt"))
+    if not files:
+        pytest.skip(f"the shared corpus is not here ({SHARED_CORPUS})")
+    for path in files[:40]:
+        text = path.read_text(errors="replace")
+        assert [text[i:i + F._PROBE_LEN] for i in F._distinct_windows(text)] == _windows_by_regex(text), path
