@@ -178,12 +178,16 @@ def _windows_by_regex(text: str) -> list[str]:
     return list(dict.fromkeys(F._SAFE.findall(text)))
 
 
-def test_distinct_windows_are_the_regular_expressions():
+@pytest.mark.parametrize("block", [None, 1, 7, 33, 64])
+def test_distinct_windows_are_the_regular_expressions(block, monkeypatch):
     """The array search finds the windows the regular expression defines, in the same order: on
     random text over the characters that matter (letters, digits, the safe punctuation, characters
-    that end a window, non-ASCII ones, a text repeated), around texts of the window's length."""
+    that end a window, non-ASCII ones, a text repeated), around texts of the window's length; with
+    the text taken in blocks of a few characters too (a window, a word's start across a block's edge)."""
     import random
 
+    if block is not None:
+        monkeypatch.setattr(F, "_BLOCK", block)
     rng = random.Random(11)
     alphabet = "ab cD19,.:;_()/=+-\n\"\\é😀\u0300x"
     for _ in range(2_000):
