@@ -77,6 +77,8 @@ ENV_DATA = "TRAJWH_DATA"
 #: under a warehouse's data in object storage: the copy of its catalog its writer host publishes
 #: after each write, which a warehouse named by its URI reads (``Warehouse("s3://bucket/prefix")``)
 REPLICA_DIR = "_catalog"
+#: the warehouse's own Dagster instance (runs, materializations, check results: pipelines.definitions)
+DAGSTER_DIR = "_dagster"
 #: where this host keeps the catalogs of warehouses named by their URI (default ~/.cache/trajwh/replicas)
 ENV_REPLICAS = "TRAJWH_REPLICAS"
 

@@ -1486,11 +1486,12 @@ def _resume(wh: Warehouse, req: dict[str, Any], candidates: Candidates | None, o
         _maybe_crash("rebuilt")
         status = req["status"]
     if status == "rebuilt":
-        from trajwh.datacards.card import withdraw_cards
+        from trajwh.datacards.card import withdraw_card_copies, withdraw_cards
         from trajwh.lineage.exports import recorded, refresh
 
         refreshed = refresh(wh, req["trajectory_keys"], progress)
         refreshed += withdraw_cards(wh, keep={r["path"] for r in recorded(wh)})
+        refreshed += withdraw_card_copies(wh.root)  # (in the Dagster runs' metadata, by earlier builds)
         kept = orjson.loads(req["moved"] or "{}")
         req = _save(wh, req, status="exports_refreshed", moved=orjson.dumps({**kept, "exports": refreshed}).decode())
         _maybe_crash("exports_refreshed")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+from trajwh.lineage.catalog import DAGSTER_DIR
 from trajwh.pipelines.assets import (
     BATCHES,
     curated,
@@ -146,7 +147,6 @@ def per_batch_job_def() -> dg.JobDefinition:
     return defs.resolve_job_def("per_batch")
 
 
-DAGSTER_DIR = "_dagster"
 _DAGSTER_YAML = """# written by trajwh: this warehouse's own Dagster instance (runs, materializations, check results)
 telemetry:
   enabled: false

@@ -765,3 +765,59 @@ def test_the_proof_names_a_near_duplicate_link_to_a_forgotten_episode(wh):
         session.commit([session.write("near_dup_clusters", planted)])
     found = verify_forget(wh, request)
     assert not found["ok"] and found["rows_left"] == {"near_dup_clusters (links)": 1}
+
+
+def test_a_forget_withdraws_the_card_copies_in_the_dagster_runs(wh):
+    """Builds before 2026-12-07 recorded the data card's text as its materialization's metadata, a
+    copy of the card in the warehouse's Dagster instance (found by the proof on real trajectories:
+    a policy name only the forgotten episodes had). The forget deletes the runs that hold one, and
+    no byte of it stays in the storage files; a run without one stays. The card asset now records
+    the card's digest instead."""
+    import dagster as dg
+    from trajwh.lineage.forget import probe_windows
+    from trajwh.pipelines.assets import data_card
+    from trajwh.pipelines.definitions import DAGSTER_DIR, warehouse_instance
+    from trajwh.pipelines.resources import WarehouseResource
+
+    payload = wh.query("SELECT payload FROM raw_records WHERE record_id = ?",
+                       [impact(wh, "source:remotes").records[0]]).column(0)[0].as_py()
+    needle = probe_windows("\n".join(_strings(payload)), "card", 1)[0]  # text that JSON writes as it is
+
+    @dg.asset(name="data_card")
+    def old_card():
+        return dg.MaterializeResult(metadata={"card": dg.MetadataValue.md(f"# Data card\n\n| policy | {needle} |")})
+
+    @dg.asset(name="other_asset")
+    def other():
+        return dg.MaterializeResult(metadata={"rows": 1})
+
+    instance = warehouse_instance(wh.root)
+    try:
+        card_run = dg.materialize([old_card], instance=instance).run_id
+        other_run = dg.materialize([other], instance=instance).run_id
+    finally:
+        instance.dispose()
+    home = wh.root / DAGSTER_DIR
+
+    def holding() -> list[str]:
+        return [str(p) for p in home.rglob("*") if p.is_file() and needle.encode() in p.read_bytes()]
+
+    assert holding()
+    result = forget(wh, "source:remotes", "license revoked")
+    assert result.status == "verified", result.verify
+    assert [e for e in result.exports if e["kind"] == "dagster_run"] == [
+        {"kind": "dagster_run", "path": str(home / "history" / "runs" / f"{card_run}.db"), "status": "deleted",
+         "note": "a copy of the data card in its event log; the catalog's runs table keeps the run"}]
+    assert holding() == []
+    instance = warehouse_instance(wh.root)
+    try:
+        assert instance.get_run_by_id(card_run) is None and instance.get_run_by_id(other_run) is not None
+        assert instance.fetch_materializations(dg.AssetKey("data_card"), limit=10).records == []
+        # the card asset records the card's digest, not its text
+        run = dg.materialize([data_card], instance=instance, resources={"warehouse": WarehouseResource(path=str(wh.root))})
+        (event,) = [e for e in run.get_asset_materialization_events()]
+        meta = event.materialization.metadata
+        assert "card" not in meta and len(meta["card_sha256"].value) == 64
+    finally:
+        instance.dispose()
+    assert forget(wh, "source:cases", "again").status == "verified"  # nothing of the card left to withdraw
