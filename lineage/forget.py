@@ -86,9 +86,11 @@ _PROBES_PER_TEXT = 4
 #: also holds are dropped; up to 4 and 2 kept): every candidate is sought in every surviving payload
 _CANDIDATES_PER_RECORD, _CANDIDATES_PER_EPISODE = 16, 8
 #: a probe: 32 characters that JSON escaping leaves as they are, starting a word (every start, overlapping)
-_SAFE = re.compile(rf"(?<![A-Za-z0-9])(?=([A-Za-z0-9][A-Za-z0-9 ,.:;_()/=+-]{{{_PROBE_LEN - 1}}}))")
+#: the punctuation a probe may hold besides letters and digits (JSON escaping leaves it as it is)
+_PROBE_PUNCT = " ,.:;_()/=+-"
+_SAFE = re.compile(rf"(?<![A-Za-z0-9])(?=([A-Za-z0-9][A-Za-z0-9{re.escape(_PROBE_PUNCT)}]{{{_PROBE_LEN - 1}}}))")
 #: deletes a probe's punctuation (what is left: its letters and digits)
-_NOT_ALNUM = str.maketrans("", "", " ,.:;_()/=+-")
+_NOT_ALNUM = str.maketrans("", "", _PROBE_PUNCT)
 #: a test hook: the process dies right after this stage is recorded (crash-safety tests)
 CRASH_ENV = "TRAJWH_FORGET_CRASH_AFTER"
 
@@ -159,7 +161,7 @@ def _codes(chars: str) -> np.ndarray:
 
 
 _ALNUM_CODES = _codes("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
-_SAFE_CODES = _ALNUM_CODES | _codes(" ,.:;_()/=+-")
+_SAFE_CODES = _ALNUM_CODES | _codes(_PROBE_PUNCT)
 #: a polynomial hash of every window at once (uint64 arithmetic wraps: modulo 2**64), odd so it has
 #: an inverse modulo 2**64; its powers and its inverse's, grown as longer blocks come
 _BASE = 0x9E3779B97F4A7C15
